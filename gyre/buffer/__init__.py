@@ -1,0 +1,1 @@
+"""Trajectory buffer (by rollout group) and stream packing buffer (micro-steps)."""

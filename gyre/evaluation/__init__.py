@@ -1,0 +1,1 @@
+"""Evaluator interface, executable checks, agentic judge, partial scoring, reward validity."""

@@ -1,0 +1,1 @@
+"""Harness adapters (claude-code, codex, mini-swe-agent, reference agent) and workspaces."""

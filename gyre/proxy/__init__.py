@@ -1,0 +1,1 @@
+"""HTTP front ends (OpenAI / Anthropic / SGLang-native), chat-template rendering, TITO recording, routing."""

@@ -1,0 +1,1 @@
+"""Advantages, the execution-level GSPO-style objective, loss normalisation."""

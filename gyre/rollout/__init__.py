@@ -1,0 +1,1 @@
+"""Engine protocol (SGLang-native HTTP), embedded CPU engine, SGLang adapter, weight publication."""

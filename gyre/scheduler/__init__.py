@@ -1,0 +1,1 @@
+"""Boundary dispatch, counters, waterlevel policy; placements elastic / async / colocate."""

@@ -1,0 +1,1 @@
+"""Task spec loading (JSONL/YAML) and workspace materialisation."""

@@ -1,0 +1,1 @@
+"""Cell training loop, dynamic data parallelism, prefix communication groups, core optimizer."""

@@ -1,0 +1,1 @@
+"""Request records, trajectory trees, provenance masks, admission sampling, materialisation, storage."""
