@@ -1,0 +1,379 @@
+"""Gyre command-line arguments, in the shape of Megatron-LM's ``megatron/training/arguments.py``.
+
+One ``_add_<area>_args(parser)`` per concern, each an argument group with kebab-case flags named
+after DESIGN.md §1; :func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
+``parse_args(extra_args_provider=add_gyre_args)``.  :func:`add_megatron_core_args` adds the few
+Megatron-LM flags Gyre uses (parallel sizes, optimizer, seed) for runs that only install
+megatron-core, which ships no argument parser.
+
+``--config FILE.yaml`` supplies defaults: keys are flag names with ``-`` or ``_`` (``steps-per-burst``
+or ``steps_per_burst``), values are type-checked like the flag; command-line flags override the file.
+Every error -- unknown flag or key, bad value, broken invariant -- exits with status 2 and one line
+naming the flag or key and the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROLES = ("main", "subagent", "compaction", "auxiliary", "evaluator")
+PLACEMENTS = ("elastic", "async", "colocate")
+
+
+class ArgumentError(Exception):
+    """A bad flag, config key or value; :func:`parse_args` turns it into exit status 2."""
+
+
+class GyreArgumentParser(argparse.ArgumentParser):
+    """``ArgumentParser`` whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str):  # noqa: D102 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _role_list(text: str | Sequence[str]) -> list[str]:
+    items = [r.strip() for r in text.split(",")] if isinstance(text, str) else [str(r) for r in text]
+    for r in items:
+        if r not in ROLES:
+            raise argparse.ArgumentTypeError(f"unknown role {r!r} (expected one of {', '.join(ROLES)})")
+    if len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError("roles must not repeat")
+    return items
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="model")
+    group.add_argument("--model-dir", type=str, default=None,
+                       help="HF-layout model directory; default: the embedded tiny Qwen3, built on first use.")
+    group.add_argument("--tokenizer-kind", choices=("qwen", "local"), default="local",
+                       help="Embedded tokenizer: the full offline Qwen BPE or its 4k-rank prefix (fast).")
+    group.add_argument("--model-cache-dir", type=str, default=None,
+                       help="Where embedded models are cached (default $GYRE_CACHE_DIR, <venv>/share/gyre or ~/.cache/gyre).")
+    group.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
+                       help="cpu: gloo, embedded engine, megatron_patches applied; gpu: NCCL, SGLang.")
+    group.add_argument("--training-backend", choices=("megatron", "hf"), default="megatron",
+                       help="Model implementation the training cells run (hf is the reference).")
+    group.add_argument("--seq-length", type=_positive_int, default=4096,
+                       help="Longest token row trained or served (tokens).")
+    return parser
+
+
+def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="rollout")
+    group.add_argument("--n-samples-per-prompt", type=int, default=4,
+                       help="N: executions per rollout group.")
+    group.add_argument("--global-batch-groups", type=int, default=2,
+                       help="B: rollout groups per optimizer step.")
+    group.add_argument("--extra-dispatch", type=float, default=0.0,
+                       help="phi: extra dispatch in units of B groups (queue depth (phi + mu) * B).")
+    group.add_argument("--steps-per-burst", type=int, default=1,
+                       help="mu: optimizer steps between two weight publications.")
+    group.add_argument("--oversample-executions", type=int, default=0,
+                       help="Extra executions launched per group; the first N valid ones are used.")
+    group.add_argument("--rollout-engine", choices=("embedded", "sglang"), default="embedded",
+                       help="Engine each rollout cell serves from.")
+    group.add_argument("--rollout-temperature", type=float, default=1.0,
+                       help="Sampling temperature of rollouts.")
+    group.add_argument("--rollout-top-p", type=float, default=1.0, help="Nucleus sampling threshold.")
+    group.add_argument("--rollout-max-new-tokens", type=_positive_int, default=512,
+                       help="Cap on output tokens per model call.")
+    return parser
+
+
+def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="placement")
+    group.add_argument("--placement", choices=PLACEMENTS, default="elastic",
+                       help="elastic (waterlevel), async (fixed split) or colocate (whole pool switches).")
+    group.add_argument("--num-cells", type=int, default=1,
+                       help="K: cells; each serves rollouts or hosts one training replica.")
+    group.add_argument("--train-cells", type=int, default=1,
+                       help="async only: cells fixed in training (the first ones).")
+    group.add_argument("--rollout-concurrency-per-cell", type=int, default=8,
+                       help="c: concurrent executions one rollout cell serves.")
+    group.add_argument("--standalone-engines", type=int, default=0,
+                       help="Engines that only ever serve rollouts.")
+    group.add_argument("--standalone-concurrency", type=int, default=0,
+                       help="c_s: concurrent executions the standalone pool serves in total.")
+    return parser
+
+
+def _add_admission_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="admission")
+    group.add_argument("--max-trajectories-per-execution", type=int, default=5,
+                       help="J_max: admitted trajectories per execution.")
+    group.add_argument("--role-priority", type=_role_list, default=["main", "subagent", "compaction", "auxiliary"],
+                       help="Comma-separated role classes, highest first (evaluator is never trainable).")
+    group.add_argument("--train-undelivered", action="store_true",
+                       help="Also train on outputs the harness never received.")
+    group.add_argument("--advantage-std-scaling", action=argparse.BooleanOptionalAction, default=True,
+                       help="A_i = (R_i - mean) / (std + eps) (on) or R_i - mean (off).")
+    group.add_argument("--filter-zero-std-groups", action="store_true",
+                       help="Drop groups whose rewards are all equal.")
+    return parser
+
+
+def _add_objective_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="objective")
+    group.add_argument("--loss-type", choices=("gspo", "ppo", "grpo"), default="gspo",
+                       help="gspo: execution-level ratio and clipping (DESIGN.md §3.5); ppo/grpo: token-level clip.")
+    group.add_argument("--token-is-cap", type=float, default=5.0, help="C: cap on token importance weights.")
+    group.add_argument("--seq-clip-low", type=float, default=0.005, help="eps_low of execution-level clipping.")
+    group.add_argument("--seq-clip-high", type=float, default=0.005, help="eps_high of execution-level clipping.")
+    group.add_argument("--micro-step-tokens", type=_positive_int, default=4096,
+                       help="Token budget of one packed micro-step.")
+    return parser
+
+
+def _add_evaluation_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="evaluation")
+    group.add_argument("--eval-timeout-s", type=float, default=300.0, help="Limit of one assessment (s).")
+    group.add_argument("--eval-max-retries", type=int, default=3, help="Retries of an unresolved assessment.")
+    group.add_argument("--custom-rm-path", type=str, default=None,
+                       help="Dotted path of a scoring rule used when a task names none.")
+    return parser
+
+
+def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="harness")
+    group.add_argument("--harness", choices=("reference", "claude-code", "codex", "mini-swe-agent"),
+                       default="reference", help="Black-box harness each execution runs.")
+    group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory.")
+    group.add_argument("--execution-timeout-s", type=float, default=600.0,
+                       help="Wall-clock budget of one execution (s); timed-out work is still scored.")
+    group.add_argument("--proxy-host", type=str, default="127.0.0.1", help="Address the proxy binds.")
+    group.add_argument("--proxy-port", type=int, default=0, help="Proxy port (0: pick a free one).")
+    return parser
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="run")
+    group.add_argument("--train-steps", type=int, default=2, help="Optimizer steps to run.")
+    group.add_argument("--run-dir", type=str, default=None, help="Output directory (default runs/<timestamp>).")
+    group.add_argument("--save-interval", type=int, default=0, help="Checkpoint every this many steps (0: end only).")
+    group.add_argument("--load", type=str, default=None, help="Resume from this run directory or checkpoint.")
+    group.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
+    group.add_argument("--tensorboard-dir", type=str, default=None, help="Also write TensorBoard scalars here.")
+    return parser
+
+
+def add_gyre_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every Gyre argument group; usable as Megatron's ``extra_args_provider``."""
+    for add in (_add_model_args, _add_rollout_args, _add_placement_args, _add_admission_args,
+                _add_objective_args, _add_evaluation_args, _add_harness_args, _add_run_args):
+        add(parser)
+    return parser
+
+
+def add_megatron_core_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The Megatron-LM flags Gyre reads, same names and defaults from DESIGN.md §3.5.
+
+    Only for runs without Megatron-LM's own parser (megatron-core ships none).
+    """
+    group = parser.add_argument_group(title="distributed (Megatron-LM names)")
+    group.add_argument("--tensor-model-parallel-size", type=_positive_int, default=1)
+    group.add_argument("--pipeline-model-parallel-size", type=_positive_int, default=1)
+    group.add_argument("--seed", type=int, default=1234)
+    group = parser.add_argument_group(title="optimizer (Megatron-LM names)")
+    group.add_argument("--optimizer", choices=("adam",), default="adam")
+    group.add_argument("--lr", type=float, default=1e-6)
+    group.add_argument("--adam-beta1", type=float, default=0.9)
+    group.add_argument("--adam-beta2", type=float, default=0.95)
+    group.add_argument("--adam-eps", type=float, default=1e-15)
+    group.add_argument("--weight-decay", type=float, default=0.01)
+    group.add_argument("--clip-grad", type=float, default=1.0)
+    group.add_argument("--bf16", action="store_true")
+    return parser
+
+
+# --------------------------------------------------------------------------- config file
+
+
+def _actions_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+
+
+def _coerce(action: argparse.Action, key: str, value: Any) -> Any:
+    """Type-check one YAML value the way the flag would; raise ArgumentError naming ``key``."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                           argparse.BooleanOptionalAction)):
+        if not isinstance(value, bool):
+            raise ArgumentError(f"config key '{key}': expected true or false, got {value!r}")
+        return value
+    if value is None:
+        return None
+    numeric = action.type in (int, float, _positive_int, _non_negative_float)
+    if isinstance(value, dict) or (isinstance(value, list) and action.type is not _role_list):
+        raise ArgumentError(f"config key '{key}': expected a scalar, got {type(value).__name__}")
+    if isinstance(value, bool) and numeric:
+        raise ArgumentError(f"config key '{key}': expected a number, got {value!r}")
+    try:
+        if isinstance(value, list):
+            converted = _role_list(value)
+        else:
+            converted = action.type(str(value)) if action.type is not None else value
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        raise ArgumentError(f"config key '{key}': invalid value {value!r} ({exc})") from None
+    if action.choices is not None and converted not in action.choices:
+        raise ArgumentError(
+            f"config key '{key}': invalid choice {value!r} (choose from {', '.join(map(str, action.choices))})")
+    return converted
+
+
+def load_config_defaults(parser: argparse.ArgumentParser, path: str) -> dict[str, Any]:
+    """Read ``path`` (YAML mapping of flag names to values) into ``{dest: value}``.
+
+    Raises:
+        ArgumentError: unreadable file, not a mapping, unknown key or invalid value.
+    """
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ArgumentError(f"config {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ArgumentError(f"config {path}:{where} not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ArgumentError(f"config {path}: expected a mapping of flag names to values")
+    actions = _actions_by_key(parser)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dest = str(key).lstrip("-").replace("-", "_")
+        if dest not in actions:
+            raise ArgumentError(f"config key '{key}': unknown (not a flag of {parser.prog})")
+        out[dest] = _coerce(actions[dest], str(key), value)
+    return out
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Check invariants and derive values; raise :class:`ArgumentError` on the first violation.
+
+    Derived: ``queue_depth_groups = (phi + mu) * B``, ``expected_staleness = phi + (mu - 1) / 2``
+    (paper App. A), ``executions_per_step = N * B``, ``run_dir`` (``runs/<timestamp>`` when unset).
+    """
+    def need(cond: bool, flag: str, why: str) -> None:
+        if not cond:
+            raise ArgumentError(f"argument --{flag}: {why}")
+
+    need(args.n_samples_per_prompt >= 2, "n-samples-per-prompt", "N must be >= 2 (group-relative advantages)")
+    need(args.global_batch_groups >= 1, "global-batch-groups", "B must be >= 1")
+    need(args.steps_per_burst >= 1, "steps-per-burst", "mu must be >= 1")
+    need(args.extra_dispatch >= 0 and math.isfinite(args.extra_dispatch), "extra-dispatch", "phi must be >= 0")
+    need(args.oversample_executions >= 0, "oversample-executions", "must be >= 0")
+    need(args.max_trajectories_per_execution >= 1, "max-trajectories-per-execution", "J_max must be >= 1")
+    need(args.num_cells >= 1, "num-cells", "K must be >= 1")
+    need(args.rollout_concurrency_per_cell >= 1, "rollout-concurrency-per-cell", "must be >= 1")
+    need(args.standalone_engines >= 0, "standalone-engines", "must be >= 0")
+    need(args.standalone_concurrency >= 0, "standalone-concurrency", "must be >= 0")
+    need(args.standalone_engines > 0 or args.standalone_concurrency == 0, "standalone-concurrency",
+         "needs --standalone-engines > 0")
+    need(args.train_steps >= 1, "train-steps", "must be >= 1")
+    need(args.save_interval >= 0, "save-interval", "must be >= 0")
+    need(args.token_is_cap > 0, "token-is-cap", "C must be > 0")
+    need(0 <= args.seq_clip_low < 1, "seq-clip-low", "eps_low must be in [0, 1)")
+    need(args.seq_clip_high >= 0, "seq-clip-high", "eps_high must be >= 0")
+    need(args.rollout_temperature > 0, "rollout-temperature", "must be > 0")
+    need(0 < args.rollout_top_p <= 1, "rollout-top-p", "must be in (0, 1]")
+    need(args.execution_timeout_s > 0, "execution-timeout-s", "must be > 0")
+    need(args.eval_timeout_s > 0, "eval-timeout-s", "must be > 0")
+    need(args.eval_max_retries >= 0, "eval-max-retries", "must be >= 0")
+    need(0 <= args.proxy_port <= 65535, "proxy-port", "must be in [0, 65535]")
+    need("evaluator" not in args.role_priority, "role-priority", "evaluator tokens are never trainable")
+    if args.placement == "colocate":
+        need(args.extra_dispatch == 0, "extra-dispatch", "colocate requires phi = 0")
+    if args.placement == "async":
+        need(args.num_cells >= 2, "num-cells", "async needs >= 2 cells (training and rollout)")
+        need(1 <= args.train_cells < args.num_cells, "train-cells", f"must be in [1, {args.num_cells - 1}] for async")
+    if hasattr(args, "tensor_model_parallel_size"):
+        need(args.lr >= 0, "lr", "must be >= 0")
+        need(0 <= args.adam_beta1 < 1, "adam-beta1", "must be in [0, 1)")
+        need(0 <= args.adam_beta2 < 1, "adam-beta2", "must be in [0, 1)")
+        need(args.adam_eps > 0, "adam-eps", "must be > 0")
+        need(args.clip_grad >= 0, "clip-grad", "must be >= 0")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+        need(world % args.num_cells == 0, "num-cells", f"WORLD_SIZE={world} is not divisible into {args.num_cells} cells")
+        need((world // args.num_cells) % cell == 0, "tensor-model-parallel-size",
+             f"{world // args.num_cells} ranks per cell are not divisible by TP*PP={cell}")
+        args.world_size = world
+        args.ranks_per_cell = world // args.num_cells
+    args.queue_depth_groups = (args.extra_dispatch + args.steps_per_burst) * args.global_batch_groups
+    args.expected_staleness = args.extra_dispatch + (args.steps_per_burst - 1) / 2
+    args.executions_per_step = args.n_samples_per_prompt * args.global_batch_groups
+    if args.run_dir is None:
+        args.run_dir = str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    return args
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def build_parser(
+    extra_args_provider: Callable[[argparse.ArgumentParser], argparse.ArgumentParser] | None = None,
+    prog: str | None = None,
+    description: str = "Gyre: elastic online RL for xLong-horizon agents",
+) -> GyreArgumentParser:
+    """Parser with ``--config``, the Megatron-LM subset, every Gyre group and any extras."""
+    parser = GyreArgumentParser(prog=prog, description=description, allow_abbrev=False)
+    parser.add_argument("--config", type=str, default=None,
+                        help="YAML file of flag defaults (keys with - or _); flags override it.")
+    add_megatron_core_args(parser)
+    add_gyre_args(parser)
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser)
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None,
+    extra_args_provider: Callable[[argparse.ArgumentParser], argparse.ArgumentParser] | None = None,
+    prog: str | None = None,
+) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``) with ``--config`` defaults, then :func:`validate_args`.
+
+    Exits with status 2 and one line on stderr for any error.
+    """
+    parser = build_parser(extra_args_provider, prog=prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", type=str, default=None)
+    known, _ = pre.parse_known_args(argv)
+    try:
+        if known.config is not None:
+            parser.set_defaults(**load_config_defaults(parser, known.config))
+        args = parser.parse_args(argv)
+        return validate_args(args)
+    except ArgumentError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
