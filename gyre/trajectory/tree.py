@@ -1,0 +1,553 @@
+"""Trajectory tree: one prefix-sharing tree of request records per execution.
+
+Source: DESIGN.md §3.2 and paper §5.1.
+
+Structure
+---------
+The tree is a token trie (radix tree) whose nodes are runs of tokens *owned by one
+record*. Inserting a :class:`~gyre.trajectory.records.RequestRecord` finds the longest
+stored token path that its ``input_ids`` extend (inputs *and* outputs of earlier nodes
+count) and appends **one new node** there holding only the new input tokens followed by
+the record's output tokens:
+
+* the input ends exactly at a node boundary -> the new node is a child of that node;
+* the input diverges (or ends) *inside* a node -> that node is split at the exact token
+  (a new *head* node takes the shared tokens, the original node keeps the rest, its
+  children and its identity) and the new node becomes a sibling of the remainder;
+* nothing matches -> the new node is a child of the root.
+
+Outputs are never matched against each other: two records with the same input (a retried
+identical request) give two sibling output nodes under the node that ends at that input,
+even when the sampled tokens coincide. Only inputs are matched against stored paths.
+
+Each node's tokens are ``[new input tokens | output tokens]`` (``n_input`` tells where the
+output starts). Output tokens carry behaviour log-probs and provenance ``POLICY``
+(``EVALUATOR`` for evaluator calls); input tokens carry the record's input provenance.
+On the shared (matched) part the stored path is authoritative: a record's provenance for
+tokens it re-uses is not re-read.
+
+Insert cost
+-----------
+Python-level work per insert is O(1) anchors + the nodes created/visited past the reused
+prefix; the reused prefix itself is verified once by a vectorised comparison (memcmp speed,
+~0.2-0.6 ns/token). The index is a small set of *anchors*: the full token paths
+(``input_ids ++ output_ids``) of the most recently extended records, one per active thread
+(main agent, each sub-agent, ...). A new input is checked against anchors deepest first:
+
+1. full match of an anchor's path -> continue walking from the anchor's end node;
+2. match of an anchor's input only (e.g. the harness stripped ``<think>`` from the
+   previous output) -> continue from the anchor's input boundary;
+3. otherwise the longest common prefix with any anchor -> continue from there (or from
+   the root).
+
+The continuation walks child edges by first token (a per-node ``first token -> children``
+index), comparing each edge vectorised. Because the tree is a trie over inputs, any correct
+starting point yields the same longest match; anchors only decide how few nodes are walked.
+Among *token-identical* alternative paths (only possible through sibling outputs) the walk
+prefers the longest match, then a delivered output, then the most recent record; the
+anchor fast path prefers the deepest, then delivered, then most recent anchor. Rebuilding
+a tree from its records in order is therefore deterministic (:mod:`gyre.trajectory.store`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from gyre.trajectory.records import Provenance, RequestRecord
+
+__all__ = ["ROOT", "Node", "RecordInfo", "InsertResult", "PrefixMatch", "TrajectoryTree"]
+
+#: Node id of the root (an empty node, no record).
+ROOT = 0
+
+_EMPTY_I32 = np.zeros(0, np.int32)
+_EMPTY_I8 = np.zeros(0, np.int8)
+_EMPTY_F32 = np.zeros(0, np.float32)
+
+
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D int32 arrays (vectorised)."""
+    n = min(a.shape[0], b.shape[0])
+    if n == 0 or a[0] != b[0]:
+        return 0
+    eq = a[:n] == b[:n]
+    if eq.all():
+        return n
+    return int(eq.argmin())
+
+
+@dataclass(slots=True)
+class Node:
+    """One node: a run of tokens owned by one record (see module docstring).
+
+    * ``tokens`` -- ``int32[n]``; ``provenance`` -- ``int8[n]`` (:class:`Provenance`);
+    * ``logprobs`` -- ``float32[n - n_input]``: behaviour log-probs of the output part;
+    * ``n_input`` -- leading tokens that are (new) input of the owning record;
+    * ``start`` -- path depth before the first token (tokens), so the path to this node's
+      end has ``start + n`` tokens;
+    * ``record`` -- index into :attr:`TrajectoryTree.records` of the owner (-1 for root);
+    * ``children`` -- child node ids in insertion order; ``index`` maps a child's first
+      token to the child ids starting with it (empty children are not indexed).
+    """
+
+    node_id: int
+    parent: int
+    record: int
+    start: int
+    tokens: np.ndarray
+    provenance: np.ndarray
+    logprobs: np.ndarray
+    n_input: int
+    children: list[int] = field(default_factory=list)
+    index: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held by this node."""
+        return int(self.tokens.shape[0])
+
+    @property
+    def end(self) -> int:
+        """Path depth (tokens) at the end of this node."""
+        return self.start + int(self.tokens.shape[0])
+
+    @property
+    def num_output(self) -> int:
+        """Output tokens (those with behaviour log-probs) held by this node."""
+        return int(self.tokens.shape[0]) - self.n_input
+
+
+@dataclass(slots=True)
+class RecordInfo:
+    """A record's metadata as kept by the tree (token arrays live in the nodes).
+
+    ``node`` is the node at whose end the record's ``input ++ output`` path ends (stable
+    across later splits); ``matched_tokens`` the input prefix reused from the tree at
+    insertion; ``num_input_tokens``/``num_output_tokens`` the record's lengths.
+    """
+
+    call_index: int
+    role: str
+    policy_version: int
+    engine_id: str
+    delivered: bool
+    finish_reason: str
+    timings: dict[str, float]
+    metadata: dict[str, Any]
+    num_input_tokens: int
+    num_output_tokens: int
+    node: int
+    matched_tokens: int
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """What :meth:`TrajectoryTree.insert` did.
+
+    ``node`` -- the new node; ``parent`` -- its parent; ``matched_tokens`` -- length of the
+    reused input prefix (= branch point depth, tokens); ``new_tokens`` -- tokens stored in the
+    new node (new input + output); ``split`` -- id of the head node created by splitting an
+    existing node at the branch point, or ``None``.
+    """
+
+    node: int
+    parent: int
+    matched_tokens: int
+    new_tokens: int
+    split: int | None
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """Longest stored path that a token sequence extends.
+
+    ``node``/``offset``: the match ends after ``offset`` tokens of ``node`` (``offset ==``
+    the node's length means at its end; ``node == ROOT`` and ``offset == 0`` means no match);
+    ``depth``: matched tokens.
+    """
+
+    node: int
+    offset: int
+    depth: int
+
+
+@dataclass(slots=True)
+class _Anchor:
+    record: int
+    input_ids: np.ndarray
+    output_ids: np.ndarray
+    n_input: int
+    length: int
+    delivered: bool
+
+
+class TrajectoryTree:
+    """The trajectory tree of one execution (DESIGN.md §3.2).
+
+    Args:
+        execution_id: the execution; if ``None`` it is taken from the first record.
+        anchor_slots: how many recent record paths the insert index keeps (≥ 1). Memory:
+            each anchor references its record's ``input_ids``/``output_ids`` arrays. Trees
+            rebuilt from the same records with the same ``anchor_slots`` are identical.
+
+    Raises:
+        ValueError: ``anchor_slots < 1``.
+    """
+
+    def __init__(self, execution_id: str | None = None, *, anchor_slots: int = 8) -> None:
+        if anchor_slots < 1:
+            raise ValueError("anchor_slots must be >= 1")
+        self.execution_id = execution_id
+        self.anchor_slots = int(anchor_slots)
+        self.nodes: list[Node] = [
+            Node(ROOT, -1, -1, 0, _EMPTY_I32, _EMPTY_I8, _EMPTY_F32, 0)
+        ]
+        self.records: list[RecordInfo] = []
+        self._by_call: dict[int, int] = {}
+        self._anchors: list[_Anchor] = []  # most recent last
+        self._num_tokens = 0
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        """Number of nodes, root excluded."""
+        return len(self.nodes) - 1
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes, root excluded."""
+        return len(self.nodes) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        """Unique tokens stored (sum of node lengths)."""
+        return self._num_tokens
+
+    def node(self, node_id: int) -> Node:
+        """The node with id ``node_id``. Raises ``IndexError`` for an unknown id."""
+        if node_id < 0:
+            raise IndexError(node_id)
+        return self.nodes[node_id]
+
+    def record_info(self, call_index: int) -> RecordInfo:
+        """Metadata of the record with ``call_index``. Raises ``KeyError`` if absent."""
+        return self.records[self._by_call[call_index]]
+
+    def record_node(self, call_index: int) -> int:
+        """Node at whose end the record's ``input ++ output`` path ends."""
+        return self.record_info(call_index).node
+
+    def role(self, node_id: int) -> str:
+        """Role of the record that owns ``node_id`` (``""`` for the root)."""
+        rec = self.nodes[node_id].record
+        return self.records[rec].role if rec >= 0 else ""
+
+    def owner(self, node_id: int) -> RecordInfo:
+        """The record that owns ``node_id``. Raises ``ValueError`` for the root."""
+        rec = self.nodes[node_id].record
+        if rec < 0:
+            raise ValueError("the root has no owner")
+        return self.records[rec]
+
+    def children(self, node_id: int) -> list[int]:
+        """Child node ids of ``node_id`` in insertion order."""
+        return list(self.nodes[node_id].children)
+
+    def leaves(self) -> list[int]:
+        """Node ids without children, ascending (empty list for an empty tree)."""
+        return [n.node_id for n in self.nodes[1:] if not n.children]
+
+    def path(self, node_id: int) -> list[int]:
+        """Node ids from the root's child down to ``node_id`` (root excluded)."""
+        out: list[int] = []
+        nid = node_id
+        while nid != ROOT:
+            out.append(nid)
+            nid = self.nodes[nid].parent
+        out.reverse()
+        return out
+
+    def path_tokens(self, node_id: int) -> np.ndarray:
+        """``int32[depth]``: token ids of the root-to-``node_id`` path (original context)."""
+        return self._concat(node_id, "tokens", _EMPTY_I32)
+
+    def path_provenance(self, node_id: int) -> np.ndarray:
+        """``int8[depth]``: per-token :class:`Provenance` along the path."""
+        return self._concat(node_id, "provenance", _EMPTY_I8)
+
+    def path_output_mask(self, node_id: int) -> np.ndarray:
+        """``bool[depth]``: True where the token is a node's output (has a behaviour log-prob)."""
+        parts = []
+        for nid in self.path(node_id):
+            nd = self.nodes[nid]
+            m = np.zeros(nd.num_tokens, bool)
+            m[nd.n_input:] = True
+            parts.append(m)
+        return np.concatenate(parts) if parts else np.zeros(0, bool)
+
+    def path_logprobs(self, node_id: int) -> np.ndarray:
+        """``float32[depth]``: behaviour log-probs along the path, 0.0 at input tokens."""
+        parts = []
+        for nid in self.path(node_id):
+            nd = self.nodes[nid]
+            lp = np.zeros(nd.num_tokens, np.float32)
+            lp[nd.n_input:] = nd.logprobs
+            parts.append(lp)
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def _concat(self, node_id: int, attr: str, empty: np.ndarray) -> np.ndarray:
+        parts = [getattr(self.nodes[n], attr) for n in self.path(node_id)]
+        return np.concatenate(parts) if parts else empty.copy()
+
+    def iter_preorder(self) -> Iterator[tuple[int, int]]:
+        """Yield ``(node_id, depth_in_nodes)`` in depth-first pre-order, children in insertion order (root excluded)."""
+        stack = [(c, 1) for c in reversed(self.nodes[ROOT].children)]
+        while stack:
+            nid, d = stack.pop()
+            yield nid, d
+            stack.extend((c, d + 1) for c in reversed(self.nodes[nid].children))
+
+    def nbytes(self) -> int:
+        """Bytes held by node arrays (tokens, provenance, log-probs), excluding anchors."""
+        seen: set[int] = set()
+        total = 0
+        for nd in self.nodes:
+            for arr in (nd.tokens, nd.provenance, nd.logprobs):
+                base = arr.base if arr.base is not None else arr
+                if id(base) not in seen:
+                    seen.add(id(base))
+                    total += base.nbytes
+        return total
+
+    def anchor_nbytes(self) -> int:
+        """Bytes of record arrays kept alive by the insert index (≤ ``anchor_slots`` records)."""
+        return sum(a.input_ids.nbytes + a.output_ids.nbytes for a in self._anchors)
+
+    def digest(self) -> str:
+        """SHA-256 hex digest of the tree's full content (nodes, arrays, records).
+
+        Two trees have equal digests iff they are bit-identical (up to hash collisions).
+        """
+        h = hashlib.sha256()
+        for nd in self.nodes:
+            h.update(
+                np.array(
+                    [nd.node_id, nd.parent, nd.record, nd.start, nd.n_input, nd.num_tokens, len(nd.children)],
+                    np.int64,
+                ).tobytes()
+            )
+            h.update(np.asarray(nd.children, np.int64).tobytes())
+            h.update(np.ascontiguousarray(nd.tokens).tobytes())
+            h.update(np.ascontiguousarray(nd.provenance).tobytes())
+            h.update(np.ascontiguousarray(nd.logprobs).tobytes())
+        for r in self.records:
+            h.update(
+                json.dumps(
+                    [r.call_index, r.role, r.policy_version, r.engine_id, r.delivered, r.finish_reason,
+                     r.timings, r.metadata, r.num_input_tokens, r.num_output_tokens, r.node, r.matched_tokens],
+                    sort_keys=True,
+                ).encode()
+            )
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ matching
+    def match(self, input_ids: np.ndarray) -> PrefixMatch:
+        """Longest stored path that ``input_ids`` (``int32[n]``) extends; does not modify the tree.
+
+        The proxy can use this to reuse stored token ids (TITO, DESIGN.md §3.1).
+        """
+        x = np.asarray(input_ids, dtype=np.int32)
+        node, off, depth, _ = self._find(x)
+        return PrefixMatch(node, off, depth)
+
+    def _find(self, x: np.ndarray) -> tuple[int, int, int, int]:
+        """Return ``(node, offset, depth, anchor_position_or_-1)`` of the longest match."""
+        n = x.shape[0]
+        if n == 0:
+            return ROOT, 0, 0, -1
+        anchors = self._anchors
+        if anchors:
+            # 1) full path of an anchor, deepest first (then delivered, then most recent).
+            order = sorted(
+                range(len(anchors)),
+                key=lambda i: (anchors[i].length, anchors[i].delivered, i),
+                reverse=True,
+            )
+            for i in order:
+                a = anchors[i]
+                L, ni = a.length, a.n_input
+                if L == 0 or L > n:
+                    continue
+                last = a.output_ids[-1] if L > ni else a.input_ids[-1]
+                if x[L - 1] != last:
+                    continue
+                if np.array_equal(x[:ni], a.input_ids) and np.array_equal(x[ni:L], a.output_ids):
+                    nid, off = self._locate(self.records[a.record].node, L)
+                    return (*self._walk(x, nid, off, L), i)
+            # 2) input of an anchor (output edited by the harness), longest first.
+            order = sorted(
+                range(len(anchors)), key=lambda i: (anchors[i].n_input, anchors[i].delivered, i), reverse=True
+            )
+            for i in order:
+                a = anchors[i]
+                ni = a.n_input
+                if ni == 0 or ni > n or x[ni - 1] != a.input_ids[-1]:
+                    continue
+                if np.array_equal(x[:ni], a.input_ids):
+                    nid, off = self._locate(self.records[a.record].node, ni)
+                    return (*self._walk(x, nid, off, ni), i)
+            # 3) longest common prefix with any anchor.
+            best, best_i = 0, -1
+            for i in range(len(anchors) - 1, -1, -1):
+                a = anchors[i]
+                p = _lcp(x, a.input_ids)
+                if p == a.n_input and p < n:
+                    p += _lcp(x[p:], a.output_ids)
+                if p > best:
+                    best, best_i = p, i
+            if best > 0:
+                nid, off = self._locate(self.records[anchors[best_i].record].node, best)
+                return (*self._walk(x, nid, off, best), -1)
+        return (*self._walk(x, ROOT, 0, 0), -1)
+
+    def _locate(self, node_id: int, depth: int) -> tuple[int, int]:
+        """On the path to ``node_id``, the node containing token position ``depth - 1`` and the offset."""
+        nodes = self.nodes
+        nid = node_id
+        while nid != ROOT and nodes[nid].start >= depth:
+            nid = nodes[nid].parent
+        return nid, depth - nodes[nid].start
+
+    def _walk(self, x: np.ndarray, nid: int, off: int, depth: int) -> tuple[int, int, int]:
+        nodes = self.nodes
+        n = x.shape[0]
+        while True:
+            nd = nodes[nid]
+            ln = nd.tokens.shape[0]
+            if off < ln:
+                m = _lcp(x[depth:], nd.tokens[off:])
+                off += m
+                depth += m
+                if off < ln:
+                    return nid, off, depth
+            if depth == n:
+                return nid, off, depth
+            cands = nd.index.get(int(x[depth]))
+            if not cands:
+                return nid, off, depth
+            if len(cands) == 1:
+                nid = cands[0]
+            else:
+                rest = x[depth:]
+                records = self.records
+
+                def key(c: int) -> tuple[int, bool, int]:
+                    cn = nodes[c]
+                    return (_lcp(rest, cn.tokens), records[cn.record].delivered, cn.record)
+
+                nid = max(cands, key=key)
+            off = 0
+
+    # ------------------------------------------------------------------ insertion
+    def insert(self, record: RequestRecord) -> InsertResult:
+        """Insert one request record (DESIGN.md §3.2); see the module docstring for the rules.
+
+        Cost: O(new tokens) Python-level work plus one vectorised comparison of the reused
+        prefix (see "Insert cost").
+
+        Raises:
+            ValueError: the record belongs to another execution, or its ``call_index`` is
+                already in the tree.
+        """
+        if self.execution_id is None:
+            self.execution_id = record.execution_id
+        elif record.execution_id != self.execution_id:
+            raise ValueError(
+                f"record of execution {record.execution_id!r} inserted into tree of {self.execution_id!r}"
+            )
+        if record.call_index in self._by_call:
+            raise ValueError(f"duplicate call_index {record.call_index} in execution {self.execution_id!r}")
+        x = record.input_ids
+        nid, off, depth, anchor_pos = self._find(x)
+        split: int | None = None
+        if off < self.nodes[nid].num_tokens:
+            split = self._split(nid, off)
+            nid = split
+        rec_idx = len(self.records)
+        n_new_in = x.shape[0] - depth
+        out = record.output_ids
+        tokens = np.concatenate([x[depth:], out]) if n_new_in else out.copy()
+        prov = np.empty(tokens.shape[0], np.int8)
+        prov[:n_new_in] = record.input_provenance[depth:]
+        prov[n_new_in:] = record.output_provenance_value()
+        new_id = len(self.nodes)
+        node = Node(new_id, nid, rec_idx, depth, tokens, prov, record.output_logprobs.copy(), n_new_in)
+        self.nodes.append(node)
+        parent = self.nodes[nid]
+        parent.children.append(new_id)
+        if tokens.shape[0]:
+            parent.index.setdefault(int(tokens[0]), []).append(new_id)
+        self._num_tokens += tokens.shape[0]
+        self.records.append(
+            RecordInfo(
+                call_index=record.call_index,
+                role=record.role,
+                policy_version=record.policy_version,
+                engine_id=record.engine_id,
+                delivered=record.delivered,
+                finish_reason=record.finish_reason,
+                timings=dict(record.timings),
+                metadata=dict(record.metadata),
+                num_input_tokens=int(x.shape[0]),
+                num_output_tokens=int(out.shape[0]),
+                node=new_id,
+                matched_tokens=depth,
+            )
+        )
+        self._by_call[record.call_index] = rec_idx
+        # Index update: the record replaces the anchor it extended (same thread), else the
+        # least recently added anchor is evicted.
+        if anchor_pos >= 0:
+            del self._anchors[anchor_pos]
+        self._anchors.append(
+            _Anchor(rec_idx, x, out, int(x.shape[0]), int(x.shape[0] + out.shape[0]), record.delivered)
+        )
+        if len(self._anchors) > self.anchor_slots:
+            del self._anchors[0]
+        return InsertResult(new_id, nid, depth, int(tokens.shape[0]), split)
+
+    def _split(self, node_id: int, k: int) -> int:
+        """Split ``node_id`` after ``k`` tokens (0 < k < n); return the new head's id.
+
+        The original node keeps its identity (end, children, record end) and becomes the
+        head's only child; array halves are views (no copy).
+        """
+        nodes = self.nodes
+        nd = nodes[node_id]
+        assert 0 < k < nd.num_tokens
+        head_id = len(nodes)
+        n_in = nd.n_input
+        if k <= n_in:
+            head_lp, tail_lp = _EMPTY_F32, nd.logprobs
+        else:
+            head_lp, tail_lp = nd.logprobs[: k - n_in], nd.logprobs[k - n_in:]
+        head = Node(
+            head_id, nd.parent, nd.record, nd.start, nd.tokens[:k], nd.provenance[:k], head_lp, min(k, n_in),
+            children=[node_id], index={int(nd.tokens[k]): [node_id]},
+        )
+        nodes.append(head)
+        parent = nodes[nd.parent]
+        parent.children[parent.children.index(node_id)] = head_id
+        lst = parent.index[int(nd.tokens[0])]
+        lst[lst.index(node_id)] = head_id
+        nd.parent = head_id
+        nd.start += k
+        nd.tokens = nd.tokens[k:]
+        nd.provenance = nd.provenance[k:]
+        nd.logprobs = tail_lp
+        nd.n_input = max(0, n_in - k)
+        return head_id
