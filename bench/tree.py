@@ -5,7 +5,8 @@ Builds one synthetic execution of ``--calls`` model calls (default 500) whose co
 tokens per call, compacts it when it passes ``--compact-at`` tokens (a ``compaction`` call,
 then a new context that starts from the summary), spawns sub-agents in fresh contexts,
 makes a few auxiliary calls, has some outputs edited by the harness (tool JSON
-re-serialised -> branch inside the output) and a few retried identical requests.
+re-serialised -> branch inside the output) and a few retried identical requests (every
+output starts with ``<think>``, so retried outputs form ambiguous branching points).
 
 Prints insert time total and per call, memory per stored token, sampling and
 materialisation time, and dedup statistics. Optionally (``--store DIR``) appends every
@@ -42,6 +43,7 @@ from gyre.trajectory import (  # noqa: E402
 )
 
 VOCAB = 150_000
+THINK = 151_667  # every output starts with <think>, so retried outputs share a first token
 EXT, POL = int(Provenance.EXTERNAL), int(Provenance.POLICY)
 
 
@@ -78,6 +80,7 @@ def generate(calls: int, seed: int, compact_at: int) -> Iterator[RequestRecord]:
 
     def make(ctx: _Context, role: str, out: np.ndarray, delivered: bool = True) -> RequestRecord:
         nonlocal idx
+        out[0] = THINK
         ids, prov = ctx.snapshot()
         lp = -rng.random(out.shape[0], dtype=np.float32) * 3
         r = RequestRecord(eid, idx, role, ids, out, lp, prov, policy_version=idx // 50,

@@ -41,12 +41,15 @@ prefix; the reused prefix itself is verified once by a vectorised comparison (me
    the root).
 
 The continuation walks child edges by first token (a per-node ``first token -> children``
-index), comparing each edge vectorised. Because the tree is a trie over inputs, any correct
-starting point yields the same longest match; anchors only decide how few nodes are walked.
-Among *token-identical* alternative paths (only possible through sibling outputs) the walk
-prefers the longest match, then a delivered output, then the most recent record; the
-anchor fast path prefers the deepest, then delivered, then most recent anchor. Rebuilding
-a tree from its records in order is therefore deterministic (:mod:`gyre.trajectory.store`).
+index), comparing each edge vectorised. The tree is a trie over inputs except where
+independent sibling outputs start with the same token (*ambiguous branching points*, e.g. a
+retried request whose outputs both begin with ``<think>``). There the walk follows every
+such child; and a match found from an anchor is made exact by revisiting the ambiguous
+points above it, which each node chains (``Node.amb_parent``). Ambiguous points are rare, so
+this costs O(retries on the path). Among equally long matches the one ending in a
+delivered record's node wins, then the most recent record. The result is therefore
+canonical: it does not depend on the anchors, and a tree rebuilt from its records in order
+is bit-identical (:mod:`gyre.trajectory.store`).
 """
 
 from __future__ import annotations
@@ -92,7 +95,11 @@ class Node:
       end has ``start + n`` tokens;
     * ``record`` -- index into :attr:`TrajectoryTree.records` of the owner (-1 for root);
     * ``children`` -- child node ids in insertion order; ``index`` maps a child's first
-      token to the child ids starting with it (empty children are not indexed).
+      token to the child ids starting with it (empty children are not indexed);
+    * ``amb_parent``/``amb_child`` -- the deepest *ambiguous branching point* on the path
+      above this node's first token: a node ``amb_parent`` with several children starting
+      with the same token (independent sibling outputs), ``amb_child`` being the one on this
+      path; ``-1`` if none. The insert index uses this chain to stay exact.
     """
 
     node_id: int
@@ -105,6 +112,8 @@ class Node:
     n_input: int
     children: list[int] = field(default_factory=list)
     index: dict[int, list[int]] = field(default_factory=dict)
+    amb_parent: int = -1
+    amb_child: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -192,8 +201,8 @@ class TrajectoryTree:
     Args:
         execution_id: the execution; if ``None`` it is taken from the first record.
         anchor_slots: how many recent record paths the insert index keeps (≥ 1). Memory:
-            each anchor references its record's ``input_ids``/``output_ids`` arrays. Trees
-            rebuilt from the same records with the same ``anchor_slots`` are identical.
+            each anchor references its record's ``input_ids``/``output_ids`` arrays. It
+            affects speed only: the tree is the same for any value.
 
     Raises:
         ValueError: ``anchor_slots < 1``.
@@ -371,48 +380,50 @@ class TrajectoryTree:
             return ROOT, 0, 0, -1
         anchors = self._anchors
         if anchors:
-            # 1) full path of an anchor, deepest first (then delivered, then most recent).
-            order = sorted(
-                range(len(anchors)),
-                key=lambda i: (anchors[i].length, anchors[i].delivered, i),
-                reverse=True,
-            )
-            for i in order:
-                a = anchors[i]
-                L, ni = a.length, a.n_input
-                if L == 0 or L > n:
-                    continue
-                last = a.output_ids[-1] if L > ni else a.input_ids[-1]
-                if x[L - 1] != last:
-                    continue
-                if np.array_equal(x[:ni], a.input_ids) and np.array_equal(x[ni:L], a.output_ids):
-                    nid, off = self._locate(self.records[a.record].node, L)
-                    return (*self._walk(x, nid, off, L), i)
-            # 2) input of an anchor (output edited by the harness), longest first.
-            order = sorted(
-                range(len(anchors)), key=lambda i: (anchors[i].n_input, anchors[i].delivered, i), reverse=True
-            )
-            for i in order:
-                a = anchors[i]
-                ni = a.n_input
-                if ni == 0 or ni > n or x[ni - 1] != a.input_ids[-1]:
-                    continue
-                if np.array_equal(x[:ni], a.input_ids):
-                    nid, off = self._locate(self.records[a.record].node, ni)
-                    return (*self._walk(x, nid, off, ni), i)
-            # 3) longest common prefix with any anchor.
-            best, best_i = 0, -1
-            for i in range(len(anchors) - 1, -1, -1):
-                a = anchors[i]
-                p = _lcp(x, a.input_ids)
-                if p == a.n_input and p < n:
-                    p += _lcp(x[p:], a.output_ids)
-                if p > best:
-                    best, best_i = p, i
-            if best > 0:
-                nid, off = self._locate(self.records[anchors[best_i].record].node, best)
-                return (*self._walk(x, nid, off, best), -1)
+            start = self._anchor_start(x, anchors)
+            if start is not None:
+                nid, off, depth, used = start
+                res = self._walk(x, nid, off, depth)
+                return (*self._resolve(x, nid, res), used)
         return (*self._walk(x, ROOT, 0, 0), -1)
+
+    def _anchor_start(self, x: np.ndarray, anchors: list[_Anchor]) -> tuple[int, int, int, int] | None:
+        """A verified position on an anchor's path that ``x`` reaches: ``(node, offset, depth,
+        anchor index or -1)``, or ``None`` when no anchor shares a prefix with ``x``."""
+        n = x.shape[0]
+        # 1) full path of an anchor, deepest first (then delivered, then most recent).
+        order = sorted(range(len(anchors)), key=lambda i: (anchors[i].length, anchors[i].delivered, i), reverse=True)
+        for i in order:
+            a = anchors[i]
+            L, ni = a.length, a.n_input
+            if L == 0 or L > n:
+                continue
+            last = a.output_ids[-1] if L > ni else a.input_ids[-1]
+            if x[L - 1] != last:
+                continue
+            if np.array_equal(x[:ni], a.input_ids) and np.array_equal(x[ni:L], a.output_ids):
+                return (*self._locate(self.records[a.record].node, L), L, i)
+        # 2) input of an anchor (output edited by the harness), longest first.
+        order = sorted(range(len(anchors)), key=lambda i: (anchors[i].n_input, anchors[i].delivered, i), reverse=True)
+        for i in order:
+            a = anchors[i]
+            ni = a.n_input
+            if ni == 0 or ni > n or x[ni - 1] != a.input_ids[-1]:
+                continue
+            if np.array_equal(x[:ni], a.input_ids):
+                return (*self._locate(self.records[a.record].node, ni), ni, i)
+        # 3) longest common prefix with any anchor.
+        best, best_i = 0, -1
+        for i in range(len(anchors) - 1, -1, -1):
+            a = anchors[i]
+            p = _lcp(x, a.input_ids)
+            if p == a.n_input and p < n:
+                p += _lcp(x[p:], a.output_ids)
+            if p > best:
+                best, best_i = p, i
+        if best == 0:
+            return None
+        return (*self._locate(self.records[anchors[best_i].record].node, best), best, -1)
 
     def _locate(self, node_id: int, depth: int) -> tuple[int, int]:
         """On the path to ``node_id``, the node containing token position ``depth - 1`` and the offset."""
@@ -422,7 +433,19 @@ class TrajectoryTree:
             nid = nodes[nid].parent
         return nid, depth - nodes[nid].start
 
+    def _key(self, res: tuple[int, int, int]) -> tuple[int, bool, int]:
+        """Order of candidate matches: longer, then ending in a delivered record's node, then newer."""
+        rec = self.nodes[res[0]].record
+        if rec < 0:
+            return (res[2], False, -1)
+        return (res[2], self.records[rec].delivered, rec)
+
     def _walk(self, x: np.ndarray, nid: int, off: int, depth: int) -> tuple[int, int, int]:
+        """Exact longest match of ``x`` below position ``(nid, off)`` (``x[:depth]`` already matched).
+
+        Where several children start with the next token (independent sibling outputs), each
+        is followed and the best by :meth:`_key` wins.
+        """
         nodes = self.nodes
         n = x.shape[0]
         while True:
@@ -440,17 +463,28 @@ class TrajectoryTree:
             if not cands:
                 return nid, off, depth
             if len(cands) == 1:
-                nid = cands[0]
-            else:
-                rest = x[depth:]
-                records = self.records
+                nid, off = cands[0], 0
+                continue
+            return max((self._walk(x, c, 0, depth) for c in cands), key=self._key)
 
-                def key(c: int) -> tuple[int, bool, int]:
-                    cn = nodes[c]
-                    return (_lcp(rest, cn.tokens), records[cn.record].delivered, cn.record)
-
-                nid = max(cands, key=key)
-            off = 0
+    def _resolve(self, x: np.ndarray, nid: int, res: tuple[int, int, int]) -> tuple[int, int, int]:
+        """Make an anchor-derived match exact: at every ambiguous branching point above
+        ``nid`` (a parent with several children starting with the path's token, chained by
+        ``Node.amb_parent``/``amb_child``), follow the other children and keep the best."""
+        nodes = self.nodes
+        nd = nodes[nid]
+        p, c = nd.amb_parent, nd.amb_child
+        key = self._key(res)
+        while p >= 0:
+            pn = nodes[p]
+            for alt in pn.index[int(x[pn.end])]:
+                if alt != c:
+                    r = self._walk(x, alt, 0, pn.end)
+                    k = self._key(r)
+                    if k > key:
+                        res, key = r, k
+            p, c = pn.amb_parent, pn.amb_child
+        return res
 
     # ------------------------------------------------------------------ insertion
     def insert(self, record: RequestRecord) -> InsertResult:
@@ -489,8 +523,14 @@ class TrajectoryTree:
         self.nodes.append(node)
         parent = self.nodes[nid]
         parent.children.append(new_id)
+        node.amb_parent, node.amb_child = parent.amb_parent, parent.amb_child
         if tokens.shape[0]:
-            parent.index.setdefault(int(tokens[0]), []).append(new_id)
+            group = parent.index.setdefault(int(tokens[0]), [])
+            group.append(new_id)
+            if len(group) > 1:  # an independent sibling output sharing the first token
+                node.amb_parent, node.amb_child = nid, new_id
+                if len(group) == 2:
+                    self._mark_ambiguous(nid, group[0])
         self._num_tokens += tokens.shape[0]
         self.records.append(
             RecordInfo(
@@ -550,4 +590,24 @@ class TrajectoryTree:
         nd.provenance = nd.provenance[k:]
         nd.logprobs = tail_lp
         nd.n_input = max(0, n_in - k)
+        head.amb_parent, head.amb_child = nd.amb_parent, nd.amb_child
+        if nd.amb_child == node_id:  # the head takes the node's place in an ambiguous group
+            head.amb_child = head_id
+            self._repoint(node_id, (nd.amb_parent, node_id), (nd.amb_parent, head_id))
         return head_id
+
+    def _repoint(self, top: int, old: tuple[int, int], new: tuple[int, int]) -> None:
+        """Set ``amb`` to ``new`` on ``top`` and the descendants that inherit ``old`` from it."""
+        nodes = self.nodes
+        stack = [top]
+        while stack:
+            d = nodes[stack.pop()]
+            if (d.amb_parent, d.amb_child) != old:
+                continue  # this subtree has a deeper ambiguous point
+            d.amb_parent, d.amb_child = new
+            stack.extend(d.children)
+
+    def _mark_ambiguous(self, parent: int, member: int) -> None:
+        """``member``'s first-token group under ``parent`` just became ambiguous."""
+        m = self.nodes[member]
+        self._repoint(member, (m.amb_parent, m.amb_child), (parent, member))
