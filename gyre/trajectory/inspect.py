@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gyre.trajectory.records import Provenance
-from gyre.trajectory.sampling import AdmissionConfig, node_trainable_mask, trainable_counts
+from gyre.trajectory.sampling import AdmissionConfig, eligible_nodes, node_trainable_mask, trainable_counts
 from gyre.trajectory.tree import ROOT, TrajectoryTree
 
 __all__ = ["Decoder", "load_decoder", "ids_decoder", "tree_stats", "render_text", "render_html"]
@@ -181,14 +181,16 @@ table{border-collapse:collapse;margin:.5em 0}td{padding:2px 10px;border-bottom:1
 _CLASSES = ("ext", "pol", "evl", "out", "tgt", "cut")
 
 
-def _node_html(tree: TrajectoryTree, nid: int, decode: Decoder, config: AdmissionConfig | None, max_tokens: int) -> str:
+def _node_html(
+    tree: TrajectoryTree, nid: int, decode: Decoder, config: AdmissionConfig | None, max_tokens: int, eligible: np.ndarray
+) -> str:
     nd = tree.nodes[nid]
     n = nd.num_tokens
     # display class per token: input by provenance (0..2), output 3, trainable output 4, elided 5
     code = np.empty(n, np.int8)
     code[: nd.n_input] = nd.provenance[: nd.n_input]
     code[nd.n_input:] = 3
-    code[node_trainable_mask(tree, nid, config)] = 4
+    code[node_trainable_mask(tree, nid, config, eligible)] = 4
     if max_tokens and n > max_tokens:
         code[max_tokens // 2: n - max_tokens // 2] = 5
     cuts = np.flatnonzero(np.diff(code)) + 1
@@ -222,6 +224,7 @@ def render_html(
     """
     decode = decode or ids_decoder
     counts = trainable_counts(tree, config)
+    eligible = eligible_nodes(tree, config)
     stats = tree_stats(tree, config)
     title = title or f"trajectory tree {tree.execution_id}"
     out: list[str] = [
@@ -252,7 +255,7 @@ def render_html(
             out.append(
                 f'<details class="node"><summary class="role-{html.escape(role)}">'
                 f"{html.escape(_node_line(tree, nid, counts))}</summary>"
-                f'<div class="text">{_node_html(tree, nid, decode, config, max_tokens)}</div></details>'
+                f'<div class="text">{_node_html(tree, nid, decode, config, max_tokens, eligible)}</div></details>'
             )
     out.append("</body></html>")
     return "\n".join(out) + "\n"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.trajectory.sampling import Admission, node_trainable_mask
+from gyre.trajectory.sampling import Admission, eligible_nodes, node_trainable_mask
 from gyre.trajectory.tree import TrajectoryTree
 
 __all__ = ["TrajectoryRow", "DedupStats", "materialize", "dedup_stats"]
@@ -102,6 +102,7 @@ def materialize(
     """
     rows: list[TrajectoryRow] = []
     cfg = admission.config
+    eligible = eligible_nodes(tree, cfg)
     for traj in admission.trajectories:
         target_set = set(traj.target_nodes)
         toks, masks, lps = [], [], []
@@ -111,7 +112,7 @@ def materialize(
             toks.append(nd.tokens)
             lp = np.zeros(nd.num_tokens, np.float32)
             if nid in target_set:
-                m = node_trainable_mask(tree, nid, cfg)
+                m = node_trainable_mask(tree, nid, cfg, eligible)
                 lp[nd.n_input:] = nd.logprobs
                 lp[~m] = 0.0
                 versions.append(tree.records[nd.record].policy_version)

@@ -11,7 +11,12 @@ A token of the tree is *trainable* iff
   policy's log-prob for them in this context was never recorded;
 * the record that owns it has a role listed in ``role_priority`` (``evaluator`` can never
   be listed, so evaluator outputs and critiques are never trainable);
-* that record was delivered to the harness, unless ``include_undelivered`` is set.
+* that record was delivered to the harness, unless ``include_undelivered`` is set;
+* it lies on the path of at least one leaf whose role is listed (only such paths can be
+  admitted; e.g. with ``role_priority=("main",)`` a main output whose only continuation is
+  a compaction call is not trainable).
+
+So with ``j_max=None`` the union of the admitted targets is exactly the trainable set.
 
 Sampling
 --------
@@ -41,6 +46,7 @@ __all__ = [
     "AdmittedTrajectory",
     "Admission",
     "trainable_counts",
+    "eligible_nodes",
     "node_trainable_mask",
     "sample_trajectories",
 ]
@@ -114,8 +120,31 @@ def _trainable_roles(config: AdmissionConfig) -> frozenset[str]:
     return frozenset(config.role_priority)
 
 
-def node_trainable_mask(tree: TrajectoryTree, node_id: int, config: AdmissionConfig | None = None) -> np.ndarray:
-    """``bool[n]``: trainable tokens of node ``node_id`` (see module docstring)."""
+def eligible_nodes(tree: TrajectoryTree, config: AdmissionConfig | None = None) -> np.ndarray:
+    """``bool[len(tree.nodes)]``: nodes on the path of at least one leaf whose role is in
+    ``config.role_priority`` (only such paths can be admitted). Cost O(nodes)."""
+    config = config or AdmissionConfig()
+    roles = _trainable_roles(config)
+    eligible = np.zeros(len(tree.nodes), bool)
+    for nid, _ in reversed(list(tree.iter_preorder())):  # children before parents
+        nd = tree.nodes[nid]
+        if (not nd.children and tree.records[nd.record].role in roles) or eligible[nid]:
+            eligible[nid] = True
+            eligible[nd.parent] = True
+    eligible[ROOT] = False
+    return eligible
+
+
+def node_trainable_mask(
+    tree: TrajectoryTree,
+    node_id: int,
+    config: AdmissionConfig | None = None,
+    eligible: np.ndarray | None = None,
+) -> np.ndarray:
+    """``bool[n]``: trainable tokens of node ``node_id`` (see module docstring).
+
+    ``eligible`` (from :func:`eligible_nodes`) saves an O(nodes) pass when given.
+    """
     config = config or AdmissionConfig()
     nd = tree.nodes[node_id]
     mask = np.zeros(nd.num_tokens, bool)
@@ -124,19 +153,24 @@ def node_trainable_mask(tree: TrajectoryTree, node_id: int, config: AdmissionCon
     rec = tree.records[nd.record]
     if rec.role not in _trainable_roles(config) or not (rec.delivered or config.include_undelivered):
         return mask
+    if eligible is None:
+        eligible = eligible_nodes(tree, config)
+    if not eligible[node_id]:
+        return mask
     mask[nd.n_input:] = nd.provenance[nd.n_input:] == int(Provenance.POLICY)
     return mask
 
 
 def trainable_counts(tree: TrajectoryTree, config: AdmissionConfig | None = None) -> np.ndarray:
-    """``int64[len(tree.nodes)]``: trainable tokens per node id (root = 0)."""
+    """``int64[len(tree.nodes)]``: trainable tokens per node id (root = 0). Cost O(nodes)."""
     config = config or AdmissionConfig()
     roles = _trainable_roles(config)
     policy = int(Provenance.POLICY)
+    eligible = eligible_nodes(tree, config)
     counts = np.zeros(len(tree.nodes), np.int64)
     for nd in tree.nodes[1:]:
         rec = tree.records[nd.record]
-        if rec.role in roles and (rec.delivered or config.include_undelivered) and nd.num_output:
+        if eligible[nd.node_id] and rec.role in roles and (rec.delivered or config.include_undelivered) and nd.num_output:
             counts[nd.node_id] = int(np.count_nonzero(nd.provenance[nd.n_input:] == policy))
     return counts
 
