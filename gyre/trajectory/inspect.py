@@ -178,7 +178,9 @@ table{border-collapse:collapse;margin:.5em 0}td{padding:2px 10px;border-bottom:1
 """
 
 
-_CLASSES = ("ext", "pol", "evl", "out", "tgt", "cut")
+# display classes indexed by code: input provenance values first, then output/trainable/elided
+_CLASSES = {int(Provenance.POLICY): "pol", int(Provenance.EXTERNAL): "ext", int(Provenance.EVALUATOR): "evl",
+            3: "out", 4: "tgt", 5: "cut"}
 
 
 def _node_html(
