@@ -49,7 +49,16 @@ points above it, which each node chains (``Node.amb_parent``). Ambiguous points 
 this costs O(retries on the path). Among equally long matches the one ending in a
 delivered record's node wins, then the most recent record. The result is therefore
 canonical: it does not depend on the anchors, and a tree rebuilt from its records in order
-is bit-identical (:mod:`gyre.trajectory.store`).
+is bit-identical (:mod:`gyre.trajectory.store`). When no anchor shares a prefix with the
+input (a fresh context) the walk starts at the root, which costs one step per node of the
+matched path -- short for fresh contexts.
+
+Measured (``bench/tree.py``, 500 calls, 1.04M unique tokens, 24.5M context tokens in
+total, compaction, sub-agents, edited outputs, retries; 2 shared CPU cores): 0.03-0.05 s
+total insert (≈0.1 ms per call); ≈7.2 bytes per stored token (int32 id, int8
+provenance, float32 log-prob for output tokens, node objects) plus the anchors' references.
+
+Not thread-safe: one writer per tree (the proxy serialises the calls of one execution).
 """
 
 from __future__ import annotations
