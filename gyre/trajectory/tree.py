@@ -70,7 +70,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from gyre.trajectory.records import Provenance, RequestRecord
+from gyre.trajectory.records import RequestRecord
 
 __all__ = ["ROOT", "Node", "RecordInfo", "InsertResult", "PrefixMatch", "TrajectoryTree"]
 

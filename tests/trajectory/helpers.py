@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from gyre.trajectory import Provenance, RequestRecord
 
 EXT, POL, EVL = int(Provenance.EXTERNAL), int(Provenance.POLICY), int(Provenance.EVALUATOR)
 EID = "exec-1"
+
+
+def examples(n: int) -> int:
+    """Hypothesis example count: ``n`` scaled by ``$GYRE_HYPOTHESIS_SCALE`` (default 1) for deep runs."""
+    return max(1, int(n * float(os.environ.get("GYRE_HYPOTHESIS_SCALE", "1"))))
 
 
 def lp_for(out: list[int]) -> list[float]:

@@ -17,7 +17,7 @@ from gyre.trajectory import (
     sample_trajectories,
 )
 
-from .helpers import lp_for, random_execution
+from .helpers import examples, lp_for, random_execution
 from .test_sampling import compaction_tree
 
 
@@ -64,7 +64,7 @@ def test_advantage_placeholder_is_nan():
     assert all(math.isnan(r.advantage) for r in rows)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.integers(1, 14), st.sampled_from([1, 3, None]), st.integers(0, 1000))
 def test_rows_match_tree(data, n_records, j_max, seed):
     draw_int = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731

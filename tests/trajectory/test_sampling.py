@@ -16,7 +16,7 @@ from gyre.trajectory import (
     trainable_counts,
 )
 
-from .helpers import EVL, EXT, POL, random_execution, rec
+from .helpers import EVL, EXT, POL, examples, random_execution, rec
 
 SYS = [1, 2, 3]
 USER = [4, 5]
@@ -120,7 +120,7 @@ def _expected_trainable(tree: TrajectoryTree, cfg: AdmissionConfig) -> set[tuple
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.data(),
     st.integers(1, 14),

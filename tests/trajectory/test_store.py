@@ -22,7 +22,7 @@ from gyre.trajectory import (
 )
 from gyre.trajectory import store as store_mod
 
-from .helpers import EXT, POL, random_execution, rec
+from .helpers import EXT, POL, examples, random_execution, rec
 
 
 def agent_records():
@@ -213,7 +213,7 @@ def test_trajectory_store_per_execution_files(tmp_path):
         store.path("../evil")
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.data(), st.integers(1, 14), st.integers(1, 4))
 def test_round_trip_property(tmp_path_factory, data, n_records, ring):
     draw_int = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731

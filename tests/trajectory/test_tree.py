@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gyre.trajectory import ROOT, InsertResult, TrajectoryTree
 
-from .helpers import EVL, EXT, POL, full, lp_for, random_execution, rec
+from .helpers import EVL, EXT, POL, examples, full, lp_for, random_execution, rec
 
 SYS = [1, 2, 3]
 USER = [4, 5]
@@ -263,7 +263,7 @@ def _brute_force_match(records, x: np.ndarray) -> int:
     return best
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.integers(1, 14), st.sampled_from([1, 2, 8]))
 def test_insert_properties(data, n_records, slots):
     draw_int = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731
