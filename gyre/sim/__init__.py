@@ -1,1 +1,19 @@
-"""Discrete-event cluster simulator driving the real scheduler policy."""
+"""Discrete-event cluster simulator driving the real scheduler policy (DESIGN.md §6).
+
+* :mod:`gyre.sim.workload` -- execution durations: the ``paper-nl2repo`` fit, trace files;
+* :mod:`gyre.sim.cluster` -- :class:`ClusterSim`, the simpy shell around :class:`gyre.scheduler.Scheduler`;
+* :mod:`gyre.sim.presets` -- named workload + cluster setups;
+* :mod:`gyre.sim.compare` -- placements at matched mean staleness (``tools/simulate.py``);
+* :mod:`gyre.sim.plot` -- per-cell role timelines.
+"""
+
+from .cluster import ClusterSim, SimConfig, SimResult
+from .compare import compare, placement_config, run_placement, staleness_shape
+from .presets import PRESETS, Preset, load_preset
+from .workload import (GroupSample, LognormalWorkload, MixtureLognormalWorkload, TraceWorkload, Workload,
+                       fit_mixture, mixture_statistics, paper_nl2repo)
+
+__all__ = ["ClusterSim", "SimConfig", "SimResult", "compare", "placement_config", "run_placement",
+           "staleness_shape", "PRESETS", "Preset", "load_preset", "GroupSample", "LognormalWorkload",
+           "MixtureLognormalWorkload", "TraceWorkload", "Workload", "fit_mixture", "mixture_statistics",
+           "paper_nl2repo"]
