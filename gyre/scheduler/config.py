@@ -102,7 +102,7 @@ class SchedulerConfig:
         Reads ``n_samples_per_prompt``, ``global_batch_groups``, ``extra_dispatch``,
         ``steps_per_burst``, ``placement``, ``num_cells``, ``train_cells``,
         ``rollout_concurrency_per_cell``, ``standalone_concurrency`` and, when present,
-        ``oversample_executions`` and ``train_iters`` (as ``max_steps``); keyword
+        ``oversample_executions`` and ``train_steps`` (or Megatron's ``train_iters``) as ``max_steps``; keyword
         ``overrides`` win over the namespace.
         """
         fields: dict[str, Any] = dict(
@@ -116,7 +116,7 @@ class SchedulerConfig:
             rollout_concurrency_per_cell=int(args.rollout_concurrency_per_cell),
             standalone_concurrency=int(args.standalone_concurrency),
             oversample=int(getattr(args, "oversample_executions", 0) or 0),
-            max_steps=getattr(args, "train_iters", None),
+            max_steps=getattr(args, "train_steps", getattr(args, "train_iters", None)),
         )
         fields.update(overrides)
         return cls(**fields)

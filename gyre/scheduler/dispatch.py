@@ -27,8 +27,9 @@ dispatched at version ``k * mu`` are consumed, after the ``phi * B`` older ones 
 steps ``k * mu + phi + i`` for ``i = 0..mu-1`` (``B`` groups each), i.e. staleness ``phi + i``; the
 mean over a burst is ``phi + (mu - 1)/2``.  Out-of-order readiness permutes which group gets
 which step but not the sum of ``v_t - v_d`` over a long run, so the identity holds on average.
-The first burst is the exception (its groups have staleness ``i``, not ``phi + i``), which
-shifts the mean over ``S`` steps by ``-phi * mu / S``.
+The first bursts are the exception: the startup dispatch is consumed with staleness equal to
+the step index, below the steady-state value, which lowers the mean over ``S`` steps by a
+warm-up term of order ``phi * (phi + mu) / S`` (``phi * mu / S`` when ``phi <= 1``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ until the run is done.
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -149,7 +151,12 @@ def configs(draw):
         max_steps=draw(st.integers(1, 4)), oversample=draw(st.integers(0, 1)))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _examples(n: int) -> int:
+    """``n`` scaled by ``$GYRE_HYPOTHESIS_SCALE`` (default 1) for deep runs."""
+    return max(1, int(n * float(os.environ.get("GYRE_HYPOTHESIS_SCALE", "1"))))
+
+
+@settings(max_examples=_examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(), micro=st.integers(0, 2), data=st.data())
 def test_counters_capacity_and_liveness_under_random_events(cfg, micro, data):
     s = Scheduler(cfg)
