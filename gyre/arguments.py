@@ -132,6 +132,8 @@ def _add_admission_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                        help="A_i = (R_i - mean) / (std + eps) (on) or R_i - mean (off).")
     group.add_argument("--filter-zero-std-groups", action="store_true",
                        help="Drop groups whose rewards are all equal.")
+    group.add_argument("--advantage-leave-one-out", action="store_true",
+                       help="Baseline of A_i is the mean of the other rewards of the group (RLOO).")
     return parser
 
 
@@ -151,6 +153,11 @@ def _add_evaluation_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group(title="evaluation")
     group.add_argument("--eval-timeout-s", type=float, default=300.0, help="Limit of one assessment (s).")
     group.add_argument("--eval-max-retries", type=int, default=3, help="Retries of an unresolved assessment.")
+    group.add_argument("--eval-retry-backoff-s", type=float, default=5.0,
+                       help="Wait before the first retry of an unresolved assessment (s); doubles per retry.")
+    group.add_argument("--eval-budget-s", type=float, default=None,
+                       help="Overall assessment budget of one execution, retries and waits included (s); "
+                            "default (eval-max-retries + 1) * eval-timeout-s + the backoff waits.")
     group.add_argument("--custom-rm-path", type=str, default=None,
                        help="Dotted path of a scoring rule used when a task names none.")
     return parser
@@ -309,6 +316,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.execution_timeout_s > 0, "execution-timeout-s", "must be > 0")
     need(args.eval_timeout_s > 0, "eval-timeout-s", "must be > 0")
     need(args.eval_max_retries >= 0, "eval-max-retries", "must be >= 0")
+    need(args.eval_retry_backoff_s >= 0, "eval-retry-backoff-s", "must be >= 0")
+    need(args.eval_budget_s is None or args.eval_budget_s > 0, "eval-budget-s", "must be > 0")
     need(0 <= args.proxy_port <= 65535, "proxy-port", "must be in [0, 65535]")
     need("evaluator" not in args.role_priority, "role-priority", "evaluator tokens are never trainable")
     if args.placement == "colocate":
