@@ -162,7 +162,7 @@ class Scheduler:
         elif isinstance(event, WeightsPublished):
             self._on_published(event, cmds)
         elif isinstance(event, Tick):
-            pass
+            pass  # no decision depends on time alone today; a Tick only re-settles
         else:
             raise ValueError(f"unknown event {event!r}")
         self._settle(cmds)
@@ -276,6 +276,7 @@ class Scheduler:
         cmds.append(ToRollout(cell))
 
     def _set_state(self, cell: int, state: CellState) -> None:
+        log.debug("t=%.1f cell %d -> %s", self.now, cell, state.value)
         self.cell_states[cell] = state
         self.role_log.append((self.now, cell, state))
 
