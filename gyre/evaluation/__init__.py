@@ -1,1 +1,87 @@
-"""Evaluator interface, executable checks, agentic judge, partial scoring, reward validity."""
+"""Evaluator interface, executable checks, agentic judge, partial scoring, reward validity.
+
+DESIGN.md §3.3 (paper §5.2). Flow for one closed execution::
+
+    ws = preserve_workspace(live_dir, snapshot_dir)                 # harness launcher, at closure
+    closure = ExecutionClosure(execution_id, TerminationStatus.TIMEOUT, ws, instruction, key)
+    evaluator = evaluator_from_spec(task.evaluator, default_rule=args.custom_rm_path, ...)
+    outcome = reward_manager.assess(closure, evaluator)             # retries, provenance log
+    events = trajectory_buffer.record_outcome(outcome, tree)        # gyre.buffer: readiness
+
+Modules: :mod:`~gyre.evaluation.assessment` (interface), :mod:`~gyre.evaluation.executable`
+(tests on a workspace copy), :mod:`~gyre.evaluation.judge` (model with a rubric, role
+``evaluator``), :mod:`~gyre.evaluation.composite`, :mod:`~gyre.evaluation.validity` (pure retry
+policy), :mod:`~gyre.evaluation.provenance` (append-only assessment log),
+:mod:`~gyre.evaluation.rewards` (shell: outcomes, exclusion, placeholders),
+:mod:`~gyre.evaluation.workspace` (snapshots, digests), :mod:`~gyre.evaluation.process`
+(process-group runner), :mod:`~gyre.evaluation.junit`, :mod:`~gyre.evaluation.spec`.
+"""
+
+from gyre.evaluation.assessment import Assessment, AssessmentStatus, EvaluationTarget, Evaluator, Unresolved
+from gyre.evaluation.composite import CompositeEvaluator
+from gyre.evaluation.executable import (
+    BUILTIN_RULES,
+    CheckResult,
+    ExecutableCheck,
+    exit_code_rule,
+    fraction_passed_rule,
+    load_callable,
+    resolve_scoring_rule,
+)
+from gyre.evaluation.judge import AgenticJudge, parse_score
+from gyre.evaluation.junit import JUnitCounts, JUnitParseError, parse_junit_file, parse_junit_xml
+from gyre.evaluation.process import CommandRun, readonly_mounts_supported, run_command
+from gyre.evaluation.provenance import AssessmentLog, AssessmentRecord
+from gyre.evaluation.rewards import (
+    ExecutionClosure,
+    ExecutionOutcome,
+    OutcomeStatus,
+    RewardManager,
+    TerminationStatus,
+    placeholder_tree,
+)
+from gyre.evaluation.spec import evaluator_from_spec
+from gyre.evaluation.validity import ActionKind, AttemptInfo, NextAction, RetryPolicy, RetryState
+from gyre.evaluation.workspace import PreservedWorkspace, preserve_workspace, tree_digest
+
+__all__ = [
+    "ActionKind",
+    "AgenticJudge",
+    "Assessment",
+    "AssessmentLog",
+    "AssessmentRecord",
+    "AssessmentStatus",
+    "AttemptInfo",
+    "BUILTIN_RULES",
+    "CheckResult",
+    "CommandRun",
+    "CompositeEvaluator",
+    "EvaluationTarget",
+    "Evaluator",
+    "ExecutableCheck",
+    "ExecutionClosure",
+    "ExecutionOutcome",
+    "JUnitCounts",
+    "JUnitParseError",
+    "NextAction",
+    "OutcomeStatus",
+    "PreservedWorkspace",
+    "RetryPolicy",
+    "RetryState",
+    "RewardManager",
+    "TerminationStatus",
+    "Unresolved",
+    "evaluator_from_spec",
+    "exit_code_rule",
+    "fraction_passed_rule",
+    "load_callable",
+    "parse_junit_file",
+    "parse_junit_xml",
+    "parse_score",
+    "placeholder_tree",
+    "preserve_workspace",
+    "readonly_mounts_supported",
+    "resolve_scoring_rule",
+    "run_command",
+    "tree_digest",
+]
