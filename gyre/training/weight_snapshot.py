@@ -1,0 +1,191 @@
+"""Core-cell weight snapshots that joining satellites pull (DESIGN.md §4.4, paper §4.4).
+
+Before each optimizer step the core (cell 0) copies its parameters into one flat, registered host
+buffer and stamps it with the policy version.  A satellite that joins the batch pulls that buffer
+and checks the version before it claims micro-steps.  Weights are fixed during gradient
+accumulation, so every satellite reads the same snapshot.
+
+Transports (``--weight-transport``):
+
+* ``mooncake`` -- Mooncake Transfer Engine one-sided reads (``transfer_sync_read``): TCP on CPU
+  (``mooncake-transfer-engine-non-cuda``), RDMA on GPU clusters (the CUDA wheel, same API).
+* ``gloo`` -- a ``torch.distributed.broadcast`` of the flat buffer over the participants' group;
+  the fallback when Mooncake is unavailable.
+
+Layout: an int64 header ``[version, numel]`` (``version == -1`` while a write is in progress) and a
+flat payload of the parameters in ``named_parameters()`` order, both registered with the engine.
+A reader checks the header before and after reading the payload, so a torn read is detected.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class SnapshotError(RuntimeError):
+    """A pull failed (dead peer, bad address) or returned an unexpected version / layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHandle:
+    """What a satellite needs to pull: the core's Mooncake session and buffer addresses.
+
+    Attributes:
+        session_id: ``"host:rpc_port"`` of the core's transfer engine.
+        header_addr: address of the int64 ``[version, numel]`` header (16 bytes).
+        payload_addr: address of the flat parameter buffer.
+        numel: elements in the payload.
+        dtype: payload dtype name (``"float32"``).
+    """
+
+    session_id: str
+    header_addr: int
+    payload_addr: int
+    numel: int
+    dtype: str
+
+
+def flat_numel(params: Iterable[torch.Tensor]) -> int:
+    """Total elements of ``params``."""
+    return sum(p.numel() for p in params)
+
+
+def copy_params_to_flat(params: Iterable[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``params`` (in order) into the 1-D ``flat`` buffer.
+
+    Raises:
+        ValueError: sizes differ.
+    """
+    params = list(params)
+    _check_sizes(flat, params)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            offset += n
+
+
+def _check_sizes(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
+    total = flat_numel(params)
+    if total != flat.numel():
+        raise ValueError(f"flat buffer has {flat.numel()} elements, parameters {total}")
+
+
+def copy_flat_to_params(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> None:
+    """Inverse of :func:`copy_params_to_flat`.
+
+    Raises:
+        ValueError: sizes differ.
+    """
+    params = list(params)
+    _check_sizes(flat, params)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+
+def _engine(host: str):
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as exc:  # pragma: no cover - depends on the wheel
+        raise SnapshotError(f"Mooncake Transfer Engine unavailable ({exc}); use --weight-transport gloo") from exc
+    engine = TransferEngine()
+    rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        raise SnapshotError(f"TransferEngine.initialize({host!r}) failed: rc={rc}")
+    return engine
+
+
+class MooncakeSnapshotServer:
+    """Core side: owns the registered header + payload and publishes snapshots into them.
+
+    Args:
+        numel: elements of the flat payload (``flat_numel(model.parameters())``).
+        host: address the transfer engine binds (``127.0.0.1`` on one machine).
+    """
+
+    def __init__(self, numel: int, host: str = "127.0.0.1", dtype: torch.dtype = torch.float32):
+        self.header = torch.zeros(2, dtype=torch.int64)
+        self.payload = torch.zeros(numel, dtype=dtype)
+        self._engine = _engine(host)
+        for t in (self.header, self.payload):
+            rc = self._engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
+            if rc != 0:
+                raise SnapshotError(f"register_memory failed: rc={rc}")
+        self.handle = SnapshotHandle(
+            session_id=f"{host}:{self._engine.get_rpc_port()}", header_addr=self.header.data_ptr(),
+            payload_addr=self.payload.data_ptr(), numel=numel, dtype=str(dtype).removeprefix("torch."))
+
+    def publish(self, params: Iterable[torch.Tensor], version: int) -> None:
+        """Copy ``params`` into the payload, then stamp ``version`` (header written last)."""
+        self.header[0] = -1  # readers seeing -1 know a write is in progress
+        copy_params_to_flat(params, self.payload)
+        self.header[1] = self.payload.numel()
+        self.header[0] = int(version)
+
+
+class MooncakeSnapshotClient:
+    """Satellite side: pulls the core's snapshot with one-sided reads into its parameters."""
+
+    def __init__(self, handle: SnapshotHandle, host: str = "127.0.0.1"):
+        self.handle = handle
+        self.header = torch.zeros(2, dtype=torch.int64)
+        self.payload = torch.zeros(handle.numel, dtype=getattr(torch, handle.dtype))
+        self._engine = _engine(host)
+        for t in (self.header, self.payload):
+            rc = self._engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
+            if rc != 0:
+                raise SnapshotError(f"register_memory failed: rc={rc}")
+
+    def _read(self, local: torch.Tensor, remote_addr: int) -> None:
+        rc = self._engine.transfer_sync_read(self.handle.session_id, local.data_ptr(), remote_addr,
+                                             local.numel() * local.element_size())
+        if rc != 0:
+            raise SnapshotError(f"transfer_sync_read from {self.handle.session_id} failed: rc={rc}")
+
+    def pull(self, params: Iterable[torch.Tensor], expected_version: int) -> int:
+        """Read the snapshot into ``params`` and return its version.
+
+        Raises:
+            SnapshotError: transfer failed, or the header's version/numel differ from what was
+                expected before or after the payload read (a torn read).
+        """
+        self._read(self.header, self.handle.header_addr)
+        before = int(self.header[0])
+        if before != expected_version or int(self.header[1]) != self.handle.numel:
+            raise SnapshotError(f"snapshot version {before} (numel {int(self.header[1])}), "
+                                f"expected {expected_version} ({self.handle.numel})")
+        self._read(self.payload, self.handle.payload_addr)
+        self._read(self.header, self.handle.header_addr)
+        if int(self.header[0]) != before:
+            raise SnapshotError(f"snapshot changed during the read ({before} -> {int(self.header[0])})")
+        copy_flat_to_params(self.payload, params)
+        return before
+
+
+def gloo_broadcast_snapshot(params: list[torch.Tensor], version: int, src: int, group=None) -> int:
+    """Fallback transport: broadcast ``[version] + flat params`` from global rank ``src`` over ``group``.
+
+    Every member of ``group`` calls it; non-source ranks receive into ``params``.  Returns the version.
+    """
+    import torch.distributed as dist
+
+    flat = torch.zeros(flat_numel(params), dtype=params[0].dtype)
+    header = torch.tensor([version if dist.get_rank() == src else -1], dtype=torch.int64)
+    if dist.get_rank() == src:
+        copy_params_to_flat(params, flat)
+    dist.broadcast(header, src=src, group=group)
+    dist.broadcast(flat, src=src, group=group)
+    if dist.get_rank() != src:
+        copy_flat_to_params(flat, params)
+    return int(header[0])
