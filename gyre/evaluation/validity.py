@@ -127,7 +127,7 @@ class RetryState:
     policy: RetryPolicy
     attempts: list[AttemptInfo] = field(default_factory=list)
     started_at: float | None = None
-    _running: tuple[int, float] | None = None
+    _running: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
     @property
     def deadline(self) -> float:

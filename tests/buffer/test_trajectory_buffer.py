@@ -187,3 +187,48 @@ def test_bad_inputs_and_from_args():
     fb = TrajectoryBuffer.from_args(parse_args(["--n-samples-per-prompt", "3", "--filter-zero-std-groups"]))
     assert fb.n == 3 and fb.advantage.filter_zero_std_groups and fb.advantage.std_scaling
     assert math.isclose(AdvantageConfig().eps, 1e-6)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 4), extra=st.integers(0, 3), data=st.data())
+def test_readiness_invariants(n, extra, data):
+    """Ready exactly when N rewards arrived (the first N in arrival order); dropped exactly when
+    N became unreachable; excluded executions never among the designated ones."""
+    ids = [f"e{i}" for i in range(n + extra)]
+    order = data.draw(st.permutations(ids))
+    kinds = data.draw(st.lists(st.sampled_from(["valid", "excluded", "placeholder", "lost"]),
+                               min_size=len(ids), max_size=len(ids)))
+    b = TrajectoryBuffer(n, AdvantageConfig(), clock=Clock())
+    b.add_group(0, ids)
+    rewarded, no_reward, events = [], [], []
+    for eid, kind in zip(order, kinds):
+        final_before = b.group_status(0) != "pending"
+        if kind == "valid":
+            evs = b.record_outcome(valid(eid, float(len(eid) % 3)))
+        elif kind == "placeholder":
+            evs = b.record_outcome(ExecutionOutcome.placeholder(eid))
+        elif kind == "excluded":
+            evs = b.record_outcome(excluded(eid))
+        else:
+            evs = b.execution_lost(eid)
+        if final_before:
+            assert evs == []
+            continue
+        (rewarded if kind in ("valid", "placeholder") else no_reward).append(eid)
+        events.extend(evs)
+        if len(rewarded) == n:
+            (ev,) = evs
+            assert isinstance(ev, ReadyGroup) and list(ev.execution_ids) == rewarded
+            assert not set(ev.execution_ids) & set(no_reward)
+            assert abs(sum(ev.advantages)) < 1e-9
+        elif len(ids) - len(no_reward) < n:
+            (ev,) = evs
+            assert isinstance(ev, GroupDropped) and ev.reason is DropReason.INSUFFICIENT_VALID
+        else:
+            assert evs == []
+    assert len(events) <= 1
+    assert (b.group_status(0) == "pending") == (not events)
