@@ -1,0 +1,611 @@
+"""SGLang-native request/response shapes: parsing, validation and building (pure, no I/O).
+
+Everything the embedded engine accepts or returns over HTTP is defined here so the server
+shell (``gyre/rollout/embedded.py``) and the clients (``gyre/rollout/engine.py``) agree on
+one contract.  Upstream references (sgl-project/sglang):
+
+* ``python/sglang/srt/managers/io_struct.py``: ``GenerateReqInput`` (``text`` | ``input_ids``,
+  ``sampling_params``, ``rid``, ``return_logprob``, ``logprob_start_len``,
+  ``top_logprobs_num``, ``return_text_in_logprobs``, ``stream``), ``AbortReq``,
+  ``PauseGenerationReqInput``, ``ReleaseMemoryOccupationReqInput``,
+  ``UpdateWeightFromDiskReqInput``, ``UpdateWeightsFromTensorReqInput``,
+  ``UpdateWeightVersionReqInput``.
+* ``python/sglang/srt/sampling/sampling_params.py``: field names, defaults
+  (``max_new_tokens`` 128, ``temperature`` 1.0, ``top_p`` 1.0, ``top_k`` -1, ``min_p`` 0.0)
+  and their checks; ``temperature == 0`` means greedy.
+* ``python/sglang/srt/managers/schedule_batch.py``: finish reasons
+  ``{"type": "stop", "matched": int | str}``, ``{"type": "length", "length": n}``,
+  ``{"type": "abort", "message": str}``; the length check runs before the stop checks.
+* ``python/sglang/srt/managers/tokenizer_manager.py``: ``meta_info`` keys and
+  ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples.
+
+Bad input raises :class:`ProtocolError`; the server maps it to HTTP 400
+``{"error": {"message": ..., "code": 400}}`` (never a 500).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, Sequence
+
+#: Finish-reason ``type`` values (SGLang's ``FINISH_MATCHED_*``, ``FINISH_LENGTH``, ``FINISH_ABORT``).
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
+#: ``/pause_generation`` modes (SGLang ``PauseGenerationReqInput.mode``).
+PAUSE_MODES = ("abort", "in_place", "retract")
+#: ``/release_memory_occupation`` tags (SGLang ``GPU_MEMORY_TYPE_WEIGHTS`` / ``_KV_CACHE``).
+MEMORY_TAGS = ("weights", "kv_cache")
+#: Upper bound on ``n`` per request (parallel samples of one prompt).
+MAX_N = 256
+
+
+class ProtocolError(ValueError):
+    """A request body that breaks the contract; the server answers HTTP 400 with ``{"error": ...}``."""
+
+
+# --------------------------------------------------------------------------- small checkers
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def _want_int(name: str, x: Any, lo: int | None = None, hi: int | None = None) -> int:
+    if not _is_int(x):
+        raise ProtocolError(f"{name} must be an integer, got {type(x).__name__} {x!r}"[:300])
+    if lo is not None and x < lo:
+        raise ProtocolError(f"{name} must be >= {lo}, got {x}")
+    if hi is not None and x > hi:
+        raise ProtocolError(f"{name} must be <= {hi}, got {x}")
+    return x
+
+
+def _want_float(name: str, x: Any, lo: float | None = None, hi: float | None = None,
+                lo_open: bool = False) -> float:
+    if not _is_number(x):
+        raise ProtocolError(f"{name} must be a finite number, got {x!r}"[:300])
+    x = float(x)
+    if lo is not None and (x < lo or (lo_open and x == lo)):
+        raise ProtocolError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {x}")
+    if hi is not None and x > hi:
+        raise ProtocolError(f"{name} must be <= {hi}, got {x}")
+    return x
+
+
+def _want_bool(name: str, x: Any) -> bool:
+    if not isinstance(x, bool):
+        raise ProtocolError(f"{name} must be true or false, got {x!r}"[:300])
+    return x
+
+
+def _want_object(name: str, x: Any) -> dict:
+    if not isinstance(x, dict):
+        raise ProtocolError(f"{name} must be a JSON object, got {type(x).__name__}")
+    return x
+
+
+def _check_keys(name: str, body: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(str(k) for k in body if k not in allowed)
+    if unknown:
+        raise ProtocolError(f"{name}: unknown field(s) {', '.join(unknown)[:200]}")
+
+
+# --------------------------------------------------------------------------- sampling params
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Sampling parameters of one request (SGLang ``sampling_params.py`` names and defaults).
+
+    ``temperature == 0`` means greedy (argmax; the returned log-prob is then
+    ``log_softmax(logits)`` at temperature 1, as SGLang does).  ``top_k == -1`` disables top-k;
+    ``top_p == 1`` and ``min_p == 0`` disable nucleus and min-p truncation.  ``stop`` strings are
+    matched on the decoded output; ``stop_token_ids`` and the model's EOS ids stop on the sampled
+    token unless ``ignore_eos`` (which, as in SGLang, ignores both).  ``min_new_tokens`` masks the
+    stop ids until that many tokens were produced.  ``sampling_seed`` seeds the request's own
+    ``torch.Generator`` (sample ``j`` of ``n`` uses ``sampling_seed + j``).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    n: int = 1
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def truncates(self) -> bool:
+        """Whether top-k, top-p or min-p removes any probability mass."""
+        return self.top_k != -1 or self.top_p < 1.0 or self.min_p > 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The SGLang ``sampling_params`` dict (only fields that differ from the defaults)."""
+        out: dict[str, Any] = {}
+        default = SamplingParams()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v != getattr(default, f.name):
+                out[f.name] = list(v) if isinstance(v, list) else v
+        return out
+
+    @classmethod
+    def from_json(cls, body: Any, vocab_size: int | None = None) -> "SamplingParams":
+        """Parse and check a ``sampling_params`` object.
+
+        Args:
+            body: the JSON value (``None`` = all defaults).
+            vocab_size: model vocabulary (rows of the embedding); bounds ``stop_token_ids``.
+        Raises:
+            ProtocolError: unknown or unsupported keys, wrong types, out-of-range values.
+        """
+        if body is None:
+            return cls()
+        body = _want_object("sampling_params", body)
+        known = {f.name for f in fields(cls)}
+        neutral = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
+        unsupported_if_set = {"json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
+                              "custom_params", "stream_interval"}
+        p = cls()
+        for key, value in body.items():
+            if key in neutral:
+                if value is not None and (not _is_number(value) or float(value) != neutral[key]):
+                    raise ProtocolError(f"sampling_params.{key}={value!r} is not supported by the "
+                                        f"embedded engine (only {neutral[key]})")
+                continue
+            if key in unsupported_if_set:
+                if value is not None:
+                    raise ProtocolError(f"sampling_params.{key} is not supported by the embedded engine")
+                continue
+            if key not in known:
+                raise ProtocolError(f"sampling_params: unknown field {str(key)[:100]!r}")
+            if value is None:
+                continue  # SGLang treats null as "use the default"
+            if key == "max_new_tokens":
+                p.max_new_tokens = _want_int(key, value, lo=0)
+            elif key == "temperature":
+                p.temperature = _want_float(key, value, lo=0.0)
+            elif key == "top_p":
+                p.top_p = _want_float(key, value, lo=0.0, hi=1.0, lo_open=True)
+            elif key == "top_k":
+                k = _want_int(key, value)
+                if k != -1 and k < 1:
+                    raise ProtocolError(f"top_k must be -1 (disabled) or >= 1, got {k}")
+                p.top_k = k if (vocab_size is None or k < vocab_size) else -1
+            elif key == "min_p":
+                p.min_p = _want_float(key, value, lo=0.0, hi=1.0)
+            elif key == "stop":
+                stops = [value] if isinstance(value, str) else value
+                if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+                    raise ProtocolError("stop must be a non-empty string or a list of non-empty strings")
+                p.stop = list(stops)
+            elif key == "stop_token_ids":
+                if not isinstance(value, list):
+                    raise ProtocolError("stop_token_ids must be a list of token ids")
+                p.stop_token_ids = [
+                    _want_int("stop_token_ids[]", t, lo=0, hi=None if vocab_size is None else vocab_size - 1)
+                    for t in value
+                ]
+            elif key in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+                setattr(p, key, _want_bool(key, value))
+            elif key == "min_new_tokens":
+                p.min_new_tokens = _want_int(key, value, lo=0)
+            elif key == "n":
+                p.n = _want_int(key, value, lo=1, hi=MAX_N)
+            elif key == "sampling_seed":
+                p.sampling_seed = _want_int(key, value)
+        if p.min_new_tokens > p.max_new_tokens:
+            raise ProtocolError(f"min_new_tokens ({p.min_new_tokens}) > max_new_tokens ({p.max_new_tokens})")
+        return p
+
+
+# --------------------------------------------------------------------------- /generate
+
+
+#: Top-level ``GenerateReqInput`` keys accepted and ignored (they do not change the output).
+IGNORED_GENERATE_KEYS = frozenset({"log_metrics", "priority", "data_parallel_rank", "extra_key",
+                                   "bootstrap_host", "bootstrap_port", "bootstrap_room",
+                                   "return_routed_experts", "no_logs"})
+#: Top-level keys the embedded engine cannot honour; non-null values are rejected.
+UNSUPPORTED_GENERATE_KEYS = frozenset({"input_embeds", "image_data", "audio_data", "video_data",
+                                       "lora_path", "lora_id", "custom_logit_processor",
+                                       "token_ids_logprob", "session_params"})
+GENERATE_KEYS = frozenset({"text", "input_ids", "sampling_params", "rid", "return_logprob",
+                           "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+                           "stream", "return_hidden_states"}) | IGNORED_GENERATE_KEYS | UNSUPPORTED_GENERATE_KEYS
+
+
+@dataclass(slots=True)
+class SeqSpec:
+    """One sequence to generate: input ``i`` of a request, parallel sample ``j`` of ``n``.
+
+    ``rid`` is unique on the engine (``meta_info.id``); ``group_rid`` is the request's ``rid``
+    (``/abort_request`` with it aborts every sample).  ``input_ids`` are token ids
+    ``0 <= id < vocab_size``.  ``seed`` is ``None`` (engine-chosen) or the generator seed.
+    """
+
+    rid: str
+    group_rid: str
+    index: int
+    input_ids: list[int]
+    params: SamplingParams
+    seed: int | None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """A parsed ``/generate`` body.  ``single`` selects the response shape (object vs list)."""
+
+    input_ids: list[list[int]]
+    params: list[SamplingParams]
+    rids: list[str]
+    return_logprob: bool
+    top_logprobs_num: int
+    return_text_in_logprobs: bool
+    stream: bool
+    single: bool
+
+    def expand(self) -> list[SeqSpec]:
+        """Flatten to sequences in SGLang's order: input-major, then sample ``j`` of ``n``."""
+        out: list[SeqSpec] = []
+        k = 0
+        for i, (ids, p, rid) in enumerate(zip(self.input_ids, self.params, self.rids)):
+            for j in range(p.n):
+                out.append(SeqSpec(
+                    rid=rid if p.n == 1 else f"{rid}_{j}", group_rid=rid, index=k, input_ids=ids,
+                    params=p, seed=None if p.sampling_seed is None else p.sampling_seed + j,
+                    return_logprob=self.return_logprob, top_logprobs_num=self.top_logprobs_num,
+                    return_text_in_logprobs=self.return_text_in_logprobs, stream=self.stream))
+                k += 1
+        return out
+
+
+def _parse_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
+    if not isinstance(ids, list) or not ids:
+        raise ProtocolError(f"{name} must be a non-empty list of token ids")
+    for t in ids:
+        if not _is_int(t):
+            raise ProtocolError(f"{name} must contain integers, got {type(t).__name__} {t!r}"[:300])
+        if not 0 <= t < vocab_size:
+            raise ProtocolError(f"{name} has token id {t} outside the vocabulary [0, {vocab_size})")
+    return list(ids)
+
+
+def parse_generate(
+    body: Any,
+    *,
+    vocab_size: int,
+    context_len: int,
+    tokenize: Callable[[str], list[int]] | None = None,
+    new_rid: Callable[[], str] = lambda: uuid.uuid4().hex,
+) -> GenerateRequest:
+    """Parse and check a ``/generate`` body (SGLang ``GenerateReqInput``).
+
+    Args:
+        body: the decoded JSON body.
+        vocab_size: model vocabulary rows; every id must be in ``[0, vocab_size)``.
+        context_len: longest sequence the engine serves (tokens); a prompt must be shorter.
+        tokenize: text -> ids for ``text`` inputs (``None``: ``text`` is rejected).
+        new_rid: id factory for requests without ``rid``.
+    Returns:
+        The request; ``single`` is true when ``text``/``input_ids`` was one prompt.
+    Raises:
+        ProtocolError: any contract violation (see module docstring).
+    """
+    body = _want_object("body", body)
+    _check_keys("generate", body, set(GENERATE_KEYS))
+    for key in UNSUPPORTED_GENERATE_KEYS:
+        if body.get(key) not in (None, False, [], {}):
+            raise ProtocolError(f"{key} is not supported by the embedded engine")
+    if body.get("return_hidden_states"):
+        raise ProtocolError("return_hidden_states is not supported by the embedded engine")
+    has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
+    if has_ids == has_text:
+        raise ProtocolError("exactly one of input_ids or text is required")
+    if has_ids:
+        raw = body["input_ids"]
+        if not isinstance(raw, list) or not raw:
+            raise ProtocolError("input_ids must be a non-empty list of token ids or a list of such lists")
+        single = not isinstance(raw[0], list)
+        batch = [raw] if single else raw
+        inputs = [_parse_ids("input_ids" if single else f"input_ids[{i}]", ids, vocab_size)
+                  for i, ids in enumerate(batch)]
+    else:
+        if tokenize is None:
+            raise ProtocolError("text input needs a tokenizer; this engine has none (send input_ids)")
+        raw = body["text"]
+        single = isinstance(raw, str)
+        texts = [raw] if single else raw
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ProtocolError("text must be a string or a non-empty list of strings")
+        inputs = []
+        for i, t in enumerate(texts):
+            ids = tokenize(t)
+            if not ids:
+                raise ProtocolError(f"text[{i}] is empty after tokenization")
+            inputs.append(_parse_ids(f"text[{i}] tokens", ids, vocab_size))
+    for i, ids in enumerate(inputs):
+        if len(ids) >= context_len:
+            raise ProtocolError(f"input {i} has {len(ids)} tokens; the context length is {context_len}")
+
+    sp = body.get("sampling_params")
+    if isinstance(sp, list):
+        if len(sp) != len(inputs):
+            raise ProtocolError(f"sampling_params has {len(sp)} entries for {len(inputs)} inputs")
+        params = [SamplingParams.from_json(s, vocab_size) for s in sp]
+    else:
+        one = SamplingParams.from_json(sp, vocab_size)
+        params = [one] * len(inputs)
+
+    rid = body.get("rid")
+    if rid is None:
+        rids = [new_rid() for _ in inputs]
+    elif isinstance(rid, str) and single:
+        rids = [rid]
+    elif isinstance(rid, list) and not single:
+        if len(rid) != len(inputs) or not all(isinstance(r, str) for r in rid):
+            raise ProtocolError("rid must be a list of strings, one per input")
+        rids = list(rid)
+    else:
+        raise ProtocolError("rid must be a string (one input) or a list of strings (batch)")
+    if any(not r for r in rids) or len(set(rids)) != len(rids):
+        raise ProtocolError("rid values must be non-empty and distinct")
+
+    rl = body.get("return_logprob")
+    return_logprob = False if rl is None else (
+        _uniform_bool(rl) if isinstance(rl, list) else _want_bool("return_logprob", rl))
+    lsl = body.get("logprob_start_len")
+    if lsl is not None and (not _is_int(lsl) or lsl != -1):
+        raise ProtocolError("logprob_start_len: only -1 (output tokens only) is supported by the embedded engine")
+    top_n = body.get("top_logprobs_num")
+    top_n = 0 if top_n is None else _want_int("top_logprobs_num", top_n, lo=0, hi=vocab_size)
+    return GenerateRequest(
+        input_ids=inputs, params=params, rids=rids, return_logprob=return_logprob,
+        top_logprobs_num=top_n,
+        return_text_in_logprobs=_opt_bool(body, "return_text_in_logprobs"),
+        stream=_opt_bool(body, "stream"),
+        single=single and params[0].n == 1)
+
+
+def _opt_bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    return False if value is None else _want_bool(key, value)
+
+
+def _uniform_bool(values: list) -> bool:
+    if not values or not all(isinstance(v, bool) for v in values) or len(set(values)) != 1:
+        raise ProtocolError("return_logprob as a list must hold one repeated boolean")
+    return values[0]
+
+
+# --------------------------------------------------------------------------- finish reasons and outputs
+
+
+def finish_stop(matched: int | str) -> dict[str, Any]:
+    """``{"type": "stop", "matched": token_id_or_string}``."""
+    return {"type": FINISH_STOP, "matched": matched}
+
+
+def finish_length(length: int) -> dict[str, Any]:
+    """``{"type": "length", "length": n}`` (``n`` = output tokens when the cap was hit)."""
+    return {"type": FINISH_LENGTH, "length": length}
+
+
+def finish_abort(message: str) -> dict[str, Any]:
+    """``{"type": "abort", "message": ...}``."""
+    return {"type": FINISH_ABORT, "message": message}
+
+
+@dataclass(slots=True)
+class SeqOutput:
+    """What the engine core emits for one sequence: new tokens since the last emission.
+
+    ``new_logprobs`` are floats (natural log), one per ``new_token_ids`` entry;
+    ``new_top_logprobs`` one list of ``(logprob, token_id)`` per token when requested.
+    ``finish_reason`` is set on the final emission only.  Times are seconds.
+    """
+
+    rid: str
+    index: int
+    new_token_ids: list[int]
+    new_logprobs: list[float]
+    new_top_logprobs: list[list[tuple[float, int]]] | None
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str
+    e2e_latency: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def final_text(output_ids: Sequence[int], finish_reason: Mapping[str, Any] | None,
+               params: SamplingParams, decode: Callable[[list[int], bool], str] | None,
+               eos_token_ids: frozenset[int] = frozenset()) -> str:
+    """Decoded output text with SGLang's stop trimming.
+
+    A matched stop token is dropped before decoding, and the text is cut at a matched stop
+    string, unless ``no_stop_trim``.  ``decode(ids, skip_special_tokens)``; ``None`` -> ``""``.
+    """
+    if decode is None:
+        return ""
+    ids = list(output_ids)
+    matched = finish_reason.get("matched") if finish_reason else None
+    if not params.no_stop_trim and _is_int(matched) and ids and ids[-1] == matched:
+        ids = ids[:-1]
+    text = decode(ids, params.skip_special_tokens)
+    if not params.no_stop_trim and isinstance(matched, str):
+        cut = text.find(matched)
+        if cut >= 0:
+            text = text[:cut]
+    return text
+
+
+def logprob_triples(logprobs: Sequence[float], token_ids: Sequence[int],
+                    token_text: Callable[[int], str] | None = None) -> list[list[Any]]:
+    """SGLang ``output_token_logprobs``: ``[[logprob, token_id, text_or_null], ...]``."""
+    if token_text is None:
+        return [[float(lp), int(t), None] for lp, t in zip(logprobs, token_ids)]
+    return [[float(lp), int(t), token_text(int(t))] for lp, t in zip(logprobs, token_ids)]
+
+
+def top_logprob_triples(tops: Sequence[Sequence[tuple[float, int]]],
+                        token_text: Callable[[int], str] | None = None) -> list[list[list[Any]]]:
+    """SGLang ``output_top_logprobs``: per position a list of ``[logprob, token_id, text_or_null]``."""
+    return [logprob_triples([lp for lp, _ in row], [t for _, t in row], token_text) for row in tops]
+
+
+def build_meta_info(*, rid: str, finish_reason: Mapping[str, Any] | None, prompt_tokens: int,
+                    completion_tokens: int, cached_tokens: int, weight_version: str,
+                    output_token_logprobs: list | None = None, output_top_logprobs: list | None = None,
+                    e2e_latency: float | None = None) -> dict[str, Any]:
+    """``meta_info`` of a ``/generate`` response or stream chunk (SGLang key names)."""
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": dict(finish_reason) if finish_reason is not None else None,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "cached_tokens": cached_tokens,
+        "weight_version": weight_version,
+    }
+    if output_token_logprobs is not None:
+        meta["output_token_logprobs"] = output_token_logprobs
+    if output_top_logprobs is not None:
+        meta["output_top_logprobs"] = output_top_logprobs
+    if e2e_latency is not None:
+        meta["e2e_latency"] = e2e_latency
+    return meta
+
+
+def error_body(message: str, code: int = 400) -> dict[str, Any]:
+    """The error body of every 4xx answer: ``{"error": {"message": ..., "code": ...}}``."""
+    return {"error": {"message": message, "code": code}}
+
+
+# --------------------------------------------------------------------------- control bodies
+
+
+def parse_abort(body: Any) -> tuple[str | None, bool]:
+    """``/abort_request`` body ``{"rid": str, "abort_all": bool}`` -> ``(rid, abort_all)``.
+
+    Raises:
+        ProtocolError: neither a non-empty ``rid`` nor ``abort_all: true``; wrong types.
+    """
+    body = _want_object("body", body if body is not None else {})
+    _check_keys("abort_request", body, {"rid", "abort_all", "finished_reason", "aborted_message"})
+    rid = body.get("rid")
+    abort_all = _opt_bool(body, "abort_all")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError("rid must be a string")
+    if not abort_all and not rid:
+        raise ProtocolError("give a rid or abort_all: true")
+    return (rid or None), abort_all
+
+
+def parse_pause(body: Any) -> str:
+    """``/pause_generation`` body ``{"mode": "abort" | "in_place" | "retract"}`` (default ``abort``)."""
+    body = _want_object("body", body if body is not None else {})
+    _check_keys("pause_generation", body, {"mode"})
+    mode = body.get("mode", "abort")
+    if mode not in PAUSE_MODES:
+        raise ProtocolError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}"[:300])
+    return mode
+
+
+def parse_tags(body: Any, name: str) -> tuple[str, ...]:
+    """``{"tags": ["weights", "kv_cache"]}`` (null or absent = both) -> the tag tuple."""
+    body = _want_object("body", body if body is not None else {})
+    _check_keys(name, body, {"tags", "cpu_backup_tags"})
+    tags = body.get("tags")
+    if tags is None:
+        return MEMORY_TAGS
+    if not isinstance(tags, list) or not tags or not all(t in MEMORY_TAGS for t in tags):
+        raise ProtocolError(f"tags must be a non-empty list drawn from {', '.join(MEMORY_TAGS)}")
+    return tuple(t for t in MEMORY_TAGS if t in tags)
+
+
+@dataclass(slots=True)
+class WeightUpdate:
+    """A parsed weight-update body (``/update_weights_from_disk`` or ``_from_tensor``).
+
+    ``source`` is the model path (disk) or the list of serialized payloads (tensor).
+    ``weight_version`` ``None`` keeps the current version string (SGLang behaviour).
+    """
+
+    source: Any
+    load_format: str | None
+    weight_version: str | None
+    abort_all_requests: bool
+    flush_cache: bool
+
+
+def _parse_update_common(body: dict) -> tuple[str | None, bool, bool, str | None]:
+    wv = body.get("weight_version")
+    if wv is not None and not isinstance(wv, str):
+        raise ProtocolError("weight_version must be a string")
+    lf = body.get("load_format")
+    if lf is not None and not isinstance(lf, str):
+        raise ProtocolError("load_format must be a string")
+    flush = body.get("flush_cache")
+    return (wv, _opt_bool(body, "abort_all_requests"),
+            True if flush is None else _want_bool("flush_cache", flush), lf)
+
+
+def parse_update_from_disk(body: Any) -> WeightUpdate:
+    """``/update_weights_from_disk`` body: ``model_path`` (dir or ``.safetensors`` file), ..."""
+    body = _want_object("body", body)
+    _check_keys("update_weights_from_disk", body, {"model_path", "load_format", "abort_all_requests",
+                                                   "weight_version", "flush_cache", "torch_empty_cache",
+                                                   "keep_pause", "recapture_cuda_graph", "token_step",
+                                                   "is_async"})
+    path = body.get("model_path")
+    if not isinstance(path, str) or not path:
+        raise ProtocolError("model_path must be a non-empty string")
+    wv, abort, flush, lf = _parse_update_common(body)
+    return WeightUpdate(path, lf, wv, abort, flush)
+
+
+def parse_update_from_tensor(body: Any) -> WeightUpdate:
+    """``/update_weights_from_tensor`` body: ``serialized_named_tensors`` (list of base64 strings)."""
+    body = _want_object("body", body)
+    _check_keys("update_weights_from_tensor", body, {"serialized_named_tensors", "load_format",
+                                                     "flush_cache", "abort_all_requests", "weight_version",
+                                                     "disable_draft_model", "torch_empty_cache"})
+    payloads = body.get("serialized_named_tensors")
+    if not isinstance(payloads, list) or not payloads or not all(isinstance(p, str) and p for p in payloads):
+        raise ProtocolError("serialized_named_tensors must be a non-empty list of base64 strings")
+    wv, abort, flush, lf = _parse_update_common(body)
+    return WeightUpdate(payloads, lf, wv, abort, flush)
+
+
+def parse_update_weight_version(body: Any) -> tuple[str, bool]:
+    """``/update_weight_version`` body ``{"new_version": str, "abort_all_requests": bool}``."""
+    body = _want_object("body", body)
+    _check_keys("update_weight_version", body, {"new_version", "abort_all_requests"})
+    v = body.get("new_version")
+    if not isinstance(v, str) or not v:
+        raise ProtocolError("new_version must be a non-empty string")
+    return v, _opt_bool(body, "abort_all_requests")

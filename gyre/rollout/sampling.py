@@ -1,0 +1,139 @@
+"""Next-token sampling and behaviour log-probs (pure torch maths, no engine state).
+
+Semantics follow SGLang's sampler (``python/sglang/srt/layers/sampler.py`` and
+``sampling/sampling_params.py``):
+
+* ``temperature == 0`` is greedy: ``argmax(logits)``; its log-prob is ``log_softmax(logits)``
+  (temperature 1), because SGLang rewrites greedy to ``top_k = 1, temperature = 1``.
+* otherwise ``scaled = logits / temperature``, ``p = softmax(scaled)``; top-k, top-p (nucleus,
+  keeping the smallest prefix of the sorted distribution whose mass reaches ``top_p``) and
+  min-p (drop tokens with ``p < min_p * p_max``) truncate ``p``, which is renormalised and
+  sampled with the request's own ``torch.Generator``.
+
+**Returned behaviour log-prob** (``logprob_mode``):
+
+* ``"tempered"`` (default): ``log_softmax(logits / T)[token]`` -- the untruncated, tempered
+  distribution, computed from exactly the logits that were sampled from.  A trainer that runs a
+  forward pass at the same weights and computes ``log_softmax(logits / T)`` at the same
+  temperature reproduces it (fp32: within ~1e-6).  With ``top_p < 1``, ``top_k > 0`` or
+  ``min_p > 0`` the *sampling* distribution is the truncated one, so this value is then not the
+  exact probability of the draw: the trainer must either roll out with truncation off (Gyre's
+  default ``--rollout-top-p 1``) or accept/correct that bias (e.g. its token importance cap).
+* ``"truncated"``: ``log(p_truncated_renormalised[token])`` -- the exact probability of the draw.
+  A trainer must then apply the same truncation to its own distribution to compare.
+
+``min_new_tokens`` is applied by setting the stop ids' logits to ``-inf`` before all of the
+above (SGLang's min-new-tokens penalizer), so returned log-probs then come from those
+masked logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from gyre.rollout.protocol import SamplingParams
+
+LOGPROB_MODES = ("tempered", "truncated")
+
+
+@dataclass(slots=True)
+class SampleResult:
+    """Sampled ids, their log-probs (natural log) and optional top-k ``(logprob, id)`` lists."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[float, int]] | None]
+
+
+def truncate_probs(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Apply top-k, top-p and min-p to one distribution and renormalise.
+
+    Args:
+        probs: ``[V]`` float probabilities summing to 1.
+        top_k: ``-1`` (off) or ``>= 1``.
+        top_p: ``(0, 1]``; a token is kept when the mass of strictly more probable tokens is
+            below ``top_p`` (so the most probable token is always kept).
+        min_p: ``[0, 1]``; keep tokens with ``p >= min_p * max(p)``.
+    Returns:
+        ``[V]`` renormalised probabilities with truncated entries exactly 0.
+    """
+    sorted_p, order = torch.sort(probs, descending=True, stable=True)
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    if top_k != -1 and top_k < sorted_p.numel():
+        keep[top_k:] = False
+    if top_p < 1.0:
+        mass_before = torch.cumsum(sorted_p, 0) - sorted_p
+        keep &= mass_before < top_p
+    if min_p > 0.0:
+        keep &= sorted_p >= min_p * sorted_p[0]
+    keep[0] = True
+    kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    out = torch.zeros_like(probs)
+    out[order] = kept / kept.sum()
+    return out
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+    *,
+    banned: Sequence[Sequence[int] | None] | None = None,
+    top_logprobs_num: Sequence[int] | None = None,
+    logprob_mode: str = "tempered",
+) -> SampleResult:
+    """Sample one token per row and return its behaviour log-prob.
+
+    Args:
+        logits: ``[B, V]`` (any float dtype; computed in fp32).
+        params: ``B`` sampling parameters.
+        generators: ``B`` CPU ``torch.Generator`` (consumed only by non-greedy rows).
+        banned: per row ids whose logits are set to ``-inf`` first (``min_new_tokens``), or None.
+        top_logprobs_num: per row how many top ``(logprob, id)`` pairs to return (0: none).
+        logprob_mode: ``"tempered"`` or ``"truncated"`` (see module docstring).
+    Returns:
+        :class:`SampleResult` with ``B`` ids and log-probs.
+    Raises:
+        ValueError: unknown ``logprob_mode`` or mismatched lengths.
+    """
+    if logprob_mode not in LOGPROB_MODES:
+        raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}, got {logprob_mode!r}")
+    B = logits.shape[0]
+    if len(params) != B or len(generators) != B:
+        raise ValueError(f"{B} rows but {len(params)} params and {len(generators)} generators")
+    logits = logits.float()
+    if banned is not None and any(banned):
+        logits = logits.clone()
+        for b, ids in enumerate(banned):
+            if ids:
+                logits[b, list(ids)] = float("-inf")
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
+                         dtype=logits.dtype)
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    tokens: list[int] = []
+    lps: list[float] = []
+    tops: list[list[tuple[float, int]] | None] = []
+    for b, p in enumerate(params):
+        row = logp[b]
+        if p.greedy:
+            tok = int(torch.argmax(logits[b]))
+            lp = float(row[tok]) if logprob_mode == "tempered" else 0.0
+        elif not p.truncates:
+            tok = int(torch.multinomial(row.exp(), 1, generator=generators[b]))
+            lp = float(row[tok])
+        else:
+            probs = truncate_probs(row.exp(), p.top_k, p.top_p, p.min_p)
+            tok = int(torch.multinomial(probs, 1, generator=generators[b]))
+            lp = float(row[tok]) if logprob_mode == "tempered" else float(torch.log(probs[tok]))
+        tokens.append(tok)
+        lps.append(lp)
+        k = top_logprobs_num[b] if top_logprobs_num is not None else 0
+        if k:
+            vals, ids = torch.topk(row, min(k, row.numel()))
+            tops.append([(float(v), int(i)) for v, i in zip(vals, ids)])
+        else:
+            tops.append(None)
+    return SampleResult(tokens, lps, tops)

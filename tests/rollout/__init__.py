@@ -1,0 +1,1 @@
+"""Tests of gyre/rollout (engine protocol, embedded engine core, SGLang adapter)."""
