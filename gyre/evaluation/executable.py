@@ -35,7 +35,8 @@ directory, so ordinary relative and home/temp writes land in the copy; when the 
 supports it (``readonly_source="auto"``, the default; probed with
 :func:`~gyre.evaluation.readonly_mounts_supported`) the preserved workspace is also
 bind-mounted **read-only** in a private mount namespace for the duration of the command,
-so even an absolute-path write to it fails (root included); and the preserved tree is
+so even an absolute-path write to it fails (root included) -- if that mount fails at run
+time (``"auto"``) the command runs without it, with a warning; and the preserved tree is
 digested before and after, so any change is detected and the attempt discarded. Writes to
 other absolute paths (``/tmp``, the network) are *not* prevented: this is not a security
 sandbox -- run untrusted code inside the harness's container/sandbox.
@@ -367,15 +368,24 @@ class ExecutableCheck(Evaluator):
         junit, out, err = eval_dir / "junit.xml", eval_dir / "stdout.txt", eval_dir / "stderr.txt"
         fields = {"junit_xml": str(junit), "workspace": str(work), "python": sys.executable,
                   "eval_dir": str(eval_dir)}
-        details["isolation"] = "copy+readonly-source" if use_ro else "copy"
         if self.keep_eval_dirs:
             details["eval_dir"] = str(eval_dir)
-        try:
-            run: CommandRun = run_command(
+
+        def run_once(readonly: bool) -> CommandRun:
+            details["isolation"] = "copy+readonly-source" if readonly else "copy"
+            return run_command(
                 self._argv(fields), cwd=work, env=self._environment(eval_dir, work, junit),
                 timeout_s=limit, stdout_path=out, stderr_path=err, grace_s=self.kill_grace_s,
-                readonly_paths=[src] if use_ro else (),
+                readonly_paths=[src] if readonly else (),
             )
+
+        try:
+            run = run_once(use_ro)
+            if run.readonly_failed and self.readonly_source == "auto":
+                # e.g. a filesystem that refuses bind mounts: the command did not run (the wrapper
+                # stops before exec), so run it once without the mount; the digest check remains.
+                logger.warning("read-only mount of %s failed; evaluating without it", src)
+                run = run_once(False)
         except OSError as exc:
             return None, f"test command could not start: {exc}"
         details.update(returncode=run.returncode, timed_out=run.timed_out,

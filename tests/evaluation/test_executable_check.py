@@ -273,3 +273,22 @@ def test_keep_eval_dirs_for_debugging(preserved, tmp_path):
     d = Path(a.details["eval_dir"])
     assert (d / "junit.xml").is_file() and (d / "workspace" / "calc.py").is_file()
     assert d.name.startswith("exec-1-a1-") and os.path.dirname(d) == str(tmp_path / "ev")
+
+
+def test_readonly_mount_failure_at_run_time_falls_back_or_is_unresolved(preserved, tmp_path, monkeypatch):
+    """A filesystem refusing the bind mount: "auto" runs the check without it, "require" does not."""
+    from gyre.evaluation import executable, process
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "mount").write_text("#!/bin/sh\nexit 32\n")  # every mount fails
+    (fake_bin / "fake-unshare").write_text('#!/bin/sh\n[ "$1" = "--" ] && shift\nexec "$@"\n')
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    monkeypatch.setattr(process, "_readonly_prefix", lambda: (str(fake_bin / "fake-unshare"),))
+    monkeypatch.setattr(executable, "readonly_mounts_supported", lambda: True)
+    a = check(command=canned_command(), readonly_source="auto").evaluate(target_for(preserved))
+    assert a.status is AssessmentStatus.VALID and a.score == 0.75 and a.details["isolation"] == "copy"
+    a = check(command=canned_command(), readonly_source="require").evaluate(target_for(preserved))
+    assert a.status is AssessmentStatus.UNRESOLVED and "read-only mount" in a.details["reason"]
