@@ -1,0 +1,350 @@
+"""Streaming training with dynamic membership (DESIGN.md §4.4, paper §4.4).
+
+One optimizer step consumes a *stream* of micro-steps.  The core cell (0) trains from the start;
+satellite cells join while the stream is in progress (ascending order), pull the core's weight
+snapshot, and claim micro-steps from a shared queue.  Every micro-step counts exactly once.  When
+the stream is drained the join window closes, the participants ``{0..k}`` sum their gradients over
+the prefix group for ``k`` (``gyre/training/prefix_groups.py``), and the core normalises
+(``1/|E|``), clips and performs **one** optimizer update, then broadcasts the new parameters to the
+participants.  Each micro-step's gradient is already weighted per token (``1/L_i``) and is only
+summed across micro-steps and cells, so the update does not depend on who processed what or when.
+
+Failures: a participant whose heartbeat is older than the lease is *dead*.  Cells are reduced over
+prefix groups, so a dead cell ``d`` excludes every cell ``>= d`` from this step: the micro-steps
+they claimed or finished are queued again (their gradients are discarded) and the window closes at
+``k < d``.  :class:`StreamLedger` is that bookkeeping as a pure object; :class:`MicroStepStream`
+is the TCPStore shell around it.
+
+Store keys for step ``s`` (``torch.distributed.TCPStore``)::
+
+    s/{s}/q/{j}          queue position j -> (micro-step id m, generation g, payload)
+    s/{s}/reserve        positions handed to the producer (counter)
+    s/{s}/claim          claim counter: add() returns the position a consumer takes
+    s/{s}/c/{m}/{g}      cell that claimed generation g of micro-step m
+    s/{s}/d/{m}/{g}      cell that finished generation g of micro-step m
+    s/{s}/hb/{c}         heartbeat of cell c (monotonic-free wall time, seconds)
+    s/{s}/excluded       lowest excluded cell (absent: none)
+    s/{s}/final          the stream is closed and drained
+    s/{s}/join/{c}       the scheduler asks cell c to join;  s/{s}/joined/{c}: c may claim
+    s/{s}/window         highest participating cell k
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MicroStepFn = Callable[[Any], float]
+"""Runs forward/backward on one micro-step payload, accumulating into ``.grad``; returns its loss
+contribution (already weighted per token, *not* divided by ``|E|``)."""
+
+
+# --------------------------------------------------------------------------- pure core
+
+
+@dataclass
+class StreamLedger:
+    """Core-side bookkeeping of one step's micro-steps (pure; no I/O, time injected).
+
+    A micro-step ``m`` is queued as generation 0; if the cell holding it is excluded it is queued
+    again as generation ``g + 1``.  It counts as done when its current generation was finished by a
+    cell below the exclusion line.
+    """
+
+    num_cells: int
+    closed: bool = False
+    excluded_from: int | None = None
+    generation: dict[int, int] = field(default_factory=dict)
+    claimed_by: dict[tuple[int, int], int] = field(default_factory=dict)
+    finished_by: dict[tuple[int, int], int] = field(default_factory=dict)
+    requeued: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, m: int) -> int:
+        """Register micro-step ``m`` (generation 0); returns the generation."""
+        if m in self.generation:
+            raise ValueError(f"micro-step {m} already queued")
+        if self.closed:
+            raise ValueError("stream is closed")
+        self.generation[m] = 0
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
+
+    def valid_cell(self, cell: int) -> bool:
+        return self.excluded_from is None or cell < self.excluded_from
+
+    def on_claim(self, m: int, g: int, cell: int) -> None:
+        self.claimed_by[(m, g)] = cell
+
+    def on_finish(self, m: int, g: int, cell: int) -> None:
+        self.finished_by.setdefault((m, g), cell)
+
+    def exclude(self, cell: int) -> list[tuple[int, int]]:
+        """Exclude ``cell`` and every cell above it; return ``(m, new_generation)`` to queue again."""
+        if cell == 0:
+            raise ValueError("the core cell cannot be excluded from its own step")
+        self.excluded_from = cell if self.excluded_from is None else min(self.excluded_from, cell)
+        out = []
+        for m, g in list(self.generation.items()):
+            holder = self.finished_by.get((m, g), self.claimed_by.get((m, g)))
+            if holder is not None and not self.valid_cell(holder):
+                self.generation[m] = g + 1
+                out.append((m, g + 1))
+        self.requeued += out
+        return out
+
+    def done(self) -> set[int]:
+        """Micro-steps whose current generation was finished by a valid cell."""
+        return {m for m, g in self.generation.items()
+                if (m, g) in self.finished_by and self.valid_cell(self.finished_by[(m, g)])}
+
+    def drained(self) -> bool:
+        return self.closed and len(self.done()) == len(self.generation)
+
+    def window(self, joined: Sequence[int]) -> int:
+        """Highest participating cell: the longest joined prefix below the exclusion line."""
+        k = 0
+        while k + 1 < self.num_cells and (k + 1) in joined and self.valid_cell(k + 1):
+            k += 1
+        return k
+
+
+def dead_cells(heartbeats: dict[int, float], now: float, lease_s: float) -> list[int]:
+    """Cells whose last heartbeat is older than ``lease_s`` seconds (pure)."""
+    return sorted(c for c, t in heartbeats.items() if now - t > lease_s)
+
+
+# --------------------------------------------------------------------------- store shell
+
+
+def encode_payload(obj: Any) -> bytes:
+    """``torch.save`` bytes of a micro-step payload (tensors, lists, dicts)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def decode_payload(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class MicroStepStream:
+    """TCPStore-backed shared micro-step queue (see the module docstring for the key layout).
+
+    Args:
+        store: a ``torch.distributed.Store`` every rank reaches.
+        num_cells: K.
+        poll_s: polling interval while waiting (seconds).
+        lease_s: heartbeat age after which a participant is dead (seconds).
+        clock: wall-clock source (``time.time``), injectable for tests.
+    """
+
+    def __init__(self, store, num_cells: int, poll_s: float = 0.002, lease_s: float = 30.0,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.num_cells = num_cells
+        self.poll_s = poll_s
+        self.lease_s = lease_s
+        self.clock = clock
+
+    def _has(self, key: str) -> bool:
+        return self.store.check([key])
+
+    # -- producer (core)
+    def put(self, step: int, m: int, payload: Any, generation: int = 0) -> int:
+        """Append micro-step ``m`` (generation ``generation``); returns its queue position."""
+        j = self.store.add(f"s/{step}/reserve", 1) - 1
+        self.store.set(f"s/{step}/q/{j}", encode_payload({"m": m, "g": generation, "payload": payload}))
+        return j
+
+    def finalize(self, step: int) -> None:
+        self.store.set(f"s/{step}/final", b"1")
+
+    def heartbeat(self, step: int, cell: int) -> None:
+        self.store.set(f"s/{step}/hb/{cell}", repr(self.clock()).encode())
+
+    def excluded_from(self, step: int) -> int | None:
+        return int(self.store.get(f"s/{step}/excluded")) if self._has(f"s/{step}/excluded") else None
+
+    # -- consumers
+    def claim(self, step: int, cell: int, timeout_s: float = 600.0) -> tuple[int, int, Any] | None:
+        """Take the next queue position; wait for its micro-step, the stream's end or exclusion.
+
+        Returns ``(m, generation, payload)``, or ``None`` when the stream is final or ``cell`` is
+        excluded.
+
+        Raises:
+            TimeoutError: nothing happened within ``timeout_s``.
+        """
+        j = self.store.add(f"s/{step}/claim", 1) - 1
+        key = f"s/{step}/q/{j}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            excl = self.excluded_from(step)
+            if excl is not None and cell >= excl:
+                return None
+            if self._has(key):
+                item = decode_payload(self.store.get(key))
+                self.store.set(f"s/{step}/c/{item['m']}/{item['g']}", str(cell).encode())
+                return item["m"], item["g"], item["payload"]
+            if self._has(f"s/{step}/final"):
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"step {step}: cell {cell} waited {timeout_s}s at queue position {j}")
+            time.sleep(self.poll_s)
+
+    def finish(self, step: int, m: int, g: int, cell: int) -> None:
+        self.store.compare_set(f"s/{step}/d/{m}/{g}", "", str(cell))
+
+    # -- membership
+    def request_join(self, step: int, cell: int) -> None:
+        self.store.set(f"s/{step}/join/{cell}", b"1")
+
+    def wait_join_request(self, step: int, cell: int, timeout_s: float = 600.0) -> bool:
+        """Block until the core asks ``cell`` to join (True) or the window closes first (False)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._has(f"s/{step}/join/{cell}"):
+                return True
+            if self._has(f"s/{step}/window"):
+                return False
+            time.sleep(self.poll_s)
+        raise TimeoutError(f"step {step}: cell {cell} got neither a join request nor a closed window")
+
+    def register_joined(self, step: int, cell: int, timeout_s: float = 600.0) -> None:
+        """Mark ``cell`` as a participant (after its predecessor, keeping the prefix contiguous)."""
+        if cell > 1:
+            self.store.wait([f"s/{step}/joined/{cell - 1}"], timedelta(seconds=timeout_s))
+        self.heartbeat(step, cell)
+        self.store.set(f"s/{step}/joined/{cell}", b"1")
+
+    def wait_window(self, step: int, timeout_s: float = 600.0) -> int:
+        self.store.wait([f"s/{step}/window"], timedelta(seconds=timeout_s))
+        return int(self.store.get(f"s/{step}/window"))
+
+    # -- the core's coordinator
+    def coordinate(self, step: int, payloads: Sequence[Any], stop: threading.Event | None = None) -> "StreamLedger":
+        """Queue ``payloads`` (micro-step ids 0..n-1), watch claims, completions and heartbeats,
+        re-queue the work of dead participants, finalize once drained, close the join window.
+
+        Runs on the core (a thread beside its own consumer loop).  Returns the ledger, whose
+        ``window`` result is stored under ``s/{step}/window``.
+        """
+        ledger = StreamLedger(self.num_cells)
+        for m, payload in enumerate(payloads):
+            ledger.add(m)
+            self.put(step, m, payload)
+        ledger.close()
+        by_id = dict(enumerate(payloads))
+        while not ledger.drained():
+            if stop is not None and stop.is_set():
+                break
+            for m, g in list(ledger.generation.items()):
+                if (m, g) not in ledger.claimed_by and self._has(f"s/{step}/c/{m}/{g}"):
+                    ledger.on_claim(m, g, int(self.store.get(f"s/{step}/c/{m}/{g}")))
+                if (m, g) not in ledger.finished_by and self._has(f"s/{step}/d/{m}/{g}"):
+                    ledger.on_finish(m, g, int(self.store.get(f"s/{step}/d/{m}/{g}")))
+            joined = [c for c in range(1, self.num_cells) if self._has(f"s/{step}/joined/{c}")]
+            beats = {c: float(self.store.get(f"s/{step}/hb/{c}")) for c in joined
+                     if ledger.valid_cell(c) and self._has(f"s/{step}/hb/{c}")}
+            dead = dead_cells(beats, self.clock(), self.lease_s)
+            if dead:
+                requeue = ledger.exclude(dead[0])
+                self.store.set(f"s/{step}/excluded", str(ledger.excluded_from).encode())
+                logger.warning("step %d: cell %d is dead (heartbeat older than %.1fs); excluding cells >= %d "
+                               "and re-queueing %d micro-steps", step, dead[0], self.lease_s,
+                               ledger.excluded_from, len(requeue))
+                for m, g in requeue:
+                    self.put(step, m, by_id[m], generation=g)
+            time.sleep(self.poll_s)
+        self.finalize(step)
+        joined = [c for c in range(1, self.num_cells) if self._has(f"s/{step}/joined/{c}")]
+        k = ledger.window(joined)
+        self.store.set(f"s/{step}/window", str(k).encode())
+        return ledger
+
+
+@dataclass
+class StepResult:
+    """What one streaming step did on this cell, for metrics and tests."""
+
+    step: int
+    participants: int
+    processed_here: int
+    loss_sum: float
+    grad_norm: float | None = None
+
+
+def consume_stream(stream: MicroStepStream, step: int, cell: int, fn: MicroStepFn,
+                   on_processed: Callable[[int], None] | None = None,
+                   heartbeat_s: float = 0.5) -> tuple[int, float]:
+    """Claim and process micro-steps until the stream is final (or this cell is excluded).
+
+    A background thread keeps this cell's heartbeat fresh every ``heartbeat_s`` seconds, so a long
+    micro-step is not mistaken for a dead cell.  Returns ``(count, loss_sum)``.
+    """
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(heartbeat_s):
+            stream.heartbeat(step, cell)
+
+    beater = threading.Thread(target=beat, daemon=True, name=f"gyre-heartbeat-{cell}")
+    beater.start()
+    count, loss_sum = 0, 0.0
+    try:
+        while (got := stream.claim(step, cell)) is not None:
+            m, g, payload = got
+            loss_sum += float(fn(payload))
+            stream.finish(step, m, g, cell)
+            count += 1
+            if on_processed is not None:
+                on_processed(count)
+    finally:
+        stop.set()
+        beater.join()
+    return count, loss_sum
+
+
+def _flat_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, num_executions: int,
+                      optimizer: torch.optim.Optimizer | None, clip_grad: float, is_core: bool) -> float | None:
+    """Sum gradients over participants ``{0..k}``; on the core ``/ |E|``, clip and one optimizer
+    update; then broadcast the core's parameters to the participants.  Returns the grad norm (core).
+    """
+    import torch.distributed as dist
+
+    group = groups.group(k) if k > 0 else None
+    flat = _flat_grads(params)
+    if group is not None:
+        dist.all_reduce(flat, group=group)
+    norm = None
+    if is_core:
+        flat /= max(num_executions, 1)
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip_grad)) if clip_grad > 0 else None
+        optimizer.step()
+    if group is not None:
+        core_rank = groups.members(k)[0]
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, src=core_rank, group=group)
+    for p in params:
+        p.grad = None
+    return norm
