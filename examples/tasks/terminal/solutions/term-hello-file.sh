@@ -1,0 +1,1 @@
+printf 'Hello, Gyre!\n' > hello.txt

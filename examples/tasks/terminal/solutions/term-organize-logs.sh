@@ -1,0 +1,1 @@
+mkdir -p logs && n=$(ls *.log | wc -l) && mv *.log logs/ && echo "$n" > count.txt
