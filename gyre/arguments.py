@@ -146,6 +146,16 @@ def _add_objective_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--seq-clip-high", type=float, default=0.005, help="eps_high of execution-level clipping.")
     group.add_argument("--micro-step-tokens", type=_positive_int, default=4096,
                        help="Token budget of one packed micro-step.")
+    group.add_argument("--token-clip-low", type=float, default=0.2,
+                       help="ppo/grpo only: lower token-level clip range (ratio >= 1 - this).")
+    group.add_argument("--token-clip-high", type=float, default=0.2,
+                       help="ppo/grpo only: upper token-level clip range (ratio <= 1 + this).")
+    group.add_argument("--packing", choices=("pack", "pad"), default="pad",
+                       help="Micro-step layout: pack rows into one sequence (block-diagonal mask) or pad a batch.")
+    group.add_argument("--tree-packed-forward", action="store_true",
+                       help="Compute a prefix shared by rows of one execution once (trie attention mask).")
+    group.add_argument("--logprob-chunk-size", type=_positive_int, default=1024,
+                       help="Targets per chunk when computing target log-probs (memory: chunk x vocab floats).")
     return parser
 
 
@@ -311,6 +321,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.token_is_cap > 0, "token-is-cap", "C must be > 0")
     need(0 <= args.seq_clip_low < 1, "seq-clip-low", "eps_low must be in [0, 1)")
     need(args.seq_clip_high >= 0, "seq-clip-high", "eps_high must be >= 0")
+    need(0 <= args.token_clip_low < 1, "token-clip-low", "must be in [0, 1)")
+    need(args.token_clip_high >= 0, "token-clip-high", "must be >= 0")
     need(args.rollout_temperature > 0, "rollout-temperature", "must be > 0")
     need(0 < args.rollout_top_p <= 1, "rollout-top-p", "must be in (0, 1]")
     need(args.execution_timeout_s > 0, "execution-timeout-s", "must be > 0")
