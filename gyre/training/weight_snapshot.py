@@ -56,26 +56,32 @@ def flat_numel(params: Iterable[torch.Tensor]) -> int:
     return sum(p.numel() for p in params)
 
 
+def _views(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(param, flat view of the same size)`` pairs in order.
+
+    Raises:
+        ValueError: ``flat`` does not have exactly the parameters' total size.
+    """
+    params = list(params)
+    total = flat_numel(params)
+    if total != flat.numel():
+        raise ValueError(f"flat buffer has {flat.numel()} elements, parameters {total}")
+    out, offset = [], 0
+    for p in params:
+        out.append((p, flat[offset:offset + p.numel()]))
+        offset += p.numel()
+    return out
+
+
 def copy_params_to_flat(params: Iterable[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy ``params`` (in order) into the 1-D ``flat`` buffer.
 
     Raises:
         ValueError: sizes differ.
     """
-    params = list(params)
-    _check_sizes(flat, params)
-    offset = 0
     with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            flat[offset:offset + n].copy_(p.detach().reshape(-1))
-            offset += n
-
-
-def _check_sizes(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
-    total = flat_numel(params)
-    if total != flat.numel():
-        raise ValueError(f"flat buffer has {flat.numel()} elements, parameters {total}")
+        for p, view in _views(flat, params):
+            view.copy_(p.detach().reshape(-1))
 
 
 def copy_flat_to_params(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> None:
@@ -84,14 +90,9 @@ def copy_flat_to_params(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> N
     Raises:
         ValueError: sizes differ.
     """
-    params = list(params)
-    _check_sizes(flat, params)
-    offset = 0
     with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            p.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        for p, view in _views(flat, params):
+            p.copy_(view.view_as(p))
 
 
 def _engine(host: str):
