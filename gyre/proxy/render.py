@@ -1,0 +1,228 @@
+"""Chat-template rendering of *new* messages at message boundaries (the "delta" of a request).
+
+Source: DESIGN.md §3.1 ("only new content is rendered and encoded (render the delta messages at
+message boundaries)"); BACKENDS.md "Chat-template facts the proxy must respect".
+
+The template is the model's own (``tokenizer.chat_template``, rendered with
+``tokenizer.apply_chat_template(..., tokenize=False)``, as SGLang's and vLLM's OpenAI servers
+do; control tokens inside message text are not escaped, matching them). The renderer never
+re-renders history: the text contributed by messages ``new`` that follow a message ``p`` is
+``render([p] + new)[len(render([p])):]`` (a *window* of one message of context), and the first
+message of a conversation is rendered with the tools (which the template puts into the system
+block). This is exact for templates whose rendering of a message depends only on itself and
+its neighbours (ChatML/Qwen, incl. consecutive tool results sharing one block); templates whose
+rendering of a message depends on the whole history (e.g. Qwen3's official template dropping
+``<think>`` before the last user query) only matter for *foreign* assistant messages, since the
+proxy's own outputs are never rendered (their sampled token ids are spliced in).
+
+A boundary between messages ``a`` and ``b`` is *cuttable* when ``render(.. a)`` is a prefix of
+``render(.. a, b)`` (not the case inside a group of consecutive tool results, whose shared
+block closes only after the last one). Segments are encoded separately, so a stored token
+sequence can be reused at every cuttable boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from gyre.proxy.messages import ROLE_ASSISTANT, ROLE_USER, Message
+
+__all__ = ["ChatRenderer", "RenderError", "Segment", "DeltaRender"]
+
+_PROBE = "\u2063GYRE_PROBE\u2063"
+
+
+class RenderError(ValueError):
+    """The template's rendering is not prefix-stable at the requested boundary."""
+
+
+@dataclass(slots=True)
+class Segment:
+    """Tokens of ``new[first:last + 1]`` (``int`` token ids), ending at a cuttable boundary."""
+
+    first: int
+    last: int
+    ids: list[int]
+
+
+@dataclass(slots=True)
+class DeltaRender:
+    """Result of :meth:`ChatRenderer.render_delta`.
+
+    ``segments`` cover the new messages in order; ``gen_ids`` are the generation prompt's tokens
+    (``[]`` when not requested, or when it could not be cut off, in which case they are the tail
+    of the last segment and ``gen_in_last`` is true).
+    """
+
+    segments: list[Segment]
+    gen_ids: list[int]
+    gen_in_last: bool = False
+
+
+class ChatRenderer:
+    """Renders and encodes messages with a ``transformers`` tokenizer's chat template.
+
+    Args:
+        tokenizer: a ``PreTrainedTokenizerFast`` with ``chat_template`` set.
+
+    Attributes (probed once from the template):
+        eos_id: ``tokenizer.eos_token_id`` (``<|im_end|>`` for Qwen).
+        assistant_close: text the template writes after an assistant message's content
+            (``"<|im_end|>\\n"`` for ChatML).
+        after_eos: the part of ``assistant_close`` after the EOS text (``"\\n"``): a template
+            token that follows a sampled EOS, never a target.
+
+    Raises:
+        ValueError: the tokenizer has no chat template or no EOS token.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("tokenizer has no chat_template")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("tokenizer has no eos token")
+        self.tokenizer = tokenizer
+        self.eos_id: int = int(tokenizer.eos_token_id)
+        self.eos_text: str = tokenizer.eos_token
+        self._fast = getattr(tokenizer, "_tokenizer", None)
+        user = {"role": ROLE_USER, "content": "u"}
+        with_gen = self.render([user], add_generation_prompt=True)
+        full = self.render([user, {"role": ROLE_ASSISTANT, "content": _PROBE}])
+        if not full.startswith(with_gen) or _PROBE not in full:
+            raise ValueError("chat template does not render an assistant turn after its generation prompt")
+        self.assistant_open: str = full[len(with_gen): full.index(_PROBE)]
+        self.assistant_close: str = full[full.index(_PROBE) + len(_PROBE):]
+        if self.assistant_open:
+            raise ValueError("chat template adds text between the generation prompt and the content")
+        self.after_eos: str = (
+            self.assistant_close[len(self.eos_text):] if self.assistant_close.startswith(self.eos_text) else ""
+        )
+        self.after_eos_ids: list[int] = self.encode(self.after_eos) if self.after_eos else []
+        self.close_ids: list[int] = self.encode(self.assistant_close)
+
+    # ------------------------------------------------------------------ primitives
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The template's text for ``messages`` (template dicts)."""
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {}),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS added; special tokens in the text are matched)."""
+        if not text:
+            return []
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept (``skip_special_tokens=False``)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def generation_prompt(self, template_kwargs: dict[str, Any] | None = None) -> str:
+        """Text the template appends for ``add_generation_prompt=True``."""
+        user = [{"role": ROLE_USER, "content": "u"}]
+        a = self.render(user, template_kwargs=template_kwargs)
+        b = self.render(user, add_generation_prompt=True, template_kwargs=template_kwargs)
+        if not b.startswith(a):
+            raise RenderError("generation prompt is not a suffix of the rendered history")
+        return b[len(a):]
+
+    # ------------------------------------------------------------------ outputs
+    def assistant_output_text(self, message: Message, template_kwargs: dict[str, Any] | None = None) -> str:
+        """What a model in this format samples for ``message``: its rendered content + EOS.
+
+        Used by teacher-forced engines (``tools/replay_trace.py``, tests): the text after the
+        generation prompt up to and including the EOS text (``"<|im_end|>"``), without the
+        template's ``after_eos`` (``"\\n"``), which the model never samples.
+        """
+        user = {"role": ROLE_USER, "content": "u"}
+        base = self.render([user], add_generation_prompt=True, template_kwargs=template_kwargs)
+        full = self.render([user, message.template_dict()], template_kwargs=template_kwargs)
+        if not full.startswith(base):
+            # e.g. enable_thinking=False: the prompt's empty think block is not part of the turn
+            plain = self.render([user], add_generation_prompt=True)
+            if not full.startswith(plain):
+                raise RenderError("assistant turn does not start with the generation prompt")
+            base = plain
+        text = full[len(base):]
+        if self.after_eos and text.endswith(self.after_eos):
+            text = text[: len(text) - len(self.after_eos)]
+        return text
+
+    # ------------------------------------------------------------------ deltas
+    def render_delta(
+        self,
+        prev: Message | None,
+        new: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> DeltaRender:
+        """Encode ``new`` messages following ``prev`` (``None``: start of the conversation).
+
+        ``tools`` are only rendered when ``prev is None`` (they belong to the first block).
+        Cost: O(tokens of ``prev`` + ``new``) -- independent of the history before ``prev``.
+
+        Raises:
+            RenderError: the boundary after ``prev`` is not cuttable for this continuation (the
+                caller backs off to an earlier boundary).
+        """
+        kw = template_kwargs or {}
+        segments: list[Segment] = []
+        win: list[dict[str, Any]] = [prev.template_dict()] if prev is not None else []
+        use_tools = tools if prev is None else None
+        base = self.render(win, None, template_kwargs=kw) if win else ""
+        dicts = [m.template_dict() for m in new]
+        n = len(dicts)
+        gs = 0  # first message of the open group
+        t_prev: str | None = None  # rendering of win + dicts[gs:j]; None while the group is empty
+        j = 0
+        while j < n:
+            t = self.render(win + dicts[gs:j + 1], use_tools, template_kwargs=kw)
+            if not t.startswith(base):
+                raise RenderError("rendering is not prefix-stable after the previous message")
+            if t_prev is not None and t.startswith(t_prev):
+                # the boundary between new[j-1] and new[j] is cuttable: close new[gs..j-1]
+                segments.append(Segment(gs, j - 1, self.encode(t_prev[len(base):])))
+                win = [dicts[j - 1]]
+                use_tools = None
+                base = self.render(win, None, template_kwargs=kw)
+                gs = j
+                t_prev = None
+                continue  # re-render new[j] in the new window
+            t_prev = t
+            j += 1
+        gen_ids: list[int] = []
+        gen_in_last = False
+        if add_generation_prompt:
+            cur = t_prev if t_prev is not None else (base if win else self.render([], use_tools, template_kwargs=kw))
+            tg = self.render(win + dicts[gs:], use_tools, add_generation_prompt=True, template_kwargs=kw)
+            if tg.startswith(cur):
+                if gs < n:
+                    segments.append(Segment(gs, n - 1, self.encode(cur[len(base):])))
+                elif not win and cur:  # no messages at all: the tools-only block
+                    segments.append(Segment(0, -1, self.encode(cur)))
+                gen_ids = self.encode(tg[len(cur):])
+            elif gs < n and tg.startswith(base):
+                segments.append(Segment(gs, n - 1, self.encode(tg[len(base):])))
+                gen_in_last = True
+            else:
+                raise RenderError("generation prompt is not prefix-stable after the previous message")
+        elif gs < n:
+            assert t_prev is not None
+            segments.append(Segment(gs, n - 1, self.encode(t_prev[len(base):])))
+        return DeltaRender(segments, gen_ids, gen_in_last)
