@@ -1,0 +1,742 @@
+"""The embedded CPU rollout engine: SGLang's native HTTP API over a torch causal LM.
+
+Three layers (pure core, thin shells):
+
+* :class:`gyre.rollout.core.EngineCore` -- continuous batching, prefix cache, stop conditions,
+  pause / abort / weight-update policy (deterministic; unit-tested with a fake model);
+* :class:`EmbeddedEngine` -- owns the model (:class:`~gyre.rollout.model_runner.HFModelRunner`),
+  the tokenizer and **one engine thread** that runs core steps and every state change between
+  steps (callers get ``concurrent.futures.Future``);
+* :func:`build_app` -- a FastAPI app serving the SGLang-native endpoints; :class:`EngineServer`
+  runs it with uvicorn on a socket (in a background thread, or in the foreground for
+  ``tools/serve_engine.py`` / ``python -m gyre.rollout.serve``, see ``gyre/rollout/serve.py``).
+
+Endpoints (shapes: ``gyre/rollout/protocol.py``; upstream:
+``sglang/srt/entrypoints/http_server.py``): ``POST /generate`` (non-stream, or SSE
+``data: {...}`` chunks then ``data: [DONE]``), ``/abort_request``, ``/pause_generation``,
+``/continue_generation``, ``/release_memory_occupation``, ``/resume_memory_occupation``,
+``/flush_cache``, ``/update_weights_from_disk``, ``/update_weights_from_tensor``,
+``/update_weight_version``; ``GET /health``, ``/health_generate``, ``/get_model_info``,
+``/get_server_info``, ``/get_weight_version``.  Bad input: HTTP 400
+``{"error": {"message", "code"}}``; unknown rid on abort: 400 with ``"success": false``.
+
+Choices specific to this engine (documented contract):
+
+* **Weight updates**: in-flight requests finish on the old weights and carry the old
+  ``weight_version`` (new requests wait for the swap); ``abort_all_requests: true`` aborts them
+  instead (``finish_reason.type == "abort"``).  The prefix cache is *always* flushed on a weight
+  change (``flush_cache: false`` is ignored) so no KV from old weights is ever reused.
+* **``/update_weights_from_tensor`` on CPU**: ``serialized_named_tensors`` is a list of base64
+  strings, each the bytes of ``torch.save(obj)`` where ``obj`` is a ``{name: tensor}`` dict or a
+  list of ``(name, tensor)`` pairs (HF state-dict names; read with ``weights_only=True``);
+  ``load_format`` must be null or ``"torch"``.  Partial updates are allowed.  Use
+  :func:`gyre.rollout.weights.serialize_named_tensors`.  For large models prefer
+  ``/update_weights_from_disk`` with a directory in ``/dev/shm``.
+* **Memory release**: ``weights`` frees parameter storage (spilled to a temp file when they
+  differ from their source directory) and ``resume`` restores them bit-identically;
+  ``kv_cache`` frees the KV store and the prefix cache.  Release requires no running request
+  (pause first); requests that arrive meanwhile wait.
+* **Streaming**: like SGLang's default (``incremental_streaming_output`` off) every chunk holds
+  the cumulative ``text``, ``output_ids`` and ``output_token_logprobs``; with it on, chunks hold
+  deltas.  ``/get_server_info`` reports which; :class:`gyre.rollout.engine.EngineClient`
+  normalises both.  Text that could still become a stop string is held back until it cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gyre.rollout.config import EngineConfig
+from gyre.rollout.core import CoreConfig, EngineCore, Seq
+from gyre.rollout.model_runner import HFModelRunner, WeightError, load_model_dir, read_weights
+from gyre.rollout.protocol import (
+    ProtocolError,
+    SamplingParams,
+    SeqOutput,
+    SeqSpec,
+    build_meta_info,
+    error_body,
+    final_text,
+    logprob_triples,
+    parse_abort,
+    parse_generate,
+    parse_pause,
+    parse_tags,
+    parse_update_from_disk,
+    parse_update_from_tensor,
+    parse_update_weight_version,
+    top_logprob_triples,
+)
+from gyre.rollout.weights import deserialize_named_tensors
+
+logger = logging.getLogger(__name__)
+ENGINE_NAME = "gyre-embedded"
+HEALTH_CHECK_TIMEOUT_S = 20.0
+
+
+class _Command:
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[EngineCore], Any]):
+        self.fn = fn
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+
+class _Update:
+    __slots__ = ("named", "source", "version", "abort", "future", "aborted")
+
+    def __init__(self, named, source, version, abort):
+        self.named, self.source, self.version, self.abort = named, source, version, abort
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.aborted: list[str] = []
+
+
+_STOP = object()
+
+
+class EmbeddedEngine:
+    """Model, tokenizer, :class:`EngineCore` and the engine thread (see module docstring).
+
+    Every method that changes state is executed on the engine thread between two steps and
+    returns a ``concurrent.futures.Future`` (exceptions: :class:`ProtocolError`,
+    :class:`WeightError` -> HTTP 400).
+    """
+
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        if config.model_dir is None:
+            from gyre.embedded_model import ensure_tiny_model
+
+            config.model_dir = str(ensure_tiny_model("local"))
+        self.model_path = str(config.model_dir)
+        self.tokenizer_path = str(config.tokenizer_dir or config.model_dir)
+        model = load_model_dir(self.model_path)
+        self.runner = HFModelRunner(model, source_dir=self.model_path, context_len=config.context_length,
+                                    max_slots=config.max_running_requests,
+                                    prefill_chunk_tokens=config.prefill_chunk_tokens)
+        self.tokenizer = self._load_tokenizer(self.tokenizer_path)
+        self.eos_token_ids = self._eos_ids(model)
+        self.core = EngineCore(
+            self.runner,
+            CoreConfig(max_running_requests=config.max_running_requests,
+                       max_prefill_tokens=config.max_prefill_tokens,
+                       prefix_cache_tokens=config.prefix_cache_tokens, logprob_mode=config.logprob_mode,
+                       weight_version=config.weight_version, random_seed=config.random_seed),
+            eos_token_ids=self.eos_token_ids,
+            decode_tail=(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
+            if self.tokenizer is not None else None)
+        self._queue: queue.Queue = queue.Queue()
+        self._updates: list[_Update] = []
+        self._thread = threading.Thread(target=self._run, name="gyre-engine", daemon=True)
+        self._stopped = threading.Event()
+
+    # ------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _load_tokenizer(path: str):
+        if not (Path(path) / "tokenizer.json").exists() and not (Path(path) / "tokenizer_config.json").exists():
+            return None
+        from gyre.embedded_model import load_tokenizer
+
+        return load_tokenizer(path)
+
+    def _eos_ids(self, model) -> set[int]:
+        ids: set[int] = set()
+
+        def add(v):
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+
+        add(getattr(model.config, "eos_token_id", None))
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            add(getattr(gen, "eos_token_id", None))
+        if self.tokenizer is not None:
+            add(self.tokenizer.eos_token_id)
+        return ids
+
+    def tokenize(self, text: str) -> list[int]:
+        """Text -> ids with no special tokens added (``ProtocolError`` without a tokenizer)."""
+        if self.tokenizer is None:
+            raise ProtocolError("this engine has no tokenizer; send input_ids")
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Ids -> text (``""`` without a tokenizer)."""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """Text of one token (for ``return_text_in_logprobs``)."""
+        return self.decode([token_id], skip_special_tokens=False)
+
+    # ------------------------------------------------------------------ thread
+
+    def start(self) -> "EmbeddedEngine":
+        """Start the engine thread."""
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort everything, stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+        self._stopped.set()
+
+    def call(self, fn: Callable[[EngineCore], Any]) -> concurrent.futures.Future:
+        """Run ``fn(core)`` on the engine thread between steps; its outputs are dispatched."""
+        cmd = _Command(fn)
+        if not self.alive:
+            cmd.future.set_exception(RuntimeError("engine is stopped"))
+            return cmd.future
+        self._queue.put(cmd)
+        return cmd.future
+
+    def update_weights(self, named: dict[str, torch.Tensor], *, source: str | None, version: str | None,
+                       abort: bool) -> concurrent.futures.Future:
+        """Swap weights (see module docstring); the future yields a result dict."""
+        upd = _Update(named, source, version, abort)
+        if not self.alive:
+            upd.future.set_exception(RuntimeError("engine is stopped"))
+            return upd.future
+        self._queue.put(upd)
+        return upd.future
+
+    def _run(self) -> None:
+        core = self.core
+        while True:
+            idle = not core.has_work() and not (self._updates and core.ready_for_weight_update())
+            try:
+                item = self._queue.get(timeout=0.05) if idle else self._queue.get_nowait()
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item is _STOP:
+                    self._shutdown_core()
+                    return
+                self._execute(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    item = None
+            self._progress_updates()
+            if core.has_work():
+                try:
+                    outs = core.step()
+                except Exception as exc:  # a model error must not kill the engine
+                    logger.exception("engine step failed; aborting running requests")
+                    core.abort(abort_all=True, message=f"engine error: {type(exc).__name__}: {exc}"[:300])
+                    outs = core.drain_outputs()
+                self._dispatch(outs)
+
+    def _execute(self, item) -> None:
+        if isinstance(item, _Update):
+            self._updates.append(item)
+            if len(self._updates) == 1:
+                item.aborted = self.core.begin_weight_update(item.abort)
+            self._dispatch(self.core.drain_outputs())
+            return
+        try:
+            result = item.fn(self.core)
+        except Exception as exc:
+            item.future.set_exception(exc)
+        else:
+            item.future.set_result(result)
+        self._dispatch(self.core.drain_outputs())
+
+    def _progress_updates(self) -> None:
+        core = self.core
+        while self._updates and core.ready_for_weight_update():
+            upd = self._updates.pop(0)
+            try:
+                self.runner.load_weights(upd.named, source_dir=upd.source)
+            except Exception as exc:
+                core.cancel_weight_update()
+                upd.future.set_exception(exc)
+            else:
+                old = core.version
+                core.finish_weight_update(upd.version)
+                upd.future.set_result({"success": True, "weight_version": core.version, "previous_version": old,
+                                       "num_aborted_requests": len(upd.aborted), "num_paused_requests": 0,
+                                       "message": f"Weights updated ({len(upd.named)} tensors); "
+                                                  f"weight version {core.version}."})
+            if self._updates:
+                self._updates[0].aborted = core.begin_weight_update(self._updates[0].abort)
+            self._dispatch(core.drain_outputs())
+
+    def _shutdown_core(self) -> None:
+        self.core.continue_generation()
+        self.core.abort(abort_all=True, message="engine shutting down")
+        self._dispatch(self.core.drain_outputs())
+        for upd in self._updates:
+            upd.future.set_exception(RuntimeError("engine shutting down"))
+        self._updates.clear()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, (_Command, _Update)):
+                item.future.set_exception(RuntimeError("engine shutting down"))
+        self._stopped.set()
+
+    @staticmethod
+    def _dispatch(outs: Iterable[tuple[Seq, SeqOutput]]) -> None:
+        for seq, out in outs:
+            if seq.sink is not None:
+                try:
+                    seq.sink(out)
+                except Exception:  # a closed event loop (client gone) must not stop the engine
+                    logger.debug("dropping output for %s", seq.rid, exc_info=True)
+
+    # ------------------------------------------------------------------ weights helpers
+
+    def server_info(self) -> dict[str, Any]:
+        """``/get_server_info`` body (configuration, version, internal state)."""
+        from gyre import __version__
+
+        info = dataclasses.asdict(self.config)
+        info.update({"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "engine": ENGINE_NAME,
+                     "version": __version__, "weight_version": self.core.version,
+                     "context_length": self.runner.context_len, "vocab_size": self.runner.vocab_size,
+                     "eos_token_ids": sorted(self.eos_token_ids)})
+        return info
+
+
+# ---------------------------------------------------------------------------- HTTP app
+
+
+def _json_response(content: Any, status_code: int = 200):
+    return JSONResponse(content, status_code=status_code)
+
+
+def _error(msg: str, code: int = 400, **extra):
+    body = error_body(msg, code)
+    body.update(extra)
+    return _json_response(body, code)
+
+
+async def _read_json(request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("body is not valid JSON") from None
+
+
+class _Acc:
+    """Accumulated output of one sequence on the HTTP side."""
+
+    __slots__ = ("spec", "ids", "logprobs", "tops", "last", "sent_text", "sent_ids")
+
+    def __init__(self, spec: SeqSpec):
+        self.spec = spec
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.tops: list = []
+        self.last: SeqOutput | None = None
+        self.sent_text = ""
+        self.sent_ids = 0
+
+    def absorb(self, out: SeqOutput) -> None:
+        self.ids.extend(out.new_token_ids)
+        self.logprobs.extend(out.new_logprobs)
+        if out.new_top_logprobs:
+            self.tops.extend(out.new_top_logprobs)
+        self.last = out
+
+    @property
+    def finished(self) -> bool:
+        return self.last is not None and self.last.finished
+
+
+def build_app(engine: EmbeddedEngine):
+    """FastAPI app exposing ``engine`` through SGLang's native endpoints."""
+    app = FastAPI(title="Gyre embedded engine", openapi_url=None)
+    app.state.engine = engine
+    cfg = engine.config
+
+    @app.exception_handler(ProtocolError)
+    async def _protocol_error(request, exc: ProtocolError):
+        return _error(str(exc))
+
+    @app.exception_handler(WeightError)
+    async def _weight_error(request, exc: WeightError):
+        return _error(str(exc), success=False)
+
+    async def run(fn: Callable[[EngineCore], Any]) -> Any:
+        return await asyncio.wrap_future(engine.call(fn))
+
+    def meta_for(acc: _Acc, ids: list[int], lps: list[float], tops: list, finish) -> dict[str, Any]:
+        out, spec = acc.last, acc.spec
+        tt = engine.token_text if spec.return_text_in_logprobs else None
+        return build_meta_info(
+            rid=spec.rid, finish_reason=finish, prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens,
+            weight_version=out.weight_version,
+            output_token_logprobs=logprob_triples(lps, ids, tt) if spec.return_logprob else None,
+            output_top_logprobs=top_logprob_triples(tops, tt) if spec.top_logprobs_num and spec.return_logprob
+            else None,
+            e2e_latency=out.e2e_latency)
+
+    def final_dict(acc: _Acc) -> dict[str, Any]:
+        finish = acc.last.finish_reason
+        text = final_text(acc.ids, finish, acc.spec.params, engine.decode if engine.tokenizer else None)
+        return {"text": text, "output_ids": list(acc.ids),
+                "meta_info": meta_for(acc, acc.ids, acc.logprobs, acc.tops, finish)}
+
+    def visible_text(acc: _Acc) -> str:
+        """Text so far, holding back what may still turn into a stop string or a partial char."""
+        if acc.finished:
+            return final_text(acc.ids, acc.last.finish_reason, acc.spec.params,
+                              engine.decode if engine.tokenizer else None)
+        if engine.tokenizer is None:
+            return ""
+        text = engine.decode(acc.ids, acc.spec.params.skip_special_tokens)
+        while text.endswith("\ufffd"):
+            text = text[:-1]
+        if acc.spec.params.stop:
+            hold = max(len(s) for s in acc.spec.params.stop) - 1
+            text = text[: max(len(acc.sent_text), len(text) - hold)] if hold else text
+        return text
+
+    def chunk_dict(acc: _Acc) -> dict[str, Any]:
+        text = visible_text(acc)
+        finish = acc.last.finish_reason
+        if cfg.incremental_streaming_output:
+            k = acc.sent_ids
+            start = len(acc.sent_text) if text.startswith(acc.sent_text) else 0
+            body = {"text": text[start:], "output_ids": acc.ids[k:],
+                    "meta_info": meta_for(acc, acc.ids[k:], acc.logprobs[k:], acc.tops[k:], finish)}
+        else:
+            body = {"text": text, "output_ids": list(acc.ids),
+                    "meta_info": meta_for(acc, acc.ids, acc.logprobs, acc.tops, finish)}
+        body["index"] = acc.spec.index
+        acc.sent_text, acc.sent_ids = text, len(acc.ids)
+        return body
+
+    def abort_later(rids: list[str], why: str) -> None:
+        for rid in rids:
+            engine.call(lambda core, r=rid: core.abort(r, message=why))
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request):
+        body = await _read_json(request)
+        req = parse_generate(body, vocab_size=engine.runner.vocab_size, context_len=engine.runner.context_len,
+                             tokenize=engine.tokenize if engine.tokenizer is not None else None)
+        specs = req.expand()
+        q: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def sink(out: SeqOutput) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, out)
+
+        await run(lambda core: core.add(specs, sink))
+        accs = {s.index: _Acc(s) for s in specs}
+
+        if req.stream:
+            async def events():
+                pending = set(accs)
+                try:
+                    while pending:
+                        out = await q.get()
+                        acc = accs[out.index]
+                        acc.absorb(out)
+                        if out.finished:
+                            pending.discard(out.index)
+                        yield f"data: {json.dumps(chunk_dict(acc))}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    if pending:
+                        abort_later([accs[i].spec.rid for i in pending], "client disconnected")
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        pending = set(accs)
+        while pending:
+            try:
+                out = await asyncio.wait_for(q.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    abort_later([accs[i].spec.rid for i in pending], "client disconnected")
+                    return _error("client disconnected", 499)
+                continue
+            accs[out.index].absorb(out)
+            if out.finished:
+                pending.discard(out.index)
+        results = [final_dict(accs[i]) for i in sorted(accs)]
+        return results[0] if req.single else results
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        rid, abort_all = parse_abort(await _read_json(request))
+        aborted = await run(lambda core: core.abort(rid, abort_all=abort_all))
+        if not abort_all and not aborted:
+            msg = f"no running or waiting request with rid {rid!r}"
+            return _error(msg, success=False, message=msg)
+        return {"success": True, "message": f"aborted {len(aborted)} request(s)", "aborted": aborted}
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        mode = parse_pause(await _read_json(request))
+        affected = await run(lambda core: core.pause(mode))
+        return {"success": True, "status": "ok", "mode": mode, "affected": affected,
+                "message": "Generation paused successfully."}
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request):
+        await run(lambda core: core.continue_generation())
+        return {"success": True, "status": "ok", "message": "Generation continued successfully."}
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory(request: Request):
+        tags = parse_tags(await _read_json(request), "release_memory_occupation")
+
+        def do(core: EngineCore):
+            core.release(tags)
+            if "kv_cache" in tags:
+                engine.runner.release_kv()
+            if "weights" in tags:
+                engine.runner.release_weights()
+
+        await run(do)
+        return {"success": True, "message": f"released {', '.join(tags)}", "tags": list(tags)}
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory(request: Request):
+        tags = parse_tags(await _read_json(request), "resume_memory_occupation")
+
+        def do(core: EngineCore):
+            if "weights" in tags:
+                engine.runner.resume_weights()
+            core.resume(tags)
+
+        await run(do)
+        return {"success": True, "message": f"resumed {', '.join(tags)}", "tags": list(tags)}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        await run(lambda core: core.flush_cache())
+        return {"success": True, "message": "Cache flushed."}
+
+    async def do_update(named, source, upd):
+        if engine.runner.weights_released:
+            raise WeightError("weights are released; resume_memory_occupation(tags=['weights']) first")
+        engine.runner.check_weights(named, require_all=source is not None)
+        return await asyncio.wrap_future(
+            engine.update_weights(named, source=source, version=upd.weight_version, abort=upd.abort_all_requests))
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        upd = parse_update_from_disk(await _read_json(request))
+        if upd.load_format not in (None, "auto", "safetensors", "pt"):
+            raise ProtocolError(f"load_format {upd.load_format!r} is not supported by the embedded engine")
+        named = await asyncio.to_thread(read_weights, upd.source)
+        return await do_update(named, str(upd.source), upd)
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request):
+        upd = parse_update_from_tensor(await _read_json(request))
+        named = await asyncio.to_thread(deserialize_named_tensors, upd.source, upd.load_format)
+        return await do_update(named, None, upd)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request):
+        version, abort = parse_update_weight_version(await _read_json(request))
+
+        def do(core: EngineCore):
+            if abort:
+                core.abort(abort_all=True, message="aborted: weight version update")
+            core.version = version
+
+        await run(do)
+        return {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+
+    for unsupported in ("/init_weights_update_group", "/update_weights_from_distributed",
+                        "/update_weights_from_ipc", "/destroy_weights_update_group"):
+        async def _unsupported(request: Request, _path=unsupported):
+            msg = f"{_path} is not supported by the embedded CPU engine; use /update_weights_from_tensor " \
+                  "or /update_weights_from_disk"
+            return _error(msg, success=False, message=msg)
+
+        app.add_api_route(unsupported, _unsupported, methods=["POST"])
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            return _error("engine stopped", 503)
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate():
+        if not engine.alive or engine.runner.weights_released:
+            return _error("engine not ready", 503)
+        if engine.core.paused is not None or engine.core.released:
+            return {"status": "ok", "paused": True}
+        spec = SeqSpec(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", group_rid="", index=0, input_ids=[0],
+                       params=SamplingParams(max_new_tokens=1, temperature=0.0), seed=0)
+        done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+
+        def sink(out: SeqOutput) -> None:
+            if out.finished:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
+
+        await run(lambda core: core.add([spec], sink))
+        try:
+            await asyncio.wait_for(done, HEALTH_CHECK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            engine.call(lambda core: core.abort(spec.rid))
+            return _error("health check generation timed out", 503)
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return {"model_path": engine.model_path, "tokenizer_path": engine.tokenizer_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": engine.core.version,
+                "served_model_name": cfg.served_model_name or engine.model_path}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": engine.core.version}
+
+    @app.get("/get_server_info")
+    async def get_server_info():
+        state = await run(lambda core: {**core.stats(), **engine.runner.describe()})
+        return {**engine.server_info(), "internal_states": [state]}
+
+    return app
+
+
+# ---------------------------------------------------------------------------- uvicorn shell
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket (``port=0``: a free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class EngineServer:
+    """An :class:`EmbeddedEngine` behind uvicorn on ``host:port``.
+
+    ``start()`` serves from a background thread (tests, benchmarks, a cell process);
+    ``serve_forever()`` serves in the calling (main) thread until :meth:`request_stop`, e.g.
+    from a signal handler.  ``url`` is ``http://host:port`` once bound.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning"):
+        import uvicorn
+
+        self.engine = EmbeddedEngine(config)
+        self.app = build_app(self.engine)
+        self.sock = bind_socket(host, port)
+        self.host, self.port = host, self.sock.getsockname()[1]
+        ucfg = uvicorn.Config(self.app, log_level=log_level, access_log=False, lifespan="off",
+                              timeout_graceful_shutdown=5, timeout_keep_alive=30)
+
+        class _Server(uvicorn.Server):
+            def capture_signals(self):  # the owner handles signals
+                import contextlib
+
+                return contextlib.nullcontext()
+
+        self.server = _Server(ucfg)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "EngineServer":
+        """Serve in a background thread; return once requests are accepted."""
+        self.engine.start()
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                        name="gyre-engine-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("embedded engine HTTP server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def serve_forever(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Serve in this thread until :meth:`request_stop`; ``on_ready`` runs once accepting."""
+        self.engine.start()
+        if on_ready is not None:
+            def watch():
+                while not self.server.started and not self.server.should_exit:
+                    time.sleep(0.01)
+                if self.server.started:
+                    on_ready()
+
+            threading.Thread(target=watch, daemon=True).start()
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.engine.shutdown()
+            self.sock.close()
+
+    def request_stop(self) -> None:
+        """Abort in-flight requests and make the server exit (safe from signal handlers)."""
+        if self.engine.alive:
+            self.engine.call(lambda core: (core.continue_generation(),
+                                           core.abort(abort_all=True, message="engine shutting down")))
+        self.server.should_exit = True
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop a server started with :meth:`start`."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.engine.shutdown()
+        self.sock.close()
+
+    def client(self, timeout: float | None = 600.0):
+        """An :class:`~gyre.rollout.engine.EngineClient` for this server."""
+        from gyre.rollout.engine import EngineClient
+
+        return EngineClient(self.url, timeout=timeout)
+
+    def __enter__(self) -> "EngineServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,189 @@
+"""The engine client (gyre/rollout/engine.py) against a scripted transport: request bodies,
+typed results, stream normalisation (cumulative and incremental), error mapping."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import torch
+
+from gyre.rollout.engine import (
+    AsyncEngineClient,
+    EngineClient,
+    EngineConnectionError,
+    EngineError,
+    FinishReason,
+    build_generate_body,
+)
+from gyre.rollout.protocol import SamplingParams
+from gyre.rollout.weights import deserialize_named_tensors
+
+
+def result(ids, lps, rid="r", finish=None, version="v0", cached=0, index=None):
+    d = {"text": "".join(chr(97 + i % 26) for i in ids), "output_ids": ids,
+         "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": len(ids),
+                       "cached_tokens": cached, "weight_version": version,
+                       "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)]}}
+    if index is not None:
+        d["index"] = index
+    return d
+
+
+class Script:
+    """An httpx transport that records requests and answers from a handler."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.requests = []
+
+    def __call__(self, request: httpx.Request):
+        body = json.loads(request.content) if request.content else None
+        self.requests.append((request.method, request.url.path, body))
+        return self.handler(request.url.path, body)
+
+
+def client(handler, **kw):
+    s = Script(handler)
+    return EngineClient("http://engine", transport=httpx.MockTransport(s), **kw), s
+
+
+def test_generate_body_and_typed_result():
+    c, s = client(lambda path, body: httpx.Response(200, json=result([5, 6], [-0.5, -1.0],
+                                                                      finish={"type": "length", "length": 2})))
+    r = c.generate([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=0.7), rid="abc")
+    method, path, body = s.requests[0]
+    assert (method, path) == ("POST", "/generate")
+    assert body == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0.7},
+                    "return_logprob": True, "stream": False, "rid": "abc"}
+    assert r.output_ids == [5, 6] and r.output_logprobs == [-0.5, -1.0] and r.weight_version == "v0"
+    assert r.finish_reason == FinishReason("length", length=2) and not r.aborted
+
+
+def test_n_and_batch_return_lists():
+    c, s = client(lambda path, body: httpx.Response(200, json=[result([1], [-0.1]), result([2], [-0.2])]))
+    assert len(c.generate([1], {"n": 2})) == 2
+    rs = c.generate_batch([[1], [2, 3]], {"max_new_tokens": 1}, rids=["a", "b"])
+    assert [r.output_ids for r in rs] == [[1], [2]]
+    assert s.requests[-1][2]["input_ids"] == [[1], [2, 3]] and s.requests[-1][2]["rid"] == ["a", "b"]
+    assert build_generate_body([[1]], None, return_logprob=False)["input_ids"] == [[1]]
+
+
+def test_errors_map_to_engine_error_and_aborts_are_results():
+    c, _ = client(lambda path, body: httpx.Response(400, json={"error": {"message": "bad ids", "code": 400}}))
+    with pytest.raises(EngineError) as ei:
+        c.generate([1])
+    assert ei.value.status_code == 400 and ei.value.message == "bad ids"
+    c, _ = client(lambda path, body: httpx.Response(200, json=result([1], [-1.0], finish={"type": "abort",
+                                                                                          "message": "x"})))
+    assert c.generate([1]).aborted
+
+    def boom(request):
+        raise httpx.ConnectError("refused")
+
+    dead = EngineClient("http://engine", transport=httpx.MockTransport(boom))
+    with pytest.raises(EngineConnectionError):
+        dead.generate([1])
+    assert dead.health() is False
+
+
+def test_abort_true_false_and_other_errors():
+    answers = {"known": (200, {"success": True}), "gone": (400, {"success": False, "error": {"message": "no"}}),
+               "bad": (400, {"error": {"message": "rid must be a string"}})}
+    c, s = client(lambda path, body: httpx.Response(answers[body.get("rid", "known")][0],
+                                                    json=answers[body.get("rid", "known")][1]))
+    assert c.abort("known") is True and c.abort("gone") is False
+    with pytest.raises(EngineError):
+        c.abort("bad")
+    c.abort_all()
+    assert s.requests[-1][2] == {"abort_all": True}
+
+
+def test_control_calls_use_sglang_paths_and_bodies(tmp_path):
+    c, s = client(lambda path, body: httpx.Response(200, json={"success": True, "weight_version": "w"}))
+    c.pause_generation("in_place")
+    c.continue_generation()
+    c.release_memory_occupation(["kv_cache"])
+    c.resume_memory_occupation()
+    c.flush_cache()
+    c.update_weights_from_disk(tmp_path, weight_version="v1", abort_all_requests=True)
+    c.update_weights_from_tensor({"w": torch.ones(2)}, weight_version="v2")
+    c.update_weight_version("v3")
+    assert c.get_weight_version() == "w"
+    paths = [(p, b) for _, p, b in s.requests]
+    assert paths[:6] == [("/pause_generation", {"mode": "in_place"}), ("/continue_generation", {}),
+                         ("/release_memory_occupation", {"tags": ["kv_cache"]}), ("/resume_memory_occupation", {}),
+                         ("/flush_cache", None),
+                         ("/update_weights_from_disk", {"model_path": str(tmp_path), "load_format": None,
+                                                        "weight_version": "v1", "abort_all_requests": True,
+                                                        "flush_cache": True})]
+    tensor_body = paths[6][1]
+    assert paths[6][0] == "/update_weights_from_tensor" and tensor_body["weight_version"] == "v2"
+    assert torch.equal(deserialize_named_tensors(tensor_body["serialized_named_tensors"])["w"], torch.ones(2))
+    assert paths[7] == ("/update_weight_version", {"new_version": "v3", "abort_all_requests": False})
+    with pytest.raises(ValueError):
+        c.update_weights_from_disk("/x", weight_version="")
+    with pytest.raises(ValueError):
+        c.update_weights_from_tensor(weight_version="v")
+
+
+def _sse(events):
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+
+STOP = {"type": "stop", "matched": 9}
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_stream_normalises_cumulative_and_incremental_events(incremental):
+    if incremental:
+        events = [result([1], [-0.1]), result([2, 3], [-0.2, -0.3]), result([9], [-0.9], finish=STOP)]
+    else:
+        events = [result([1], [-0.1]), result([1, 2, 3], [-0.1, -0.2, -0.3]),
+                  result([1, 2, 3, 9], [-0.1, -0.2, -0.3, -0.9], finish=STOP)]
+
+    def handler(path, body):
+        if path == "/get_server_info":
+            return httpx.Response(200, json={"incremental_streaming_output": incremental})
+        assert body["stream"] is True
+        return httpx.Response(200, text=_sse(events), headers={"content-type": "text/event-stream"})
+
+    c, _ = client(handler)
+    chunks = list(c.stream([1], {"max_new_tokens": 4}))
+    assert [ch.delta_output_ids for ch in chunks] == [[1], [2, 3], [9]]
+    assert [ch.delta_logprobs for ch in chunks] == [[-0.1], [-0.2, -0.3], [-0.9]]
+    assert chunks[-1].output_ids == [1, 2, 3, 9] and chunks[-1].finished and not chunks[0].finished
+    assert "".join(ch.delta_text for ch in chunks) == chunks[-1].text == "bcdj"
+
+    async def astream():
+        ac = AsyncEngineClient("http://engine", transport=httpx.MockTransport(Script(handler)))
+        out = [ch async for ch in ac.stream([1])]
+        await ac.aclose()
+        return out
+
+    achunks = asyncio.run(astream())
+    assert [ch.delta_output_ids for ch in achunks] == [[1], [2, 3], [9]]
+
+
+def test_stream_error_event_raises():
+    def handler(path, body):
+        if path == "/get_server_info":
+            return httpx.Response(200, json={})
+        return httpx.Response(200, text=_sse([{"error": {"message": "boom"}}]))
+
+    c, _ = client(handler)
+    with pytest.raises(EngineError, match="boom"):
+        list(c.stream([1]))
+
+
+def test_async_client_generate_and_health():
+    async def main():
+        s = Script(lambda path, body: httpx.Response(200, json=result([4], [-0.4])))
+        async with AsyncEngineClient("http://engine", transport=httpx.MockTransport(s)) as c:
+            r = await c.generate([1, 2])
+            ok = await c.health()
+            assert await c.abort("x") is True
+        return r, ok
+
+    r, ok = asyncio.run(main())
+    assert r.output_ids == [4] and ok

@@ -1,0 +1,74 @@
+"""Weight payloads and publication (gyre/rollout/weights.py)."""
+
+import base64
+
+import pytest
+import torch
+
+from gyre.rollout.model_runner import read_weights
+from gyre.rollout.protocol import ProtocolError
+from gyre.rollout.weights import (
+    bucket_named_tensors,
+    deserialize_named_tensors,
+    publish_weights,
+    save_weights_for_disk_update,
+    serialize_named_tensors,
+)
+
+
+def test_serialize_round_trip_dict_and_pairs():
+    named = {"a": torch.arange(6.0).view(2, 3).t(), "b": torch.ones(2, dtype=torch.bfloat16)}
+    back = deserialize_named_tensors([serialize_named_tensors(named), serialize_named_tensors([("c", torch.zeros(1))])])
+    assert set(back) == {"a", "b", "c"} and torch.equal(back["a"], named["a"]) and back["b"].dtype == torch.bfloat16
+    with pytest.raises(TypeError):
+        serialize_named_tensors({"a": [1.0]})
+
+
+@pytest.mark.parametrize("payload", ["***", base64.b64encode(b"not a torch file").decode()])
+def test_bad_payloads_are_protocol_errors(payload):
+    with pytest.raises(ProtocolError):
+        deserialize_named_tensors([payload])
+    with pytest.raises(ProtocolError):
+        deserialize_named_tensors([serialize_named_tensors({})], load_format="flattened_bucket")
+
+
+def test_buckets_respect_the_byte_limit():
+    named = {f"t{i}": torch.zeros(10) for i in range(5)}          # 40 bytes each
+    buckets = bucket_named_tensors(named, bucket_bytes=100)
+    assert [len(b) for b in buckets] == [2, 2, 1]
+    assert [n for b in buckets for n, _ in b] == list(named)
+    assert len(bucket_named_tensors({"big": torch.zeros(100)}, bucket_bytes=10)) == 1
+
+
+def test_save_for_disk_update_writes_tied_tensors_once(tmp_path):
+    w = torch.randn(4, 3)
+    path = save_weights_for_disk_update({"embed.weight": w, "lm_head.weight": w, "norm": torch.ones(3)}, tmp_path / "v1")
+    back = read_weights(path)
+    assert set(back) == {"embed.weight", "norm"} and torch.equal(back["embed.weight"], w)
+
+
+def test_publish_weights_calls_every_engine_once():
+    calls = []
+
+    class FakeClient:
+        def __init__(self, name):
+            self.name = name
+
+        def update_weights_from_tensor(self, **kw):
+            calls.append((self.name, "tensor", len(kw["serialized_named_tensors"]), kw["weight_version"],
+                          kw["abort_all_requests"]))
+            return {"success": True}
+
+        def update_weights_from_disk(self, path, **kw):
+            calls.append((self.name, "disk", path, kw["weight_version"], kw["abort_all_requests"]))
+            return {"success": True}
+
+    clients = [FakeClient("e0"), FakeClient("e1")]
+    named = {f"t{i}": torch.zeros(10) for i in range(3)}
+    assert publish_weights(clients, weight_version="v7", named_tensors=named, bucket_bytes=40) == [{"success": True}] * 2
+    assert calls == [("e0", "tensor", 3, "v7", False), ("e1", "tensor", 3, "v7", False)]
+    calls.clear()
+    publish_weights(clients, weight_version="v8", model_path="/dev/shm/w", abort_in_flight=True)
+    assert calls == [("e0", "disk", "/dev/shm/w", "v8", True), ("e1", "disk", "/dev/shm/w", "v8", True)]
+    with pytest.raises(ValueError):
+        publish_weights(clients, weight_version="v9")
