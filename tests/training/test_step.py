@@ -1,0 +1,248 @@
+"""Training step on the HF path: chunked target log-probs = naive, packed/padded/tree-packed forward =
+per-row forward (loss and gradients), micro-step count and order do not change the update, one
+optimizer update per batch."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gyre.buffer.packing import PackingConfig, pack_rows
+from gyre.embedded_model import load_hf_model
+from gyre.rl.objective import ObjectiveConfig, ObjectiveInputs, execution_objective
+from gyre.training.logprobs import target_logprobs_from_hidden, target_logprobs_from_logits
+from gyre.training.step import AdamConfig, HFTrainStep
+from gyre.training.trace_trees import trace_shaped_rows
+
+# The proxy replay tool (tools/replay_trace.py) is not on main yet: trees get the traces' branching
+# structure and sizes from gyre.training.trace_trees (long shared prefix, compaction branch,
+# sub-agent root branch), with random token ids.
+TRACES = ("claude-code/cc2a_autocompact.jsonl", "codex/cx2_gpt55_autocompact.jsonl", "codex/cx3_subagent.jsonl")
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    torch.manual_seed(0)
+    return load_hf_model(tiny_model_dir)
+
+
+def trace_batch(shared_dir: Path, scale=1 / 48, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, name in enumerate(TRACES):
+        rows += trace_shaped_rows(shared_dir / "traces" / name, rng, advantage=float(rng.normal()), scale=scale,
+                                  execution_id=f"ex-{i}")
+    return rows
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def test_chunked_logprobs_equal_naive_on_tiny_model(hf):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 4000, (2, 40), generator=g)
+    hidden = hf.model(input_ids=ids).last_hidden_state.reshape(-1, 128).detach().requires_grad_(True)
+    weight = hf.lm_head.weight.detach().clone().requires_grad_(True)
+    index = torch.randint(0, 80, (57,), generator=g)
+    index[:3] = 5  # repeated predicting positions
+    targets = torch.randint(0, 4224, (57,), generator=g)
+    logits = hidden @ weight.t()
+    naive_full = torch.log_softmax(logits, -1)
+    naive = naive_full[index, targets]
+    naive_ent = -(naive_full.exp() * naive_full).sum(-1)[index]
+    w = torch.randn(57, generator=g)
+    gh, gw = torch.autograd.grad((naive * w).sum(), (hidden, weight))
+    for chunk in (1, 7, 4096):
+        lp, ent = target_logprobs_from_hidden(hidden, weight, index, targets, chunk, with_entropy=True)
+        torch.testing.assert_close(lp, naive, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(ent, naive_ent, rtol=1e-6, atol=1e-6)
+        h2, w2 = torch.autograd.grad((lp * w).sum(), (hidden, weight))
+        torch.testing.assert_close(h2, gh, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w2, gw, rtol=1e-5, atol=1e-6)
+        lg = logits.detach().requires_grad_(True)
+        lp2, ent2 = target_logprobs_from_logits(lg, index, targets, chunk, with_entropy=True)
+        torch.testing.assert_close(lp2, naive, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(ent2, naive_ent, rtol=1e-6, atol=1e-6)
+        (glg,) = torch.autograd.grad((lp2 * w).sum(), (lg,))
+        (ref,) = torch.autograd.grad((torch.log_softmax(lg, -1)[index, targets] * w).sum(), (lg,))
+        torch.testing.assert_close(glg, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_chunked_logprobs_gradcheck_float64():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    wt = torch.randn(9, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    idx = torch.tensor([0, 2, 2, 5, 1])
+    tg = torch.tensor([3, 0, 8, 8, 1])
+    assert torch.autograd.gradcheck(lambda a, b: target_logprobs_from_hidden(a, b, idx, tg, 2)[0], (h, wt))
+    z = torch.randn(6, 9, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: target_logprobs_from_logits(a, idx, tg, 2)[0], (z,))
+
+
+def test_logprob_errors():
+    h, w = torch.zeros(3, 2), torch.zeros(5, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        target_logprobs_from_hidden(h, w, torch.tensor([3]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="target id"):
+        target_logprobs_from_logits(torch.zeros(3, 5), torch.tensor([0]), torch.tensor([5]))
+    with pytest.raises(ValueError, match="int64"):
+        target_logprobs_from_logits(torch.zeros(3, 5), torch.tensor([0], dtype=torch.int32), torch.tensor([1]))
+
+
+# --------------------------------------------------------------------------- per-row reference
+
+
+def per_row_loss(model, rows, objective: ObjectiveConfig):
+    """Loss of the batch with one plain forward per row (``model(ids).logits``, naive log-softmax)."""
+    lps, blps, exs = [], [], []
+    execs = sorted({r.execution_id for r in rows if r.num_targets})
+    loc = {e: i for i, e in enumerate(execs)}
+    L, A = {}, {}
+    for r in rows:
+        t = np.flatnonzero(r.target_mask)
+        if not t.size:
+            continue
+        logits = model(torch.as_tensor(r.input_ids[None], dtype=torch.int64)).logits[0]
+        lp = torch.log_softmax(logits, -1)[torch.as_tensor(t - 1), torch.as_tensor(r.input_ids[t], dtype=torch.int64)]
+        lps.append(lp)
+        blps.append(torch.as_tensor(r.behaviour_logprobs[t]))
+        exs += [loc[r.execution_id]] * len(t)
+        L[r.execution_id], A[r.execution_id] = r.num_execution_targets, r.advantage
+    inp = ObjectiveInputs(torch.cat(blps), torch.tensor(exs), torch.tensor([L[e] for e in execs]),
+                          torch.tensor([A[e] for e in execs], dtype=torch.float64))
+    out = execution_objective(torch.cat(lps), inp, objective)
+    return out.loss_sum / out.normaliser, out
+
+
+def grads_of(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def with_behaviour_near_policy(model, rows, spread=0.004, seed=0):
+    """Rows whose behaviour log-probs are the model's own plus noise, so that s_i sits near the clip
+    bounds [0.995, 1.005] (some executions clipped, most not)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            r = copy.copy(r)
+            t = np.flatnonzero(r.target_mask)
+            logits = model(torch.as_tensor(r.input_ids[None], dtype=torch.int64)).logits[0]
+            lp = torch.log_softmax(logits, -1)[torch.as_tensor(t - 1), torch.as_tensor(r.input_ids[t], dtype=torch.int64)]
+            blp = np.zeros_like(r.behaviour_logprobs)
+            blp[t] = lp.numpy() + rng.normal(0, spread, len(t)) + rng.normal(0, spread)
+            r.behaviour_logprobs = blp.astype(np.float32)
+            out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("layout, tree", [("pack", True), ("pad", True), ("pack", False)])
+def test_packed_and_tree_forward_equal_per_row_forward(hf, shared_dir, layout, tree):
+    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir))
+    model = copy.deepcopy(hf)
+    model.zero_grad()
+    ref_loss, ref_out = per_row_loss(model, rows, ObjectiveConfig())
+    ref_loss.backward()
+    ref = grads_of(model)
+    step = HFTrainStep(copy.deepcopy(hf))
+    res = pack_rows(rows, PackingConfig(100_000, layout, tree))
+    normaliser, stats = step.forward_backward(res.micro_steps)
+    got = {n: g / normaliser for n, g in grads_of(step.model).items()}
+    assert abs(stats.loss_sum / normaliser - float(ref_loss)) < 1e-5
+    assert normaliser == ref_out.normaliser == len(TRACES)
+    assert set(got) == set(ref)
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], rtol=0, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    if tree:  # the compaction branch shares a long prefix with the main trajectory
+        assert res.stats.forward_token_ratio < 0.9
+
+
+# --------------------------------------------------------------------------- micro-step invariance
+
+
+def pack_into(rows, k, layout="pack", tree=False):
+    """Micro-steps of ``rows`` with the smallest budget that gives exactly ``k`` of them."""
+    lo = max(r.num_tokens for r in rows)
+    hi = sum(r.num_tokens for r in rows) if layout == "pack" else len(rows) * lo
+    for budget in ([hi] if k == 1 else range(lo, hi + 1)):
+        res = pack_rows(rows, PackingConfig(budget, layout, tree))
+        if len(res.micro_steps) == k:
+            return res
+    raise AssertionError(f"no budget gives {k} micro-steps")
+
+
+def assert_same_update(g1, gk, p1, pk):
+    """Gradients equal to float rounding (1e-5 of each tensor's largest element) and parameters
+    within 1e-6 after the step.
+
+    One exception, inherent to Adam with eps = 1e-15: its first update is ``lr * g / (|g| + eps)``,
+    i.e. ``lr * sign(g)``, so a gradient element that is pure rounding noise (``|g|`` below 1e-5 of
+    the tensor's largest) can flip sign under another summation order and move by ``2 * lr``
+    instead of 0. Such elements must be that small and rare (< 1e-4 of the tensor).
+    """
+    for n in g1:
+        scale = float(g1[n].abs().max())
+        torch.testing.assert_close(gk[n], g1[n], rtol=0, atol=1e-5 * scale, msg=lambda m, n=n: f"{n}: {m}")
+        flip = (g1[n] * gk[n] <= 0) & ((g1[n] != 0) | (gk[n] != 0))
+        assert bool((g1[n][flip].abs() <= 1e-5 * scale).all()), n
+        assert int(flip.sum()) <= max(1, int(1e-4 * flip.numel())), n
+        diff = (pk[n] - p1[n]).abs()
+        assert float(diff[~flip].max()) <= 1e-6, n
+    for n in p1:
+        if n not in g1:
+            torch.testing.assert_close(pk[n], p1[n], rtol=0, atol=1e-6)
+
+
+def test_micro_step_count_and_order_do_not_change_the_update(hf, shared_dir):
+    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=1), seed=1)
+    adam = AdamConfig()  # DESIGN.md §3.5 defaults: lr 1e-6, betas (0.9, 0.95), eps 1e-15, wd 0.01, clip 1
+    results, grads, params = {}, {}, {}
+    for k in (1, 3, 7):
+        res = pack_into(rows, k)
+        ms = res.micro_steps
+        if k > 1:
+            ms = [ms[i] for i in np.random.default_rng(k).permutation(len(ms))]  # order too
+        step = HFTrainStep(copy.deepcopy(hf), adam=adam)
+        orig = step.optimizer.step
+        calls = []
+        step.optimizer.step = lambda *a, **kw: (calls.append(1), orig(*a, **kw))[1]
+        results[k] = step(ms)
+        assert len(calls) == 1 and results[k].metrics["optimizer_steps"] == 1
+        grads[k] = grads_of(step.model)  # after 1/|E| and clipping, as used by the update
+        params[k] = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+        if k == 7:
+            assert res.stats.split_executions > 0  # the forward-only log-ratio pass ran
+            assert results[k].metrics["log_ratio_pass_tokens"] > 0
+    for k in (3, 7):
+        assert abs(results[k].metrics["loss"] - results[1].metrics["loss"]) < 1e-6
+        assert abs(results[k].metrics["grad_norm"] - results[1].metrics["grad_norm"]) < 1e-6 * results[1].metrics["grad_norm"] + 1e-9
+        assert results[k].metrics["clip_fraction"] == results[1].metrics["clip_fraction"]
+        assert_same_update(grads[1], grads[k], params[1], params[k])
+    moved = max(float((params[1][n] - p).abs().max()) for n, p in hf.named_parameters())
+    assert moved > 5e-7  # the step did update (lr 1e-6)
+    m = results[1].metrics
+    assert m["normaliser"] == len(TRACES) and m["executions"] == len(TRACES)
+    assert 0 <= m["clip_fraction"] <= 1 and m["entropy"] > 0 and m["rho_max"] <= 5.0
+
+
+def test_negative_control_per_micro_step_mean_is_caught(hf, shared_dir):
+    """Normalising each micro-step by its own |E_m| (instead of 1/|E| once) changes the gradient:
+    the invariance test above would catch it."""
+    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=1), seed=1)
+    one = HFTrainStep(copy.deepcopy(hf))
+    n1, _ = one.forward_backward(pack_into(rows, 1).micro_steps)
+    good = {n: g / n1 for n, g in grads_of(one.model).items()}
+    bad_step = HFTrainStep(copy.deepcopy(hf))
+    from gyre.training.step import MicroStepBatch, apply_log_ratio_sums, micro_step_loss, precompute_log_ratio_sums
+
+    mss = pack_into(rows, 3).micro_steps
+    apply_log_ratio_sums(mss, precompute_log_ratio_sums(bad_step.policy, mss)[0])
+    for ms in mss:
+        out = micro_step_loss(bad_step.policy, MicroStepBatch.from_micro_step(ms), bad_step.objective)
+        (out.loss_sum / max(out.normaliser, 1) / 3).backward()
+    bad = grads_of(bad_step.model)
+    assert max(float((bad[n] - good[n]).abs().max()) for n in good) > 1e-3 * max(float(g.abs().max()) for g in good.values())
