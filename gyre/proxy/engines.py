@@ -1,0 +1,174 @@
+"""The engine interface the proxy needs, adapters, and a scripted engine for tests and benches.
+
+Source: DESIGN.md §3.1 ("Routing"), §5 (engines speak SGLang's native ``/generate`` with
+``input_ids`` and ``return_logprob``); BACKENDS.md "SGLang's native HTTP API".
+
+The proxy needs only two operations from an engine (:class:`Engine`):
+
+* ``generate_stream(input_ids, sampling_params, rid)`` -- an async iterator of
+  :class:`EngineChunk` deltas (new output ids, their behaviour log-probs), the last one carrying
+  ``finish_reason`` (``"stop"``, ``"length"`` or ``"abort"``); an aborted request ends with
+  ``finish_reason == "abort"`` after the partial output (SGLang semantics);
+* ``abort(rid)`` -- cancel an in-flight request (it then ends with ``"abort"``).
+
+Transport failures raise :class:`EngineUnavailable`. :class:`ClientEngine` adapts Gyre's
+SGLang-native client (``gyre.rollout.engine.AsyncEngineClient``: its ``stream`` yields chunks with
+``delta_output_ids``/``delta_logprobs``/``finish_reason.type``/``weight_version``) -- the same for
+the embedded CPU engine and a real SGLang server. :class:`ScriptedEngine` emits scripted token
+sequences (teacher forcing, tests, ``bench/proxy.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_checkable
+
+__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "ClientEngine", "ScriptedEngine", "parse_version"]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine could not be reached or answered with an error (the proxy retries)."""
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """New output of one request: ``output_ids`` (``int`` token ids) and ``logprobs`` (natural
+    log, one per id); ``finish_reason`` on the last chunk only; ``weight_version`` the policy
+    version that produced these tokens (``None`` if unknown)."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None
+    weight_version: int | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the proxy calls on a rollout engine (see the module docstring)."""
+
+    engine_id: str
+
+    def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+        ...
+
+    async def abort(self, rid: str) -> None:
+        ...
+
+
+def parse_version(v: Any) -> int | None:
+    """An integer policy version from an engine's ``weight_version`` (``"3"``, ``"v3"``, ``3``)."""
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    s = str(v).strip().lstrip("vV")
+    try:
+        return int(s)
+    except ValueError:
+        return None
+
+
+class ClientEngine:
+    """Adapter for an SGLang-native async client (``gyre.rollout.engine.AsyncEngineClient``).
+
+    Args:
+        client: object with ``stream(input_ids, sampling_params, *, rid, return_logprob)`` (an
+            async iterator of chunks with ``delta_output_ids``, ``delta_logprobs``,
+            ``finish_reason`` (``.type``) and ``weight_version``) and ``abort(rid)``.
+        engine_id: the route name of this engine.
+    """
+
+    def __init__(self, client: Any, engine_id: str) -> None:
+        self.client = client
+        self.engine_id = engine_id
+
+    async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+        try:
+            async for ch in self.client.stream(list(input_ids), dict(sampling_params), rid=rid, return_logprob=True):
+                ids = list(ch.delta_output_ids or [])
+                lps = list(ch.delta_logprobs) if ch.delta_logprobs is not None else [0.0] * len(ids)
+                fr = ch.finish_reason.type if ch.finish_reason is not None else None
+                yield EngineChunk(ids, lps, fr, parse_version(ch.weight_version))
+                if fr is not None:
+                    return
+        except Exception as exc:  # the client's EngineError/EngineConnectionError, httpx errors
+            if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                raise
+            raise EngineUnavailable(f"{self.engine_id}: {type(exc).__name__}: {exc}") from exc
+        raise EngineUnavailable(f"{self.engine_id}: stream ended without a finish reason")
+
+    async def abort(self, rid: str) -> None:
+        try:
+            await self.client.abort(rid)
+        except Exception as exc:  # best effort: a dead engine aborts nothing
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+
+@dataclass
+class ScriptedEngine:
+    """An in-process engine that emits scripted outputs (tests, teacher forcing, benchmarks).
+
+    Args:
+        engine_id: route name.
+        script: ``(input_ids, sampling_params) -> output ids`` (the whole output; the EOS id is
+            appended by the callable when wanted); a plain list is used for every request.
+        chunk: ids per streamed chunk.
+        delay_s: sleep per chunk (seconds), to make requests overlap.
+        logprob: the behaviour log-prob reported for every token.
+        weight_version: reported policy version.
+
+    ``abort(rid)`` (or :meth:`abort_all`) ends an in-flight request with ``"abort"`` after the
+    ids emitted so far; ``fail_next`` makes the next ``n`` requests raise
+    :class:`EngineUnavailable` before emitting anything. ``max_new_tokens`` is honoured
+    (``"length"``). ``calls`` records ``(rid, input_ids)``.
+    """
+
+    engine_id: str
+    script: Callable[[list[int], dict[str, Any]], list[int]] | list[int] = field(default_factory=list)
+    chunk: int = 4
+    delay_s: float = 0.0
+    logprob: float = -0.25
+    weight_version: int | None = 0
+    fail_next: int = 0
+    calls: list[tuple[str, list[int]]] = field(default_factory=list)
+    _aborted: set[str] = field(default_factory=set)
+    _live: set[str] = field(default_factory=set)
+
+    async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+        ids_in = list(input_ids)
+        self.calls.append((rid, ids_in))
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise EngineUnavailable(f"{self.engine_id}: injected failure")
+        out = list(self.script(ids_in, sampling_params) if callable(self.script) else self.script)
+        cap = int(sampling_params.get("max_new_tokens", len(out)))
+        finish = "stop"
+        if len(out) > cap:
+            out, finish = out[:cap], "length"
+        self._live.add(rid)
+        try:
+            i = 0
+            while True:
+                if rid in self._aborted:
+                    self._aborted.discard(rid)
+                    yield EngineChunk([], [], "abort", self.weight_version)
+                    return
+                part = out[i:i + self.chunk]
+                i += len(part)
+                done = i >= len(out)
+                yield EngineChunk(part, [self.logprob] * len(part), finish if done else None, self.weight_version)
+                if done:
+                    return
+                await asyncio.sleep(self.delay_s)
+        finally:
+            self._live.discard(rid)
+
+    async def abort(self, rid: str) -> None:
+        if rid in self._live:
+            self._aborted.add(rid)
+
+    def abort_all(self) -> None:
+        """Abort every in-flight request."""
+        self._aborted |= self._live

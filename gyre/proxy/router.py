@@ -1,0 +1,250 @@
+"""Routing of executions to engines and transparent retry of aborted/failed generations.
+
+Source: DESIGN.md §3.1 ("Routing": each execution pinned to an engine; the route can change at
+any time; a request cancelled by a role transition is retried at the new destination and the
+harness sees one normal response), §4.3 (harness-preserving role transitions); paper §4.3.
+
+:class:`Router` holds the engines and the route table (execution -> engine id). The scheduler
+changes routes with :meth:`Router.set_route` / :meth:`Router.reroute_engine` and cancels
+outstanding requests on a source engine with :meth:`Router.abort_engine`.
+
+:meth:`Router.generate` streams one generation for an execution. When the engine ends a request
+with ``"abort"`` (role transition, pause) or fails (:class:`~gyre.proxy.engines.EngineUnavailable`),
+it re-issues it on the execution's *current* route, continuing from what was already generated:
+the new request's input is ``input_ids ++ output so far`` and its ``max_new_tokens`` is reduced
+by the tokens already produced (SGLang-native continuation; the KV cache of the prefix is
+recomputed or transferred by the engine). The caller sees one uninterrupted stream; each
+:class:`Attempt` is reported for the record's metadata. Retries wait with exponential backoff
+(``retry_backoff_s`` doubling up to ``retry_backoff_max_s``) while the route stays on a failing
+engine, and give up after ``retry_timeout_s`` seconds (:class:`GenerationFailed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from gyre.proxy.engines import Engine, EngineChunk, EngineUnavailable
+
+__all__ = ["Router", "Attempt", "GenerationFailed", "RouteError"]
+
+logger = logging.getLogger(__name__)
+
+
+class RouteError(KeyError):
+    """Unknown engine or execution in a routing call."""
+
+
+class GenerationFailed(RuntimeError):
+    """No engine completed the generation within the retry budget."""
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One engine request of a generation: ``engine_id``, ``rid``, output ``tokens`` it
+    contributed, how it ended (``stop``/``length``/``abort``/``error``), its policy version."""
+
+    engine_id: str
+    rid: str
+    tokens: int = 0
+    outcome: str = ""
+    weight_version: int | None = None
+
+
+@dataclass
+class _Counts:
+    retries: int = 0
+    reroutes: int = 0
+
+
+class Router:
+    """Engines, routes and retrying generation (see the module docstring).
+
+    Args:
+        retry_timeout_s: give up retrying a generation after this many seconds.
+        retry_backoff_s / retry_backoff_max_s: wait between attempts on the same engine
+            (doubling); an attempt on a *new* route starts immediately.
+        on_retry: optional callback ``(execution_id, attempt, rerouted)`` after each retry.
+    """
+
+    def __init__(
+        self,
+        *,
+        retry_timeout_s: float = 600.0,
+        retry_backoff_s: float = 0.05,
+        retry_backoff_max_s: float = 2.0,
+        on_retry: Callable[[str, Attempt, bool], None] | None = None,
+    ) -> None:
+        self.engines: dict[str, Engine] = {}
+        self.routes: dict[str, str] = {}
+        self.retry_timeout_s = float(retry_timeout_s)
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.retry_backoff_max_s = float(retry_backoff_max_s)
+        self.on_retry = on_retry
+        self._inflight: dict[str, dict[str, str]] = {}  # engine_id -> {rid: execution_id}
+        self._route_changed: dict[str, asyncio.Event] = {}
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ engines and routes
+    def add_engine(self, engine: Engine) -> None:
+        """Register (or replace) an engine under ``engine.engine_id``."""
+        self.engines[engine.engine_id] = engine
+        self._inflight.setdefault(engine.engine_id, {})
+
+    def remove_engine(self, engine_id: str) -> None:
+        """Forget an engine (routes to it must be moved first; requests on it will retry)."""
+        self.engines.pop(engine_id, None)
+
+    def set_route(self, execution_id: str, engine_id: str) -> None:
+        """Pin ``execution_id`` to ``engine_id`` (takes effect for the next engine request,
+        including retries of requests in flight).
+
+        Raises:
+            RouteError: unknown engine.
+        """
+        if engine_id not in self.engines:
+            raise RouteError(f"unknown engine {engine_id!r}")
+        old = self.routes.get(execution_id)
+        self.routes[execution_id] = engine_id
+        if old != engine_id:
+            ev = self._route_changed.get(execution_id)
+            if ev is not None:
+                ev.set()
+
+    def route(self, execution_id: str) -> str:
+        """The engine id ``execution_id`` is pinned to.
+
+        Raises:
+            RouteError: no route.
+        """
+        try:
+            return self.routes[execution_id]
+        except KeyError:
+            raise RouteError(f"execution {execution_id!r} has no route") from None
+
+    def drop_route(self, execution_id: str) -> None:
+        """Forget the route of a closed execution."""
+        self.routes.pop(execution_id, None)
+        self._route_changed.pop(execution_id, None)
+
+    def reroute_engine(self, source: str, destination: str) -> list[str]:
+        """Move every execution routed to ``source`` to ``destination``; return their ids."""
+        moved = [e for e, r in self.routes.items() if r == source]
+        for e in moved:
+            self.set_route(e, destination)
+        return moved
+
+    def inflight(self, engine_id: str) -> dict[str, str]:
+        """``{rid: execution_id}`` of requests currently running on ``engine_id``."""
+        return dict(self._inflight.get(engine_id, {}))
+
+    async def abort_engine(self, engine_id: str) -> int:
+        """Abort every request in flight on ``engine_id`` (they retry on their current route);
+        return how many were aborted."""
+        eng = self.engines.get(engine_id)
+        rids = list(self._inflight.get(engine_id, {}))
+        if eng is None:
+            return 0
+        await asyncio.gather(*(eng.abort(r) for r in rids), return_exceptions=True)
+        return len(rids)
+
+    # ------------------------------------------------------------------ generation
+    async def generate(
+        self,
+        execution_id: str,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any],
+        *,
+        rid: str | None = None,
+        attempts: list[Attempt] | None = None,
+    ) -> AsyncIterator[EngineChunk]:
+        """Stream one generation for ``execution_id``, retrying transparently (module docstring).
+
+        Yields :class:`~gyre.proxy.engines.EngineChunk` deltas; the last has ``finish_reason``
+        ``"stop"`` or ``"length"`` (never ``"abort"``). ``attempts`` (if given) receives one
+        :class:`Attempt` per engine request.
+
+        Raises:
+            RouteError: the execution has no route.
+            GenerationFailed: the retry budget ran out.
+        """
+        base = rid or f"gyre-{next(self._ids)}"
+        prompt = list(input_ids)
+        produced: list[int] = []
+        max_new = int(sampling_params.get("max_new_tokens", 1 << 30))
+        deadline = time.monotonic() + self.retry_timeout_s
+        backoff = self.retry_backoff_s
+        last_engine: str | None = None
+        tries = attempts if attempts is not None else []
+        k = 0
+        while True:
+            engine_id = self.route(execution_id)
+            engine = self.engines.get(engine_id)
+            rerouted = last_engine is not None and engine_id != last_engine
+            if k > 0:
+                if self.on_retry is not None:
+                    self.on_retry(execution_id, tries[-1], rerouted)
+                if not rerouted:
+                    await self._wait_retry(execution_id, backoff, deadline)
+                    backoff = min(backoff * 2, self.retry_backoff_max_s)
+                    engine_id = self.route(execution_id)
+                    engine = self.engines.get(engine_id)
+                else:
+                    backoff = self.retry_backoff_s
+            if time.monotonic() > deadline and k > 0:
+                raise GenerationFailed(f"execution {execution_id}: no engine finished the request "
+                                       f"within {self.retry_timeout_s:.0f} s ({k} attempts)")
+            sub_rid = base if k == 0 else f"{base}.r{k}"
+            att = Attempt(engine_id, sub_rid)
+            tries.append(att)
+            last_engine = engine_id
+            k += 1
+            if engine is None:
+                att.outcome = "error"
+                continue
+            params = dict(sampling_params)
+            params["max_new_tokens"] = max(1, max_new - len(produced))
+            inflight = self._inflight.setdefault(engine_id, {})
+            inflight[sub_rid] = execution_id
+            finish: str | None = None
+            try:
+                async for ch in engine.generate_stream(prompt + produced, params, sub_rid):
+                    if ch.weight_version is not None:
+                        att.weight_version = ch.weight_version
+                    if ch.output_ids:
+                        produced.extend(ch.output_ids)
+                        att.tokens += len(ch.output_ids)
+                    if ch.finish_reason == "abort":
+                        finish = "abort"
+                        if ch.output_ids:
+                            yield EngineChunk(list(ch.output_ids), list(ch.logprobs), None, ch.weight_version)
+                        break
+                    yield ch
+                    if ch.finish_reason is not None:
+                        finish = ch.finish_reason
+                        break
+            except EngineUnavailable as exc:
+                logger.warning("engine %s failed request %s: %s", engine_id, sub_rid, exc)
+                finish = "error"
+            finally:
+                inflight.pop(sub_rid, None)
+            att.outcome = finish or "error"
+            if finish in ("stop", "length"):
+                return
+            if len(produced) >= max_new:  # aborted exactly at the cap: a normal length finish
+                yield EngineChunk([], [], "length", att.weight_version)
+                return
+
+    async def _wait_retry(self, execution_id: str, delay: float, deadline: float) -> None:
+        """Sleep ``delay`` seconds, or less if the execution's route changes meanwhile."""
+        ev = self._route_changed.setdefault(execution_id, asyncio.Event())
+        ev.clear()
+        timeout = max(0.0, min(delay, deadline - time.monotonic()))
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass

@@ -1,0 +1,783 @@
+"""The proxy's HTTP server: Anthropic, Chat Completions and Responses front ends with TITO recording.
+
+Source: DESIGN.md §3.1 (proxy and TITO), §2 (proxy threads on rank 0); the issue's "Build"
+items 1-5. HTTP and SSE use FastAPI/uvicorn and ``sse-starlette``.
+
+Endpoints:
+
+* ``POST /v1/messages`` (Anthropic Messages, stream and non-stream), ``POST
+  /v1/messages/count_tokens``; ``POST /v1/chat/completions``; ``POST /v1/responses``;
+  ``GET /v1/models`` (both SDKs' list shapes in one body).
+* Execution binding: every ``/v1`` request carries the execution's API key (``x-api-key`` or
+  ``Authorization: Bearer``). Unknown or closed keys get 401 in the API's error shape and touch no
+  tree. Bad bodies get 400 in the API's shape; the server never answers a malformed body with 5xx.
+* Admin (for ``tools/serve_rollout.py`` and debugging; ``admin_token`` protects it if set):
+  ``POST /gyre/executions`` ``{"task_id", "harness", "execution_id"?, "engine_id"?}`` ->
+  ``{"execution_id", "api_key"}``; ``POST /gyre/executions/{id}/close``; ``GET
+  /gyre/executions[/{id}]`` (counters); ``POST /gyre/routes`` ``{"execution_id", "engine_id"}``;
+  ``GET /health``.
+
+One model call: normalise -> classify role -> :meth:`TitoSession.prepare` (restore, match,
+assemble ``input_ids``) -> :meth:`Router.generate` (engine, transparent retry) -> parse output
+tokens incrementally -> shape the API's response (SSE events as tokens arrive) -> commit the
+record (store, then tree) once delivery is known: a stream is delivered when its last event was
+handed to the transport, a plain response when the client is still connected when it is sent;
+otherwise the record has ``delivered=false`` (a harness retry is then a new call, and no
+delivered duplicate arises). The record is committed *before* the closing events (or the plain
+body) are sent, so the harness's next request always finds it; the one window this leaves -- the
+client vanishing while the closing events are written -- is recorded as delivered. The generation runs in its own task, so a client that disconnects
+mid-stream still leaves a (not delivered) record.
+
+Thread model: the app runs on one event loop (``ProxyServer.start`` runs uvicorn in a background
+thread). ``prepare`` and ``commit`` are synchronous on that loop, so per-execution state needs no
+lock; public :class:`ProxyServer` methods are safe to call from other threads (they are
+marshalled onto the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import secrets
+import threading
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gyre.proxy.engines import Engine
+from gyre.proxy.errors import ProxyError, error_body
+from gyre.proxy.frontends import IdFactory, ResponseBuilder, Sse, make_builder
+from gyre.proxy.messages import ChatRequest
+from gyre.proxy.normalize import normalize
+from gyre.proxy.parse import OutputParser
+from gyre.proxy.render import ChatRenderer, RenderError
+from gyre.proxy.roles import classify_role, harness_metadata
+from gyre.proxy.router import Attempt, GenerationFailed, RouteError, Router
+from gyre.proxy.tito import TitoSession
+from gyre.trajectory.records import EXECUTION_ID_RE
+from gyre.trajectory.store import TrajectoryStore
+
+__all__ = ["ProxyConfig", "ProxyServer", "Execution", "ExecutionCounters"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ProxyConfig:
+    """Proxy settings.
+
+    * ``model_name`` -- name listed by ``/v1/models``.
+    * ``default_max_tokens`` -- ``max_new_tokens`` when a request gives none (tokens).
+    * ``max_tokens_cap`` -- upper bound on any request's ``max_new_tokens`` (tokens).
+    * ``max_context_tokens`` -- prompt + output limit (tokens); longer prompts get 400
+      ``"prompt is too long"`` (the phrase harnesses react to by compacting).
+    * ``restore_reasoning`` -- see :class:`~gyre.proxy.tito.TitoSession`.
+    * ``retry_timeout_s`` -- give up a generation after this long (seconds) -> 503/529.
+    * ``delivery_timeout_s`` -- how long a finished stream may take to be sent (seconds).
+    * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
+    * ``admin_token`` -- bearer token required on ``/gyre/*`` (``None``: open, for 127.0.0.1).
+    * ``policy_version`` -- fallback version when engines report none.
+    """
+
+    model_name: str = "gyre"
+    default_max_tokens: int = 1024
+    max_tokens_cap: int = 32768
+    max_context_tokens: int = 131072
+    restore_reasoning: bool = True
+    retry_timeout_s: float = 600.0
+    delivery_timeout_s: float = 300.0
+    sse_ping_s: float = 15.0
+    admin_token: str | None = None
+    policy_version: int = 0
+
+
+@dataclass(slots=True)
+class ExecutionCounters:
+    """Per-execution counters for the scheduler and metrics (cumulative; tokens, calls)."""
+
+    calls: int = 0
+    delivered: int = 0
+    undelivered: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reused_tokens: int = 0
+    rendered_tokens: int = 0
+    retries: int = 0
+    reroutes: int = 0
+    failed: int = 0
+    rejected: int = 0
+    restored_tool_calls: int = 0
+    malformed_tool_calls: int = 0
+    inflight: int = 0
+
+
+@dataclass
+class Execution:
+    """A registered execution: its key, harness, TITO session and counters."""
+
+    execution_id: str
+    api_key: str
+    session: TitoSession
+    task_id: str | None = None
+    harness: str | None = None
+    closed: bool = False
+    counters: ExecutionCounters = field(default_factory=ExecutionCounters)
+    created: float = field(default_factory=time.time)
+
+
+_END = object()
+
+
+class _Call:
+    """One model call in flight: generation task, parser, response builder, SSE queue."""
+
+    def __init__(self, server: "ProxyServer", ex: Execution, req: ChatRequest, prep, role: str,
+                 meta: dict[str, Any], sampling: dict[str, Any], builder: ResponseBuilder) -> None:
+        self.server, self.ex, self.req, self.prep, self.role, self.meta = server, ex, req, prep, role, meta
+        self.sampling = sampling
+        self.builder = builder
+        r = server.renderer
+        self.parser = OutputParser(r.decode, server.stop_ids, req.tool_kinds, starts_in_reasoning=prep.starts_in_reasoning)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.out_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish = "stop"
+        self.attempts: list[Attempt] = []
+        self.error: ProxyError | None = None
+        self.delivered: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.rid = f"{ex.execution_id}-{server._next_rid()}"
+        self.final_events: list[Sse] = []
+        self.committed = False
+
+    def _put(self, events: list[Sse]) -> None:
+        for e in events:
+            self.queue.put_nowait(e)
+
+    async def run(self) -> None:
+        ex, server = self.ex, self.server
+        ex.counters.inflight += 1
+        try:
+            self._put(self.builder.start())
+            async for ch in server.router.generate(ex.execution_id, self.prep.input_ids.tolist(), self.sampling,
+                                                   rid=self.rid, attempts=self.attempts):
+                if ch.output_ids:
+                    if self.t_first is None:
+                        self.t_first = time.perf_counter()
+                    self.out_ids.extend(ch.output_ids)
+                    self.logprobs.extend(ch.logprobs)
+                    for ev in self.parser.feed(ch.output_ids):
+                        self._put(self.builder.on_event(ev))
+                if ch.finish_reason is not None:
+                    self.finish = ch.finish_reason
+            for ev in self.parser.finish(self.finish):
+                self._put(self.builder.on_event(ev))
+            # closing events go out only after the record is committed (see sse())
+            self.final_events = self.builder.finish(self.finish, len(self.out_ids))
+        except (GenerationFailed, RouteError) as exc:
+            status = 529 if self.req.api == "anthropic" else 503
+            self.error = ProxyError(status, f"generation failed: {exc}")
+            ex.counters.failed += 1
+        except Exception as exc:  # never leave the stream hanging
+            logger.exception("model call %s failed", self.rid)
+            self.error = ProxyError(500, f"internal error: {type(exc).__name__}")
+            ex.counters.failed += 1
+        finally:
+            ex.counters.inflight -= 1
+            self.queue.put_nowait(_END)
+        if self.error is not None:
+            return
+        try:
+            delivered = await asyncio.wait_for(asyncio.shield(self.delivered), server.config.delivery_timeout_s)
+        except asyncio.TimeoutError:
+            delivered = False
+        self.commit_once(bool(delivered))
+
+    def commit_once(self, delivered: bool) -> None:
+        """Record the call (once): store, then tree, then the restoration cache."""
+        if not self.committed:
+            self.committed = True
+            self.server._commit(self, delivered)
+
+    def set_delivered(self, value: bool) -> None:
+        if not self.delivered.done():
+            self.delivered.set_result(value)
+
+    async def sse(self):
+        """The SSE event stream (an async generator for ``EventSourceResponse``).
+
+        Every event but the closing ones is sent first; the record is then committed as
+        delivered -- the client is still connected and has everything but the closing events --
+        and only then do the closing events go out, so a harness that reacts to the end of a
+        stream always finds its previous call recorded. A client that disconnects earlier
+        leaves a record with ``delivered=false`` (committed by the generation task).
+        """
+        api = self.req.api
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is _END:
+                    break
+                yield self._event(item)
+            if self.error is not None:
+                self.set_delivered(False)
+                yield self._error_event(api, self.error)
+                return
+            self.commit_once(True)
+            self.set_delivered(True)
+            for item in self.final_events:
+                yield self._event(item)
+        finally:
+            self.set_delivered(False)
+
+    @staticmethod
+    def _event(item: Sse) -> ServerSentEvent:
+        name, data = item
+        payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return ServerSentEvent(payload, event=name, sep="\n")
+
+    def _error_event(self, api: str, err: ProxyError) -> ServerSentEvent:
+        body = error_body(api, err.status, err.message)
+        if api == "anthropic":
+            return ServerSentEvent(json.dumps(body), event="error", sep="\n")
+        if api == "responses":
+            resp = {"id": self.builder.id, "object": "response", "status": "failed",
+                    "error": {"code": "server_error", "message": err.message}}
+            return ServerSentEvent(json.dumps({"type": "response.failed", "response": resp}), event="response.failed", sep="\n")
+        return ServerSentEvent(json.dumps(body), sep="\n")
+
+
+class ProxyServer:
+    """The proxy (see the module docstring).
+
+    Args:
+        renderer: the model's :class:`~gyre.proxy.render.ChatRenderer`.
+        router: engines and routes (a new empty :class:`~gyre.proxy.router.Router` if ``None``).
+        store: durable record storage (``None``: records live only in the in-memory trees).
+        config: :class:`ProxyConfig`.
+        ids: id factory for returned ids (tests).
+
+    Public API for the main job: :meth:`register_execution`, :meth:`close_execution`,
+    :meth:`set_route`, :meth:`reroute_engine`, :meth:`abort_engine`, :meth:`add_engine`,
+    :meth:`counters`, :meth:`tree`, :meth:`start`/:meth:`stop`, :attr:`url`, :attr:`app`.
+    """
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        router: Router | None = None,
+        *,
+        store: TrajectoryStore | None = None,
+        config: ProxyConfig | None = None,
+        ids: IdFactory | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self.config = config or ProxyConfig()
+        self.router = router or Router(retry_timeout_s=self.config.retry_timeout_s)
+        self.router.on_retry = self._on_retry
+        self.store = store
+        self.ids = ids
+        self.executions: dict[str, Execution] = {}
+        self._by_key: dict[str, Execution] = {}
+        pad = getattr(renderer.tokenizer, "pad_token_id", None)
+        self.stop_ids = sorted({renderer.eos_id} | ({int(pad)} if pad is not None else set()))
+        self._rid = 0
+        self._rr = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server = None
+        self.host, self.port = "127.0.0.1", 0
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------ thread-safe public API
+    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return fn(*args, **kw)
+        try:
+            if asyncio.get_running_loop() is loop:
+                return fn(*args, **kw)
+        except RuntimeError:
+            pass
+
+        async def _run():
+            return fn(*args, **kw)
+
+        return asyncio.run_coroutine_threadsafe(_run(), loop).result()
+
+    def add_engine(self, engine: Engine) -> None:
+        """Register an engine with the router."""
+        self._call(self.router.add_engine, engine)
+
+    def register_execution(
+        self,
+        execution_id: str | None = None,
+        *,
+        task_id: str | None = None,
+        harness: str | None = None,
+        engine_id: str | None = None,
+        api_key: str | None = None,
+    ) -> Execution:
+        """Register an execution and pin it to ``engine_id`` (default: the least loaded engine).
+
+        Returns the :class:`Execution`; give its ``api_key`` to the harness.
+
+        Raises:
+            ValueError: bad or duplicate execution id, or no engine to route to.
+        """
+        return self._call(self._register, execution_id, task_id, harness, engine_id, api_key)
+
+    def _register(self, execution_id, task_id, harness, engine_id, api_key) -> Execution:
+        eid = execution_id or f"exec-{secrets.token_hex(6)}"
+        if not EXECUTION_ID_RE.match(eid):
+            raise ValueError(f"bad execution id {eid!r}")
+        if eid in self.executions:
+            raise ValueError(f"execution {eid!r} already registered")
+        if engine_id is None:
+            engine_id = self._least_loaded()
+        if engine_id not in self.router.engines:
+            raise ValueError(f"unknown engine {engine_id!r}")
+        key = api_key or f"gyre-{secrets.token_urlsafe(24)}"
+        if key in self._by_key:
+            raise ValueError("api key already in use")
+        session = TitoSession(eid, self.renderer, append=self.store.append if self.store else None,
+                              restore_reasoning=self.config.restore_reasoning)
+        ex = Execution(eid, key, session, task_id=task_id, harness=harness)
+        self.executions[eid] = ex
+        self._by_key[key] = ex
+        self.router.set_route(eid, engine_id)
+        return ex
+
+    def _least_loaded(self) -> str:
+        if not self.router.engines:
+            raise ValueError("no engine registered")
+        load: dict[str, int] = {e: 0 for e in self.router.engines}
+        for eid, r in self.router.routes.items():
+            ex = self.executions.get(eid)
+            if r in load and ex is not None and not ex.closed:
+                load[r] += 1
+        best = min(load.values())
+        cands = [e for e in load if load[e] == best]
+        self._rr += 1
+        return cands[self._rr % len(cands)]
+
+    def close_execution(self, execution_id: str) -> ExecutionCounters:
+        """Close an execution: its key stops working (401), its route is dropped, its record
+        file is closed. Calls in flight still finish and are recorded.
+
+        Raises:
+            KeyError: unknown execution.
+        """
+        return self._call(self._close, execution_id)
+
+    def _close(self, execution_id: str) -> ExecutionCounters:
+        ex = self.executions[execution_id]
+        if not ex.closed:
+            ex.closed = True
+            self._by_key.pop(ex.api_key, None)
+            if ex.counters.inflight == 0:
+                self._finalise(ex)
+        return ex.counters
+
+    def _finalise(self, ex: Execution) -> None:
+        self.router.drop_route(ex.execution_id)
+        if self.store is not None:
+            self.store.close_execution(ex.execution_id)
+
+    def set_route(self, execution_id: str, engine_id: str) -> None:
+        """Pin an execution to another engine (retries of in-flight requests follow it)."""
+        self._call(self.router.set_route, execution_id, engine_id)
+
+    def reroute_engine(self, source: str, destination: str) -> list[str]:
+        """Move every execution routed to ``source`` to ``destination``; return their ids."""
+        return self._call(self.router.reroute_engine, source, destination)
+
+    def abort_engine(self, engine_id: str) -> int:
+        """Abort the requests in flight on ``engine_id`` (they retry on their current routes)."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                if asyncio.get_running_loop() is loop:
+                    raise RuntimeError("use `await server.router.abort_engine(...)` on the server loop")
+            except RuntimeError as exc:
+                if "server loop" in str(exc):
+                    raise
+            return asyncio.run_coroutine_threadsafe(self.router.abort_engine(engine_id), loop).result()
+        return asyncio.run(self.router.abort_engine(engine_id))
+
+    def counters(self, execution_id: str) -> dict[str, int]:
+        """A copy of the execution's :class:`ExecutionCounters` as a dict."""
+        return self._call(lambda: asdict(self.executions[execution_id].counters))
+
+    def tree(self, execution_id: str):
+        """The execution's in-memory :class:`~gyre.trajectory.tree.TrajectoryTree` (read it on
+        the server loop or after the execution's calls finished)."""
+        return self.executions[execution_id].session.tree
+
+    # ------------------------------------------------------------------ serving
+    @property
+    def url(self) -> str:
+        """``http://host:port`` once started."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning", timeout: float = 30.0) -> "ProxyServer":
+        """Serve in a background thread (uvicorn); return once requests are accepted.
+
+        Raises:
+            RuntimeError: the server did not start within ``timeout`` seconds.
+        """
+        import socket
+
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        self.host, self.port = host, sock.getsockname()[1]
+        cfg = uvicorn.Config(self.app, log_level=log_level, access_log=False, lifespan="off",
+                             timeout_keep_alive=75, timeout_graceful_shutdown=5)
+
+        class _Server(uvicorn.Server):
+            def capture_signals(self):  # the owner handles signals
+                import contextlib
+
+                return contextlib.nullcontext()
+
+        self._server = _Server(cfg)
+        self._sock = sock
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._server.serve(sockets=[sock]))
+            finally:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="gyre-proxy-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("proxy HTTP server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop a server started with :meth:`start`; closes the store's open files."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if getattr(self, "_sock", None) is not None:
+            self._sock.close()
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> "ProxyServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ internals
+    def _next_rid(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def _on_retry(self, execution_id: str, attempt: Attempt, rerouted: bool) -> None:
+        ex = self.executions.get(execution_id)
+        if ex is not None:
+            ex.counters.retries += 1
+            if rerouted:
+                ex.counters.reroutes += 1
+
+    def _commit(self, call: _Call, delivered: bool) -> None:
+        ex = call.ex
+        segs = [{"engine_id": a.engine_id, "rid": a.rid, "tokens": a.tokens, "outcome": a.outcome,
+                 "weight_version": a.weight_version} for a in call.attempts]
+        versions = [a.weight_version for a in call.attempts if a.weight_version is not None and a.tokens > 0]
+        version = min(versions) if versions else (
+            next((a.weight_version for a in reversed(call.attempts) if a.weight_version is not None), None))
+        meta = dict(call.meta)
+        meta.update({"rid": call.rid, "model": call.req.model, "attempts": segs,
+                     "retries": max(0, len(call.attempts) - 1), "reused_tokens": call.prep.reused_tokens,
+                     "malformed_tool_calls": call.parser.result().malformed, "stream": call.req.stream})
+        t_end = time.perf_counter()
+        timings = {"total_s": t_end - call.t0}
+        if call.t_first is not None:
+            timings["first_token_s"] = call.t_first - call.t0
+        out_msg = call.builder.output_message() if delivered else None
+        try:
+            call.ex.session.commit(
+                call.prep, output_ids=call.out_ids, output_logprobs=call.logprobs, finish_reason=call.finish,
+                output_message=out_msg, role=call.role, delivered=delivered,
+                policy_version=version if version is not None else self.config.policy_version,
+                engine_id=call.attempts[-1].engine_id if call.attempts else "", timings=timings, metadata=meta)
+        except Exception:
+            logger.exception("could not record call %s of %s", call.rid, ex.execution_id)
+            return
+        c = ex.counters
+        c.calls += 1
+        c.delivered += int(delivered)
+        c.undelivered += int(not delivered)
+        c.input_tokens += int(call.prep.input_ids.shape[0])
+        c.output_tokens += len(call.out_ids)
+        c.reused_tokens += call.prep.reused_tokens
+        c.rendered_tokens += call.prep.rendered_tokens
+        c.restored_tool_calls += call.prep.restored_calls
+        c.malformed_tool_calls += call.parser.result().malformed
+        if ex.closed and c.inflight == 0:
+            self._finalise(ex)
+
+    def _auth(self, request: Request) -> Execution:
+        key = request.headers.get("x-api-key")
+        if not key:
+            auth = request.headers.get("authorization", "")
+            if auth[:7].lower() == "bearer ":
+                key = auth[7:].strip()
+        ex = self._by_key.get(key or "")
+        if ex is None or ex.closed:
+            raise ProxyError(401, "invalid or closed API key" if key else "missing API key")
+        return ex
+
+    @staticmethod
+    async def _json(request: Request) -> Any:
+        raw = await request.body()
+        enc = request.headers.get("content-encoding", "").lower()
+        try:
+            if enc == "gzip":
+                raw = gzip.decompress(raw)
+            elif enc == "deflate":
+                raw = zlib.decompress(raw)
+            elif enc not in ("", "identity"):
+                raise ProxyError(415, f"unsupported content-encoding {enc!r}")
+            return json.loads(raw)
+        except ProxyError:
+            raise
+        except (ValueError, OSError, zlib.error, RecursionError) as exc:
+            raise ProxyError(400, f"request body is not valid JSON: {type(exc).__name__}") from None
+
+    def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str]):
+        harness = ex.harness if ex.harness in ("claude-code", "codex") else None
+        role = classify_role(req, headers, harness)
+        meta = harness_metadata(headers, harness)
+        meta["api"] = req.api
+        if ex.task_id is not None:
+            meta["task_id"] = ex.task_id
+        try:
+            prep = ex.session.prepare(req)
+        except RenderError as exc:
+            raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
+        except Exception as exc:  # jinja errors (e.g. raise_exception in the template)
+            raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
+        return role, meta, prep
+
+    async def _model_call(self, request: Request, api: str):
+        ex = self._auth(request)
+        try:
+            body = await self._json(request)
+            req = normalize(api, body)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            role, meta, prep = self._prepare(ex, req, headers)
+            n_in = int(prep.input_ids.shape[0])
+            room = self.config.max_context_tokens - n_in
+            if room <= 0:
+                raise ProxyError(400, f"prompt is too long: {n_in} tokens > {self.config.max_context_tokens - 1} maximum")
+            sampling = req.sampling.to_sglang(self.config.default_max_tokens, min(self.config.max_tokens_cap, room))
+        except ProxyError:
+            ex.counters.rejected += 1
+            raise
+        if not req.model:
+            req.model = self.config.model_name
+        builder = make_builder(req, n_in, self.ids)
+        call = _Call(self, ex, req, prep, role, meta, sampling, builder)
+        task = asyncio.create_task(call.run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if req.stream:
+            return EventSourceResponse(call.sse(), ping=self.config.sse_ping_s, sep="\n",
+                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        while True:  # drain the queue (no SSE): wait for the end of generation
+            item = await call.queue.get()
+            if item is _END:
+                break
+        if call.error is not None:
+            call.set_delivered(False)
+            raise call.error
+        delivered = not await request.is_disconnected()
+        call.commit_once(delivered)  # the record is stored before the response goes out
+        call.set_delivered(delivered)
+        await task
+        return JSONResponse(builder.body())
+
+    async def _count_tokens(self, request: Request):
+        ex = self._auth(request)
+        body = await self._json(request)
+        if isinstance(body, dict) and "max_tokens" not in body:
+            body = dict(body, max_tokens=1)
+        req = normalize("anthropic", body)
+        _, _, prep = self._prepare(ex, req, {k.lower(): v for k, v in request.headers.items()})
+        return JSONResponse({"input_tokens": int(prep.input_ids.shape[0])})
+
+    def _models_body(self) -> dict[str, Any]:
+        name = self.config.model_name
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gyre",
+                                            "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}],
+                "has_more": False, "first_id": name, "last_id": name}
+
+    def _check_admin(self, request: Request) -> None:
+        tok = self.config.admin_token
+        if tok is None:
+            return
+        auth = request.headers.get("authorization", "")
+        if not secrets.compare_digest(auth, f"Bearer {tok}"):
+            raise ProxyError(401, "admin token required")
+
+    @staticmethod
+    def _api_of(request: Request) -> str:
+        path = request.url.path
+        if path.startswith("/v1/messages"):
+            return "anthropic"
+        if path.startswith("/v1/responses"):
+            return "responses"
+        if path.startswith("/v1/chat"):
+            return "chat"
+        if request.headers.get("anthropic-version") or request.headers.get("x-api-key"):
+            return "anthropic"
+        return "chat"
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="Gyre proxy", docs_url=None, redoc_url=None, openapi_url=None)
+        self._tasks: set[asyncio.Task] = set()
+
+        @app.exception_handler(ProxyError)
+        async def _proxy_error(request: Request, exc: ProxyError):
+            return JSONResponse(error_body(self._api_of(request), exc.status, exc.message, exc.param),
+                                status_code=exc.status)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def _http_error(request: Request, exc: StarletteHTTPException):
+            return JSONResponse(error_body(self._api_of(request), exc.status_code, str(exc.detail)),
+                                status_code=exc.status_code)
+
+        @app.exception_handler(Exception)
+        async def _internal(request: Request, exc: Exception):
+            logger.exception("unhandled error on %s", request.url.path)
+            return JSONResponse(error_body(self._api_of(request), 500, f"internal error: {type(exc).__name__}"),
+                                status_code=500)
+
+        @app.middleware("http")
+        async def _remember_loop(request: Request, call_next):
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            return await call_next(request)
+
+        @app.post("/v1/messages")
+        async def messages(request: Request):
+            return await self._model_call(request, "anthropic")
+
+        @app.post("/v1/messages/count_tokens")
+        async def count_tokens(request: Request):
+            return await self._count_tokens(request)
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            return await self._model_call(request, "chat")
+
+        @app.post("/v1/responses")
+        async def responses(request: Request):
+            return await self._model_call(request, "responses")
+
+        @app.get("/v1/models")
+        async def models(request: Request):
+            self._auth(request)
+            return JSONResponse(self._models_body())
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(request: Request, model_id: str):
+            self._auth(request)
+            body = self._models_body()["data"][0]
+            if model_id != body["id"]:
+                raise ProxyError(404, f"model {model_id!r} not found")
+            return JSONResponse(body)
+
+        @app.get("/health")
+        async def health():
+            return {"status": "ok", "executions": sum(not e.closed for e in self.executions.values()),
+                    "engines": sorted(self.router.engines)}
+
+        @app.post("/gyre/executions")
+        async def register(request: Request):
+            self._check_admin(request)
+            body = await self._json(request)
+            if not isinstance(body, dict):
+                raise ProxyError(400, "body must be an object")
+            for k in ("task_id", "harness", "execution_id", "engine_id", "api_key"):
+                if body.get(k) is not None and not isinstance(body[k], str):
+                    raise ProxyError(400, f"{k} must be a string", param=k)
+            try:
+                ex = self._register(body.get("execution_id"), body.get("task_id"), body.get("harness"),
+                                    body.get("engine_id"), body.get("api_key"))
+            except ValueError as exc:
+                raise ProxyError(409 if "already" in str(exc) else 400, str(exc)) from None
+            return {"execution_id": ex.execution_id, "api_key": ex.api_key,
+                    "engine_id": self.router.routes.get(ex.execution_id)}
+
+        @app.post("/gyre/executions/{execution_id}/close")
+        async def close(request: Request, execution_id: str):
+            self._check_admin(request)
+            if execution_id not in self.executions:
+                raise ProxyError(404, f"unknown execution {execution_id!r}")
+            return {"execution_id": execution_id, "counters": asdict(self._close(execution_id))}
+
+        @app.get("/gyre/executions")
+        async def list_executions(request: Request):
+            self._check_admin(request)
+            return {"executions": [{"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness,
+                                    "closed": e.closed, "engine_id": self.router.routes.get(e.execution_id),
+                                    "counters": asdict(e.counters)} for e in self.executions.values()]}
+
+        @app.get("/gyre/executions/{execution_id}")
+        async def get_execution(request: Request, execution_id: str):
+            self._check_admin(request)
+            e = self.executions.get(execution_id)
+            if e is None:
+                raise ProxyError(404, f"unknown execution {execution_id!r}")
+            return {"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness, "closed": e.closed,
+                    "engine_id": self.router.routes.get(e.execution_id), "counters": asdict(e.counters),
+                    "records": len(e.session.tree.records), "leaves": len(e.session.tree.leaves())}
+
+        @app.post("/gyre/routes")
+        async def set_route(request: Request):
+            self._check_admin(request)
+            body = await self._json(request)
+            if not isinstance(body, dict) or not isinstance(body.get("execution_id"), str) \
+                    or not isinstance(body.get("engine_id"), str):
+                raise ProxyError(400, "body must be {\"execution_id\": str, \"engine_id\": str}")
+            if body["execution_id"] not in self.executions:
+                raise ProxyError(404, f"unknown execution {body['execution_id']!r}")
+            try:
+                self.router.set_route(body["execution_id"], body["engine_id"])
+            except RouteError as exc:
+                raise ProxyError(400, str(exc)) from None
+            return {"execution_id": body["execution_id"], "engine_id": body["engine_id"]}
+
+        return app
+
