@@ -132,11 +132,24 @@ class SamplingOptions:
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
 
-    def to_sglang(self, default_max_tokens: int, max_tokens_cap: int) -> dict[str, Any]:
-        """SGLang ``sampling_params`` (BACKENDS.md, "SGLang's native HTTP API")."""
+    def to_sglang(
+        self,
+        default_max_tokens: int,
+        max_tokens_cap: int,
+        defaults: dict[str, Any] | None = None,
+        forced: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """SGLang ``sampling_params`` (BACKENDS.md, "SGLang's native HTTP API").
+
+        ``defaults`` fill what the request left unset; ``forced`` override the request (e.g. an
+        RL run that samples every rollout at temperature 1).
+        """
         mt = default_max_tokens if self.max_tokens is None else self.max_tokens
-        sp: dict[str, Any] = {"max_new_tokens": max(1, min(int(mt), int(max_tokens_cap)))}
+        sp: dict[str, Any] = dict(defaults or {})
+        sp["max_new_tokens"] = max(1, min(int(mt), int(max_tokens_cap)))
         if self.temperature is not None:
             sp["temperature"] = float(self.temperature)
         if self.top_p is not None:
@@ -147,6 +160,13 @@ class SamplingOptions:
             sp["stop"] = list(self.stop)
         if self.seed is not None:
             sp["sampling_seed"] = int(self.seed)
+        if self.min_tokens is not None:
+            sp["min_new_tokens"] = int(self.min_tokens)
+        if self.ignore_eos is not None:
+            sp["ignore_eos"] = bool(self.ignore_eos)
+        for k, v in (forced or {}).items():
+            sp[k] = v
+        sp["max_new_tokens"] = max(1, min(int(sp["max_new_tokens"]), int(max_tokens_cap)))
         return sp
 
 

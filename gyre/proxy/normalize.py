@@ -451,6 +451,8 @@ def normalize_chat(body: Any) -> ChatRequest:
         top_k=_opt_int(body, "top_k", -1, 1 << 20),
         stop=_stops(body.get("stop"), "stop"),
         seed=_opt_int(body, "seed", -(1 << 63), (1 << 63) - 1),
+        min_tokens=_opt_int(body, "min_tokens", 0, _MAX_TOKENS_LIMIT),
+        ignore_eos=_opt_bool(body, "ignore_eos", "body"),
     )
     stream = _opt_bool(body, "stream", "body") or False
     so = body.get("stream_options")

@@ -85,6 +85,8 @@ class ProxyConfig:
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``admin_token`` -- bearer token required on ``/gyre/*`` (``None``: open, for 127.0.0.1).
     * ``policy_version`` -- fallback version when engines report none.
+    * ``default_sampling`` -- SGLang sampling params used when a request leaves them unset
+      (e.g. ``{"temperature": 1.0}``); ``forced_sampling`` -- params that override the request.
     """
 
     model_name: str = "gyre"
@@ -97,6 +99,8 @@ class ProxyConfig:
     sse_ping_s: float = 15.0
     admin_token: str | None = None
     policy_version: int = 0
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+    forced_sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -600,7 +604,8 @@ class ProxyServer:
             room = self.config.max_context_tokens - n_in
             if room <= 0:
                 raise ProxyError(400, f"prompt is too long: {n_in} tokens > {self.config.max_context_tokens - 1} maximum")
-            sampling = req.sampling.to_sglang(self.config.default_max_tokens, min(self.config.max_tokens_cap, room))
+            sampling = req.sampling.to_sglang(self.config.default_max_tokens, min(self.config.max_tokens_cap, room),
+                                              self.config.default_sampling, self.config.forced_sampling)
         except ProxyError:
             ex.counters.rejected += 1
             raise
