@@ -8,7 +8,10 @@ Semantics follow SGLang's sampler (``python/sglang/srt/layers/sampler.py`` and
 * otherwise ``scaled = logits / temperature``, ``p = softmax(scaled)``; top-k, top-p (nucleus,
   keeping the smallest prefix of the sorted distribution whose mass reaches ``top_p``) and
   min-p (drop tokens with ``p < min_p * p_max``) truncate ``p``, which is renormalised and
-  sampled with the request's own ``torch.Generator``.
+  sampled with the request's own ``torch.Generator`` by the Gumbel-max trick
+  (``argmax(log p + G)``, ``G = -log(-log U)``, ``U ~ Uniform[0, 1)^V`` drawn from that
+  generator): an exact draw from ``p`` that, unlike a batched ``torch.multinomial``, depends
+  only on the request's own seed and position, never on the rest of the batch.
 
 **Returned behaviour log-prob** (``logprob_mode``):
 
@@ -113,26 +116,41 @@ def sample_next_tokens(
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
                          dtype=logits.dtype)
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-    tokens: list[int] = []
-    lps: list[float] = []
+    tokens = [0] * B
+    lps = [0.0] * B
+    # Greedy rows: argmax of the (masked) logits.
+    greedy = [b for b, p in enumerate(params) if p.greedy]
+    if greedy:
+        idx = torch.tensor(greedy)
+        picks = torch.argmax(logits[idx], dim=-1)
+        vals = logp[idx, picks].tolist() if logprob_mode == "tempered" else [0.0] * len(greedy)
+        for b, t, v in zip(greedy, picks.tolist(), vals):
+            tokens[b], lps[b] = t, v
+    # Sampled rows: Gumbel-max over log-probs (exact draw from the (truncated) distribution);
+    # each row's uniforms come from its own generator, so a draw never depends on the batch.
+    sampled = [b for b, p in enumerate(params) if not p.greedy]
+    if sampled:
+        idx = torch.tensor(sampled)
+        rows = logp[idx]
+        trunc_rows = {}
+        for k, b in enumerate(sampled):
+            p = params[b]
+            if p.truncates:
+                trunc = truncate_probs(rows[k].exp(), p.top_k, p.top_p, p.min_p)
+                trunc_rows[b] = trunc
+                rows[k] = torch.log(trunc)
+        u = torch.stack([torch.rand(rows.shape[1], generator=generators[b], dtype=rows.dtype) for b in sampled])
+        gumbel = -torch.log(-torch.log(u))
+        picks = torch.argmax(rows + gumbel, dim=-1)
+        vals = logp[idx, picks].tolist()
+        for b, t, v in zip(sampled, picks.tolist(), vals):
+            tokens[b] = t
+            lps[b] = float(torch.log(trunc_rows[b][t])) if logprob_mode == "truncated" and b in trunc_rows else v
     tops: list[list[tuple[float, int]] | None] = []
-    for b, p in enumerate(params):
-        row = logp[b]
-        if p.greedy:
-            tok = int(torch.argmax(logits[b]))
-            lp = float(row[tok]) if logprob_mode == "tempered" else 0.0
-        elif not p.truncates:
-            tok = int(torch.multinomial(row.exp(), 1, generator=generators[b]))
-            lp = float(row[tok])
-        else:
-            probs = truncate_probs(row.exp(), p.top_k, p.top_p, p.min_p)
-            tok = int(torch.multinomial(probs, 1, generator=generators[b]))
-            lp = float(row[tok]) if logprob_mode == "tempered" else float(torch.log(probs[tok]))
-        tokens.append(tok)
-        lps.append(lp)
+    for b in range(B):
         k = top_logprobs_num[b] if top_logprobs_num is not None else 0
         if k:
-            vals, ids = torch.topk(row, min(k, row.numel()))
+            vals, ids = torch.topk(logp[b], min(k, logp.shape[1]))
             tops.append([(float(v), int(i)) for v, i in zip(vals, ids)])
         else:
             tops.append(None)
