@@ -180,6 +180,18 @@ def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory.")
     group.add_argument("--execution-timeout-s", type=float, default=600.0,
                        help="Wall-clock budget of one execution (s); timed-out work is still scored.")
+    group.add_argument("--harness-isolation", choices=("auto", "require", "off"), default="auto",
+                       help="Hide the run directory and tasks' hidden paths from harnesses (mount/pid namespaces).")
+    group.add_argument("--harness-max-turns", type=_positive_int, default=None,
+                       help="Model turns per execution (reference/claude-code max turns, mini-swe-agent step limit).")
+    group.add_argument("--reference-tools", type=str, default=None,
+                       help="Reference agent tools, comma-separated (default all: bash,read_file,write_file,"
+                            "edit_file,delegate).")
+    group.add_argument("--reference-compact-threshold-tokens", type=int, default=None,
+                       help="Reference agent compacts above this context size (tokens); default 0.75 * seq-length, "
+                            "0 disables.")
+    group.add_argument("--reference-system-prompt", type=str, default=None,
+                       help="Replaces the reference agent's system prompt ('' for none).")
     group.add_argument("--proxy-host", type=str, default="127.0.0.1", help="Address the proxy binds.")
     group.add_argument("--proxy-port", type=int, default=0, help="Proxy port (0: pick a free one).")
     return parser
@@ -326,6 +338,13 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.rollout_temperature > 0, "rollout-temperature", "must be > 0")
     need(0 < args.rollout_top_p <= 1, "rollout-top-p", "must be in (0, 1]")
     need(args.execution_timeout_s > 0, "execution-timeout-s", "must be > 0")
+    need(args.reference_compact_threshold_tokens is None or args.reference_compact_threshold_tokens >= 0,
+         "reference-compact-threshold-tokens", "must be >= 0")
+    if args.reference_tools is not None:
+        from gyre.harness.reference_agent.tools import ALL_TOOLS
+
+        bad = [t for t in args.reference_tools.split(",") if t and t not in ALL_TOOLS]
+        need(not bad, "reference-tools", f"unknown tools {bad} (known: {', '.join(ALL_TOOLS)})")
     need(args.eval_timeout_s > 0, "eval-timeout-s", "must be > 0")
     need(args.eval_max_retries >= 0, "eval-max-retries", "must be >= 0")
     need(args.eval_retry_backoff_s >= 0, "eval-retry-backoff-s", "must be >= 0")

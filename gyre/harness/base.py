@@ -1,0 +1,521 @@
+"""The harness adapter interface: workspaces, launch, time limit, closure (DESIGN.md §2, §3.3).
+
+One execution, as the main job's harness launcher drives it::
+
+    harness = make_harness("claude-code")                  # gyre.harness.registry
+    harness.ensure_installed()                             # HarnessUnavailable: registry unreachable
+    dirs = harness.prepare(task, run_dir, execution_id)    # WorkspaceError -> no assessable work
+    running = harness.launch(task, dirs, endpoint, timeout_s=..., model_calls=...)
+    result = running.wait()                                # HarnessResult; running.cancel() from any thread
+    outcome = reward_manager.assess(result.closure(task), task.build_evaluator(...))
+
+or all of it at once, setup failures included: ``result = harness.run(task, run_dir, id, endpoint)``.
+
+**Execution directory** (:class:`ExecutionDir`), one per execution, kept after closure::
+
+    <run_dir>/executions/<execution_id>/
+        workspace/         the live workspace: the harness's working directory
+        snapshot/          the preserved copy handed to evaluation (preserve="snapshot")
+        home/  tmp/        the harness's HOME (its config files) and TMPDIR
+        harness.log        the harness's stdout and stderr, written as it runs
+        final_message.txt  the harness's last answer, when it gives one
+        execution.json     task, harness, command (key redacted), timings, exit status, termination
+
+The harness sees its own execution directory only: with isolation (see
+:mod:`gyre.harness.process`) the whole run directory and every path the task lists as
+``hidden`` (evaluator-only tests, solutions) are masked in its mount namespace. The proxy URL
+and the execution's API key reach it through its environment/config
+(:meth:`Harness.build_command`), never through the parent's environment: the child gets a
+minimal environment (``PATH``, locale, ``HOME``/``TMPDIR`` of the execution, no provider keys).
+
+**Closure** (:class:`HarnessResult`): ``termination`` is ``completed`` (exit 0),
+``harness_exit`` (non-zero exit after doing some work), ``timeout`` (killed at the limit:
+``SIGTERM`` to the group, ``SIGKILL`` after the grace), ``cancelled``, ``crashed`` (killed
+by a signal, or exited non-zero before any work: see below) or ``setup_failed`` (the
+workspace could not be created). Every closure with a workspace is scored the same way
+(partial scoring); ``workspace is None`` -- setup failed, the harness could not be started,
+or it *crashed at start* (non-zero exit with no model call made; without a call counter: with
+the workspace unchanged) -- gets the failure placeholder from
+:class:`~gyre.evaluation.RewardManager`.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gyre.evaluation import ExecutionClosure, PreservedWorkspace, TerminationStatus, preserve_workspace, tree_digest
+from gyre.harness.process import HarnessProcess, ProcessExit, isolation_supported
+from gyre.harness.roles import RoleRules
+from gyre.tasks import TaskSpec, WorkspaceError, materialize_workspace
+from gyre.trajectory.records import EXECUTION_ID_RE
+
+__all__ = [
+    "FINAL_MESSAGE_KEY",
+    "ProxyEndpoint",
+    "ExecutionDir",
+    "LaunchContext",
+    "LaunchSpec",
+    "Harness",
+    "HarnessUnavailable",
+    "HarnessResult",
+    "RunningExecution",
+    "executions_root",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Key of the harness's final message in the evaluator target's metadata.
+FINAL_MESSAGE_KEY = "final_message"
+
+#: Environment variables copied from the parent into every harness (nothing secret).
+DEFAULT_PASSTHROUGH_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SSL_CERT_FILE",
+                           "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+
+
+class HarnessUnavailable(RuntimeError):
+    """The harness cannot be used here: its package registry is unreachable, or the
+    installed command is missing. ``str(exc)`` is one line with the reason."""
+
+
+@dataclass(slots=True, frozen=True)
+class ProxyEndpoint:
+    """Where an execution's harness sends its model calls.
+
+    * ``base_url`` -- the proxy root, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is
+      dropped): Anthropic clients use it as is, OpenAI clients append ``/v1``;
+    * ``api_key`` -- the execution's key (``POST /gyre/executions`` returns it);
+    * ``model`` -- the model name harnesses are told to request;
+    * ``execution_id`` -- the proxy's id of the execution (for logs only).
+    """
+
+    base_url: str
+    api_key: str
+    model: str = "gyre-policy"
+    execution_id: str | None = None
+
+    def __post_init__(self) -> None:
+        url = self.base_url.rstrip("/")
+        if url.endswith("/v1"):
+            url = url[:-3]
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
+        object.__setattr__(self, "base_url", url)
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.base_url + "/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.base_url
+
+
+def executions_root(run_dir: str | os.PathLike[str]) -> Path:
+    """``<run_dir>/executions``: where execution directories live."""
+    return Path(run_dir) / "executions"
+
+
+@dataclass(slots=True, frozen=True)
+class ExecutionDir:
+    """Paths of one execution directory (module docstring)."""
+
+    root: Path
+    run_dir: Path
+
+    @property
+    def execution_id(self) -> str:
+        return self.root.name
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def snapshot(self) -> Path:
+        return self.root / "snapshot"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "harness.log"
+
+    @property
+    def final_message_path(self) -> Path:
+        return self.root / "final_message.txt"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.root / "execution.json"
+
+    @classmethod
+    def create(cls, run_dir: str | os.PathLike[str], execution_id: str, task: TaskSpec) -> "ExecutionDir":
+        """Create the directory and materialise the task's workspace in it.
+
+        Raises:
+            ValueError: ``execution_id`` is not a safe name (:data:`~gyre.trajectory.records.EXECUTION_ID_RE`).
+            WorkspaceError: the directory exists or the workspace could not be created.
+        """
+        if not EXECUTION_ID_RE.match(execution_id):
+            raise ValueError(f"unsafe execution id {execution_id!r}")
+        run_dir = Path(run_dir).resolve()
+        root = executions_root(run_dir) / execution_id
+        try:
+            root.mkdir(parents=True)
+        except FileExistsError:
+            raise WorkspaceError(f"execution directory exists: {root}") from None
+        except OSError as exc:
+            raise WorkspaceError(f"cannot create {root}: {exc}") from exc
+        dirs = cls(root, run_dir)
+        for d in (dirs.home, dirs.tmp):
+            d.mkdir()
+        materialize_workspace(task.workspace, dirs.workspace)
+        return dirs
+
+
+@dataclass(slots=True, frozen=True)
+class LaunchContext:
+    """What an adapter needs to build its command (:meth:`Harness.build_command`);
+    ``timeout_s`` is the execution's budget (seconds)."""
+
+    execution_id: str
+    task: TaskSpec
+    dirs: ExecutionDir
+    endpoint: ProxyEndpoint
+    timeout_s: float
+
+
+@dataclass(slots=True)
+class LaunchSpec:
+    """The harness command: ``argv``, adapter environment (merged over the base environment),
+    and ``redact`` -- strings replaced by ``<redacted>`` in ``execution.json``."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    redact: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class HarnessResult:
+    """A closed execution as the launcher saw it (module docstring).
+
+    * ``exit_code`` -- exit status; negative: killed by that signal; ``None`` when Gyre killed
+      it (timeout/cancel) or it never started;
+    * ``duration_s`` -- harness wall time (seconds);
+    * ``workspace`` -- the preserved workspace to assess, ``None`` when there is no assessable work;
+    * ``final_message`` -- the harness's last answer (adapter-specific), if any;
+    * ``error`` -- why there is no workspace / why it crashed (one line), else ``""``.
+    """
+
+    execution_id: str
+    task_id: str
+    harness: str
+    termination: TerminationStatus
+    exit_code: int | None
+    duration_s: float
+    workspace: PreservedWorkspace | None
+    dirs: ExecutionDir | None
+    final_message: str | None = None
+    model_calls: int | None = None
+    error: str = ""
+
+    def closure(self, task: TaskSpec, execution_key: str | None = None) -> ExecutionClosure:
+        """The :class:`~gyre.evaluation.ExecutionClosure` evaluation takes: the preserved
+        workspace (or ``None``: placeholder), the termination status (recorded beside the
+        reward, never in it), the instruction, and metadata = the task's metadata plus
+        :data:`FINAL_MESSAGE_KEY`."""
+        meta = dict(task.metadata)
+        meta[FINAL_MESSAGE_KEY] = self.final_message
+        meta["task_id"] = task.id
+        return ExecutionClosure(self.execution_id, self.termination, self.workspace, task.instruction,
+                                execution_key, meta)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "execution_id": self.execution_id, "task_id": self.task_id, "harness": self.harness,
+            "termination": self.termination.value, "exit_code": self.exit_code, "duration_s": self.duration_s,
+            "workspace": None if self.workspace is None else {"path": str(self.workspace.path),
+                                                              "ref": self.workspace.ref},
+            "final_message": self.final_message, "model_calls": self.model_calls, "error": self.error,
+        }
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class RunningExecution:
+    """A launched harness process. :meth:`wait` blocks until it ends (or is killed at the
+    time limit / cancelled), preserves the workspace and returns the :class:`HarnessResult`;
+    :meth:`cancel` may be called from any thread."""
+
+    def __init__(self, harness: "Harness", ctx: LaunchContext, proc: HarnessProcess, meta: dict[str, Any],
+                 model_calls: Callable[[], int] | None, initial_digest: str | None) -> None:
+        self.harness, self.ctx, self.proc, self.meta = harness, ctx, proc, meta
+        self.model_calls = model_calls
+        self.initial_digest = initial_digest
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._result: HarnessResult | None = None
+
+    @property
+    def execution_id(self) -> str:
+        return self.ctx.execution_id
+
+    def cancel(self) -> None:
+        """Ask :meth:`wait` to terminate the harness (``SIGTERM`` to its group, then ``SIGKILL``)."""
+        self._cancel.set()
+
+    def wait(self) -> HarnessResult:
+        """Block until the execution closes; idempotent (later calls return the same result)."""
+        with self._lock:
+            if self._result is None:
+                ex = self.proc.wait(self.ctx.timeout_s, cancel=self._cancel.is_set)
+                self._result = self.harness._close(self.ctx, ex, self.meta, self.model_calls, self.initial_digest)
+            return self._result
+
+
+class Harness(abc.ABC):
+    """A black-box harness adapter (module docstring).
+
+    Subclasses set :attr:`name` and :attr:`roles` and implement :meth:`build_command`;
+    they may override :meth:`ensure_installed` and :meth:`final_message`.
+
+    Args:
+        isolation: ``"auto"`` (mask other executions and hidden paths when the machine
+            supports it), ``"require"`` (:class:`HarnessUnavailable` when it does not) or ``"off"``.
+        kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL`` at the time limit.
+        preserve: ``"snapshot"`` (copy the workspace to ``snapshot/`` at closure) or
+            ``"inplace"`` (assess ``workspace/`` itself; cheaper, relies on the harness's whole
+            process group being dead).
+        extra_env: more environment variables for the harness.
+        passthrough_env: parent variables copied into the harness's environment.
+        python_on_path: put this interpreter's directory first on the harness's ``PATH`` (so
+            ``python -m pytest`` works in the workspace).
+        default_timeout_s: execution budget when neither the task nor :meth:`launch` gives one.
+        private_tmp_size: with isolation, the size of the harness's private ``/tmp`` (a
+            ``tmpfs``; ``None``: share the machine's ``/tmp``).
+    """
+
+    name: ClassVar[str] = "harness"
+    roles: ClassVar[RoleRules] = RoleRules("harness")
+
+    def __init__(self, *, isolation: str = "auto", kill_grace_s: float = 5.0, preserve: str = "snapshot",
+                 extra_env: Mapping[str, str] | None = None, passthrough_env: Sequence[str] = DEFAULT_PASSTHROUGH_ENV,
+                 python_on_path: bool = True, default_timeout_s: float = 600.0,
+                 private_tmp_size: str | None = "2g") -> None:
+        if isolation not in ("auto", "require", "off"):
+            raise ValueError(f"isolation must be auto, require or off, got {isolation!r}")
+        if preserve not in ("snapshot", "inplace"):
+            raise ValueError(f"preserve must be snapshot or inplace, got {preserve!r}")
+        if not kill_grace_s >= 0:
+            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s!r}")
+        self.isolation, self.kill_grace_s, self.preserve = isolation, kill_grace_s, preserve
+        self.extra_env = dict(extra_env or {})
+        self.passthrough_env = tuple(passthrough_env)
+        self.python_on_path = python_on_path
+        self.default_timeout_s = default_timeout_s
+        self.private_tmp_size = private_tmp_size
+
+    # ------------------------------------------------------------------ adapter hooks
+
+    def ensure_installed(self) -> None:
+        """Install the harness if needed (idempotent). Raises :class:`HarnessUnavailable`."""
+
+    @abc.abstractmethod
+    def build_command(self, ctx: LaunchContext) -> LaunchSpec:
+        """The command that runs the harness on ``ctx.task.instruction`` in
+        ``ctx.dirs.workspace`` against ``ctx.endpoint``; may write config files under
+        ``ctx.dirs.home``. Raises :class:`HarnessUnavailable` when the harness is not installed."""
+
+    def final_message(self, ctx: LaunchContext) -> str | None:
+        """The harness's final answer after it exited (default: ``final_message.txt``)."""
+        try:
+            return ctx.dirs.final_message_path.read_text(errors="replace")
+        except OSError:
+            return None
+
+    # ------------------------------------------------------------------ launcher
+
+    @property
+    def isolated(self) -> bool:
+        """Whether launches run isolated (``isolation`` and machine support)."""
+        if self.isolation == "off":
+            return False
+        ok = isolation_supported()
+        if not ok and self.isolation == "require":
+            raise HarnessUnavailable("harness isolation required but unavailable (unshare --mount --pid failed)")
+        return ok
+
+    def base_env(self, ctx: LaunchContext) -> dict[str, str]:
+        """The environment every harness starts from (see the module docstring)."""
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if self.python_on_path:
+            path = os.pathsep.join([str(Path(sys.executable).parent), path])
+        env = {k: os.environ[k] for k in self.passthrough_env if k in os.environ}
+        env.update({
+            "PATH": path, "HOME": str(ctx.dirs.home), "TMPDIR": str(ctx.dirs.tmp), "TERM": "dumb",
+            "SHELL": shutil.which("bash") or "/bin/sh", "LANG": env.get("LANG", "C.UTF-8"),
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1",
+            "GYRE_EXECUTION_ID": ctx.execution_id, "GYRE_TASK_ID": ctx.task.id,
+        })
+        return env
+
+    def prepare(self, task: TaskSpec, run_dir: str | os.PathLike[str], execution_id: str) -> ExecutionDir:
+        """Create the execution directory with the task's workspace (:meth:`ExecutionDir.create`)."""
+        return ExecutionDir.create(run_dir, execution_id, task)
+
+    def launch(self, task: TaskSpec, dirs: ExecutionDir, endpoint: ProxyEndpoint, *, timeout_s: float | None = None,
+               model_calls: Callable[[], int] | None = None) -> RunningExecution:
+        """Start the harness on a prepared execution directory.
+
+        Args:
+            timeout_s: execution budget in seconds (default: the task's, else ``default_timeout_s``).
+            model_calls: returns how many model calls the execution has made so far (the
+                proxy's counter); used to tell a crash at start from a failure after work.
+
+        Raises:
+            HarnessUnavailable: the harness is not installed / isolation required but missing.
+            OSError: the command could not be started (:meth:`run` turns this into a
+                ``crashed`` closure without workspace).
+        """
+        timeout = float(timeout_s or task.timeout_s or self.default_timeout_s)
+        ctx = LaunchContext(dirs.execution_id, task, dirs, endpoint, timeout)
+        spec = self.build_command(ctx)
+        env = self.base_env(ctx)
+        env.update(self.extra_env)
+        env.update(spec.env)
+        isolate = self.isolated
+        masks = [str(dirs.run_dir), *(str(h) for h in task.hidden)]
+        initial = tree_digest(dirs.workspace) if model_calls is None else None
+        proc = HarnessProcess(spec.argv, cwd=dirs.workspace, env=env, log_path=dirs.log_path, isolate=isolate,
+                              own_dir=dirs.root, masks=masks, private_tmp=self.private_tmp_size if isolate else None,
+                              kill_grace_s=self.kill_grace_s)
+        secrets = (endpoint.api_key, *spec.redact)
+
+        def redact(s: str) -> str:
+            for x in secrets:
+                if x:
+                    s = s.replace(x, "<redacted>")
+            return s
+
+        meta = {"execution_id": ctx.execution_id, "task_id": task.id, "harness": self.name,
+                "endpoint": endpoint.base_url, "model": endpoint.model, "timeout_s": timeout,
+                "isolated": isolate, "masks": masks, "argv": [redact(a) for a in spec.argv],
+                "env": {k: redact(v) for k, v in spec.env.items()}, "roles": self.roles.as_dict(),
+                "started_at": time.time()}
+        _write_json(dirs.meta_path, meta)
+        logger.info("execution %s: launching %s on task %s (timeout %.0f s, isolated=%s)", ctx.execution_id,
+                    self.name, task.id, timeout, isolate)
+        proc.start()
+        return RunningExecution(self, ctx, proc, meta, model_calls, initial)
+
+    def run(self, task: TaskSpec, run_dir: str | os.PathLike[str], execution_id: str, endpoint: ProxyEndpoint, *,
+            timeout_s: float | None = None, model_calls: Callable[[], int] | None = None,
+            on_launch: Callable[[RunningExecution], None] | None = None) -> HarnessResult:
+        """Prepare, launch and wait; never raises for a failed workspace or start -- those
+        become closures without workspace (``setup_failed`` / ``crashed``).
+
+        ``on_launch`` receives the :class:`RunningExecution` once started (keep it to cancel).
+
+        Raises:
+            HarnessUnavailable: the harness is not installed / isolation required but missing.
+        """
+        try:
+            dirs = self.prepare(task, run_dir, execution_id)
+        except (WorkspaceError, OSError) as exc:
+            logger.warning("execution %s: workspace setup failed: %s", execution_id, exc)
+            return HarnessResult(execution_id, task.id, self.name, TerminationStatus.SETUP_FAILED, None, 0.0, None,
+                                 None, error=f"workspace setup failed: {exc}")
+        try:
+            running = self.launch(task, dirs, endpoint, timeout_s=timeout_s, model_calls=model_calls)
+        except OSError as exc:
+            logger.warning("execution %s: harness %s could not start: %s", execution_id, self.name, exc)
+            res = HarnessResult(execution_id, task.id, self.name, TerminationStatus.CRASHED, None, 0.0, None, dirs,
+                                error=f"harness could not start: {exc}")
+            try:
+                meta = json.loads(dirs.meta_path.read_text())
+            except (OSError, ValueError):
+                meta = {}
+            _write_json(dirs.meta_path, {**meta, "result": res.as_dict()})
+            return res
+        if on_launch is not None:
+            on_launch(running)
+        return running.wait()
+
+    # ------------------------------------------------------------------ closure
+
+    def _close(self, ctx: LaunchContext, ex: ProcessExit, meta: dict[str, Any],
+               model_calls: Callable[[], int] | None, initial_digest: str | None) -> HarnessResult:
+        dirs = ctx.dirs
+        calls = None
+        if model_calls is not None:
+            try:
+                calls = int(model_calls())
+            except Exception as exc:  # a broken counter must not lose the execution
+                logger.warning("execution %s: model-call counter failed: %s", ctx.execution_id, exc)
+        rc = ex.returncode
+        error = ""
+        no_work = False
+        if ex.isolation_failed:
+            term, no_work, error = TerminationStatus.CRASHED, True, "isolation setup failed (see harness.log)"
+        elif ex.timed_out:
+            term = TerminationStatus.TIMEOUT
+        elif ex.cancelled:
+            term = TerminationStatus.CANCELLED
+        elif rc == 0:
+            term = TerminationStatus.COMPLETED
+        else:
+            if calls is not None:
+                no_work = calls == 0
+            elif initial_digest is not None:
+                try:
+                    no_work = tree_digest(dirs.workspace) == initial_digest
+                except OSError:
+                    no_work = True
+            if no_work:
+                term, error = TerminationStatus.CRASHED, f"harness crashed at start (exit {rc}, no work done)"
+            elif rc is not None and rc < 0:
+                term, error = TerminationStatus.CRASHED, f"harness killed by signal {-rc}"
+            else:
+                term = TerminationStatus.HARNESS_EXIT
+        workspace: PreservedWorkspace | None = None
+        if not no_work:
+            try:
+                if self.preserve == "snapshot":
+                    workspace = preserve_workspace(dirs.workspace, dirs.snapshot)
+                else:
+                    workspace = PreservedWorkspace(dirs.workspace, tree_digest(dirs.workspace))
+            except (OSError, shutil.Error) as exc:
+                error = f"workspace could not be preserved: {exc}"
+                logger.warning("execution %s: %s", ctx.execution_id, error)
+        try:
+            final = self.final_message(ctx)
+        except Exception as exc:  # adapter parsing bug: keep the execution
+            logger.warning("execution %s: reading the final message failed: %s", ctx.execution_id, exc)
+            final = None
+        res = HarnessResult(ctx.execution_id, ctx.task.id, self.name, term, rc, ex.duration_s, workspace, dirs,
+                            final, calls, error)
+        logger.info("execution %s closed: %s (exit %s, %.1f s)%s", ctx.execution_id, term.value, rc, ex.duration_s,
+                    f": {error}" if error else "")
+        _write_json(dirs.meta_path, {**meta, "result": res.as_dict(), "ended_at": time.time()})
+        return res

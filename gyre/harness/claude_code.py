@@ -1,0 +1,115 @@
+"""``claude-code``: Anthropic's Claude Code CLI, unmodified (npm ``@anthropic-ai/claude-code``).
+
+Command (shared/traces/README.md, "Claude Code")::
+
+    claude -p "<instruction>" --dangerously-skip-permissions --output-format json [--model M] [--max-turns N]
+
+with ``HOME`` = the execution's home, ``ANTHROPIC_BASE_URL`` = the proxy root,
+``ANTHROPIC_API_KEY`` = the execution's key, and non-essential traffic, telemetry, auto-update
+and error reporting off (``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE_TELEMETRY``,
+``DISABLE_AUTOUPDATER``, ``DISABLE_ERROR_REPORTING``); ``IS_SANDBOX=1`` lets the permission
+bypass run as root. The final answer is the ``result`` of the JSON object it prints.
+
+Roles (from the traces): compaction requests append "...create a detailed summary of the
+conversation so far..." to the last user message; sub-agent requests carry
+``x-claude-code-agent-id``; requests without tools (title generation, interactive mode only)
+are auxiliary; everything else is main.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gyre.harness.base import Harness, HarnessUnavailable, LaunchContext, LaunchSpec
+from gyre.harness.install import HarnessPackage, ensure_package, installed_bin
+from gyre.harness.roles import RoleRule, RoleRules
+
+__all__ = ["ClaudeCodeHarness", "CLAUDE_CODE_PACKAGE", "CLAUDE_CODE_ROLES"]
+
+#: The version the traces were recorded with.
+CLAUDE_CODE_PACKAGE = HarnessPackage("npm", "@anthropic-ai/claude-code", "2.1.332", "claude", "claude-code")
+
+CLAUDE_CODE_ROLES = RoleRules("claude-code", (
+    RoleRule("compaction", prompt_pattern=r"create a detailed summary of the conversation so far",
+             description="auto-compaction prompt appended to the last user message"),
+    RoleRule("subagent", header="x-claude-code-agent-id", description="only sub-agent requests carry it"),
+    RoleRule("auxiliary", no_tools=True, description="title generation and other tool-less helpers"),
+), notes="X-Claude-Code-Session-Id is shared by main and sub-agents; system block 1 (billing header) "
+         "changes between roles and must be ignored when matching prefixes.")
+
+
+def last_json_object(text: str) -> dict[str, Any] | None:
+    """The last line of ``text`` that parses as a JSON object."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
+
+
+class ClaudeCodeHarness(Harness):
+    """Claude Code in headless mode (module docstring).
+
+    Args:
+        version: npm version to install (default: the traced one).
+        binary: a preinstalled ``claude`` (default ``$GYRE_CLAUDE_CODE_BIN``, else the cache).
+        model: ``--model`` (default: the endpoint's model name).
+        max_turns: ``--max-turns``, when set.
+        extra_args: appended to the command.
+        **kwargs: :class:`~gyre.harness.Harness` options.
+    """
+
+    name = "claude-code"
+    roles = CLAUDE_CODE_ROLES
+
+    def __init__(self, *, version: str | None = None, binary: str | None = None, model: str | None = None,
+                 max_turns: int | None = None, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        p = CLAUDE_CODE_PACKAGE
+        self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
+        self.binary = binary or os.environ.get("GYRE_CLAUDE_CODE_BIN")
+        self.model, self.max_turns, self.extra_args = model, max_turns, list(extra_args)
+
+    def executable(self) -> Path:
+        return Path(self.binary) if self.binary else installed_bin(self.package)
+
+    def ensure_installed(self) -> None:
+        if self.binary:
+            if not Path(self.binary).exists():
+                raise HarnessUnavailable(f"claude binary not found: {self.binary}")
+            return
+        ensure_package(self.package)
+
+    def build_command(self, ctx: LaunchContext) -> LaunchSpec:
+        exe = self.executable()
+        if not exe.exists():
+            raise HarnessUnavailable(f"Claude Code is not installed at {exe} (call ensure_installed())")
+        argv = [str(exe), "-p", ctx.task.instruction, "--dangerously-skip-permissions", "--output-format", "json",
+                "--model", self.model or ctx.endpoint.model]
+        if self.max_turns is not None:
+            argv += ["--max-turns", str(self.max_turns)]
+        argv += self.extra_args
+        env = {"ANTHROPIC_BASE_URL": ctx.endpoint.anthropic_base_url, "ANTHROPIC_API_KEY": ctx.endpoint.api_key,
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+               "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", "IS_SANDBOX": "1"}
+        return LaunchSpec(argv, env)
+
+    def final_message(self, ctx: LaunchContext) -> str | None:
+        try:
+            text = ctx.dirs.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        obj = last_json_object(text)
+        if obj is None or obj.get("type") != "result":
+            return None
+        result = obj.get("result")
+        return result if isinstance(result, str) else None

@@ -1,0 +1,163 @@
+"""Install real harnesses from their package registries into a cache (never into Gyre's venv).
+
+* npm packages (``@anthropic-ai/claude-code``, ``@openai/codex``):
+  ``npm install --prefix <cache>/<name>-<version> <package>@<version>``;
+* PyPI packages (``mini-swe-agent``): a separate virtual environment
+  ``<cache>/<name>-<version>/venv`` (made with this interpreter's ``venv``) so the harness's
+  dependencies never touch Gyre's.
+
+The cache is ``$GYRE_HARNESS_CACHE``, else ``<sys.prefix>/share/gyre/harnesses`` (inside the
+active venv), else ``~/.cache/gyre/harnesses``. An install is complete when its directory holds
+``.gyre-complete``; concurrent installers serialise on a lock file, and a half-finished
+directory is removed and redone.
+
+Before installing, the registry is asked for the exact version (``npm view`` /
+``pip download --no-deps``); when that fails the harness is :class:`~gyre.harness.HarnessUnavailable`
+("registry unreachable"), so tests can skip. A failure *after* the registry answered is a real
+error (:class:`HarnessInstallError`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.harness.base import HarnessUnavailable
+
+__all__ = ["HarnessPackage", "HarnessInstallError", "harness_cache_dir", "ensure_package", "installed_bin"]
+
+logger = logging.getLogger(__name__)
+
+_MARKER = ".gyre-complete"
+
+
+class HarnessInstallError(RuntimeError):
+    """The registry answered but the install failed (message: the installer's last lines)."""
+
+
+@dataclass(slots=True, frozen=True)
+class HarnessPackage:
+    """A harness distribution: ``kind`` ``npm`` or ``pypi``, the package ``name`` and exact
+    ``version``, the executable ``bin`` it provides, and ``slug`` naming its cache directory."""
+
+    kind: str
+    name: str
+    version: str
+    bin: str
+    slug: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}@{self.version}" if self.kind == "npm" else f"{self.name}=={self.version}"
+
+
+def harness_cache_dir() -> Path:
+    """The harness cache directory (module docstring)."""
+    env = os.environ.get("GYRE_HARNESS_CACHE")
+    if env:
+        return Path(env)
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "share" / "gyre" / "harnesses"
+    return Path.home() / ".cache" / "gyre" / "harnesses"
+
+
+def _dest(pkg: HarnessPackage, cache: Path) -> Path:
+    return cache / f"{pkg.slug}-{pkg.version}"
+
+
+def installed_bin(pkg: HarnessPackage, cache: Path | None = None) -> Path:
+    """Where ``pkg``'s executable is once installed (it may not exist yet)."""
+    d = _dest(pkg, cache or harness_cache_dir())
+    return d / "node_modules" / ".bin" / pkg.bin if pkg.kind == "npm" else d / "venv" / "bin" / pkg.bin
+
+
+@contextmanager
+def _lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          env=env)
+
+
+def _tail(res: subprocess.CompletedProcess, n: int = 3) -> str:
+    lines = [ln for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and "WARNING: Location" not in ln]
+    return " | ".join(lines[-n:]) or f"exit {res.returncode}"
+
+
+def _probe(pkg: HarnessPackage, timeout_s: float) -> None:
+    """Ask the registry for the exact version; HarnessUnavailable when it does not answer."""
+    try:
+        if pkg.kind == "npm":
+            npm = shutil.which("npm")
+            if npm is None:
+                raise HarnessUnavailable(f"{pkg.name}: npm is not installed (needs Node.js >= 18)")
+            res = _run([npm, "view", pkg.spec, "version"], timeout_s)
+            ok = res.returncode == 0 and pkg.version in res.stdout
+        else:
+            with tempfile.TemporaryDirectory(prefix="gyre-probe-") as tmp:
+                res = _run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, pkg.spec],
+                           timeout_s)
+            ok = res.returncode == 0
+    except subprocess.TimeoutExpired:
+        raise HarnessUnavailable(f"{pkg.spec}: package registry unreachable (no answer in {timeout_s:.0f} s)") \
+            from None
+    if not ok:
+        raise HarnessUnavailable(f"{pkg.spec}: package registry unreachable or version missing ({_tail(res, 2)})")
+
+
+def ensure_package(pkg: HarnessPackage, cache: Path | None = None, *, timeout_s: float = 1200.0,
+                   probe_timeout_s: float = 90.0) -> Path:
+    """Install ``pkg`` into the cache unless it is there; return its executable's path.
+
+    Raises:
+        HarnessUnavailable: the registry is unreachable (or npm/Node.js is missing).
+        HarnessInstallError: the install failed although the registry answered.
+    """
+    cache = cache or harness_cache_dir()
+    dest, exe = _dest(pkg, cache), installed_bin(pkg, cache)
+    if (dest / _MARKER).exists() and exe.exists():
+        return exe
+    with _lock(cache / f".{dest.name}.lock"):
+        if (dest / _MARKER).exists() and exe.exists():
+            return exe
+        _probe(pkg, probe_timeout_s)
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        t0 = time.monotonic()
+        logger.info("installing %s into %s", pkg.spec, dest)
+        try:
+            if pkg.kind == "npm":
+                res = _run([shutil.which("npm") or "npm", "install", "--prefix", str(dest), "--no-audit", "--no-fund",
+                            "--loglevel=error", "--no-save", pkg.spec], timeout_s)
+            else:
+                res = _run([sys.executable, "-m", "venv", str(dest / "venv")], timeout_s)
+                if res.returncode == 0:
+                    res = _run([str(dest / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                                "--disable-pip-version-check", pkg.spec], timeout_s)
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise HarnessInstallError(f"installing {pkg.spec} took longer than {timeout_s:.0f} s") from None
+        if res.returncode != 0 or not exe.exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            raise HarnessInstallError(f"installing {pkg.spec} failed: {_tail(res)}")
+        (dest / _MARKER).write_text(f"{pkg.spec} installed in {time.monotonic() - t0:.1f} s\n")
+        logger.info("installed %s in %.1f s", pkg.spec, time.monotonic() - t0)
+        return exe
