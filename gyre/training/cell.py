@@ -1,0 +1,179 @@
+"""A cell's harness-preserving role transitions (DESIGN.md §4.3, paper §4.3).
+
+**Rollout -> training** (:meth:`CellRoles.to_train`): the proxy stops routing to this cell's
+engine (every execution pinned to it is rerouted to the destination the scheduler reserved), the
+requests still running on it are aborted and transparently retried by the proxy at the
+destination (on CPU the destination recomputes the prefix; on GPU clusters KV blocks are read over
+RDMA), the engine releases its weights and KV cache (``release_memory_occupation``), and the
+training parameters and optimizer buffers are restored.
+
+**Training -> rollout** (:meth:`CellRoles.to_rollout`): the reverse: training state is offloaded,
+the engine resumes its memory and loads the current published weights with their version, and the
+scheduler may route new executions to it again.
+
+Backend processes (the engine server) and communication groups stay alive across transitions.
+Each transition's latency (seconds) is measured and recorded as a :class:`Transition` for the
+metrics sink and the timeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class RouteControl(Protocol):
+    """What a cell needs from the proxy (``gyre.proxy.server.ProxyServer`` satisfies it)."""
+
+    def reroute_engine(self, source: str, destination: str) -> list[str]: ...
+
+    def abort_engine(self, engine_id: str) -> int: ...
+
+
+class EngineControl(Protocol):
+    """What a cell needs from its engine (``gyre.rollout.engine.EngineClient`` satisfies it)."""
+
+    def release_memory_occupation(self, tags=None) -> dict: ...
+
+    def resume_memory_occupation(self, tags=None) -> dict: ...
+
+    def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict: ...
+
+
+class TrainingState:
+    """Training parameters and optimizer buffers that leave memory while the cell serves rollouts.
+
+    ``offload()`` copies every parameter and optimizer-state tensor into a host snapshot and frees
+    the live storage (``param.data`` becomes an empty tensor); ``restore()`` copies them back.  On
+    GPUs the snapshot is host memory and the live storage device memory; on the CPU default both
+    are host memory, but the same code path runs.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None = None):
+        self.params = list(params)
+        self.optimizer = optimizer
+        self._saved: list[torch.Tensor] | None = None
+        self._saved_opt: list[tuple[dict, str, torch.Tensor]] = []
+        self.resident = True
+
+    def offload(self) -> None:
+        if not self.resident:
+            return
+        self._saved = [p.detach().to("cpu", copy=True) for p in self.params]
+        for p in self.params:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._saved_opt = []
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for k, v in list(state.items()):
+                    if isinstance(v, torch.Tensor) and v.dim() > 0:
+                        self._saved_opt.append((state, k, v.to("cpu", copy=True)))
+                        state[k] = torch.empty(0, dtype=v.dtype, device=v.device)
+        self.resident = False
+
+    def restore(self) -> None:
+        if self.resident:
+            return
+        assert self._saved is not None
+        for p, saved in zip(self.params, self._saved):
+            p.data = saved.to(p.device)
+        for state, k, v in self._saved_opt:
+            state[k] = v
+        self._saved, self._saved_opt = None, []
+        self.resident = True
+
+
+@dataclass
+class Transition:
+    """One measured role change of a cell (seconds since the epoch and durations in seconds)."""
+
+    cell: int
+    direction: str  # "rollout->training" | "training->rollout"
+    started_at: float
+    latency_s: float
+    rerouted: int = 0
+    aborted: int = 0
+    version: str | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+
+class CellRoles:
+    """Carries out ``to_train`` / ``to_rollout`` for one cell (see the module docstring).
+
+    Args:
+        cell: cell index.
+        engine_id: the proxy's id of this cell's engine.
+        engine: control client of this cell's engine.
+        proxy: route control.
+        training: the cell's :class:`TrainingState` (``None``: nothing to restore).
+        clock: ``time.perf_counter``-like, injectable.
+        on_transition: callback receiving each :class:`Transition` (metrics, timeline).
+    """
+
+    def __init__(self, cell: int, engine_id: str, engine: EngineControl, proxy: RouteControl,
+                 training: TrainingState | None = None, clock: Callable[[], float] = time.perf_counter,
+                 on_transition: Callable[[Transition], None] | None = None):
+        self.cell = cell
+        self.engine_id = engine_id
+        self.engine = engine
+        self.proxy = proxy
+        self.training = training
+        self.clock = clock
+        self.on_transition = on_transition
+        self.role = "rollout"
+        self.transitions: list[Transition] = []
+
+    def _emit(self, tr: Transition) -> Transition:
+        self.transitions.append(tr)
+        logger.info("cell %d %s in %.3fs (rerouted %d, aborted %d)", tr.cell, tr.direction, tr.latency_s,
+                    tr.rerouted, tr.aborted)
+        if self.on_transition is not None:
+            self.on_transition(tr)
+        return tr
+
+    def to_train(self, destination: str) -> Transition:
+        """Rollout -> training; ``destination`` is the engine id that takes over this cell's executions.
+
+        Raises:
+            RuntimeError: the cell is not serving rollouts.
+        """
+        if self.role != "rollout":
+            raise RuntimeError(f"cell {self.cell} is {self.role}, not rollout")
+        t0, wall = self.clock(), time.time()
+        moved = self.proxy.reroute_engine(self.engine_id, destination)
+        aborted = self.proxy.abort_engine(self.engine_id)
+        t1 = self.clock()
+        self.engine.release_memory_occupation(["weights", "kv_cache"])
+        t2 = self.clock()
+        if self.training is not None:
+            self.training.restore()
+        t3 = self.clock()
+        self.role = "training"
+        return self._emit(Transition(self.cell, "rollout->training", wall, t3 - t0, len(moved), aborted,
+                                     phases_s={"reroute_abort": t1 - t0, "release": t2 - t1, "restore": t3 - t2}))
+
+    def to_rollout(self, version: str, named_weights: Iterable[tuple[str, torch.Tensor]] | dict) -> Transition:
+        """Training -> rollout, serving ``named_weights`` (HF names) as ``version``.
+
+        Raises:
+            RuntimeError: the cell is not training.
+        """
+        if self.role != "training":
+            raise RuntimeError(f"cell {self.cell} is {self.role}, not training")
+        t0, wall = self.clock(), time.time()
+        if self.training is not None:
+            self.training.offload()
+        t1 = self.clock()
+        self.engine.resume_memory_occupation(["weights", "kv_cache"])
+        t2 = self.clock()
+        self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
+        t3 = self.clock()
+        self.role = "rollout"
+        return self._emit(Transition(self.cell, "training->rollout", wall, t3 - t0, version=str(version),
+                                     phases_s={"offload": t1 - t0, "resume": t2 - t1, "load_weights": t3 - t2}))
