@@ -103,6 +103,16 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def _add_sglang_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--sglang-<flag>``: SGLang server flags passed through (slime style) when
+    ``--rollout-engine sglang``; see ``gyre/rollout/sglang_engine.py``.  Every one defaults to
+    unset (SGLang's own default); all of SGLang's ``ServerArgs`` when SGLang is importable."""
+    from gyre.rollout.sglang_engine import add_sglang_arguments
+
+    add_sglang_arguments(parser.add_argument_group(title="sglang (passed to sglang.launch_server)"))
+    return parser
+
+
 def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="placement")
     group.add_argument("--placement", choices=PLACEMENTS, default="elastic",
@@ -210,7 +220,7 @@ def _add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_gyre_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every Gyre argument group; usable as Megatron's ``extra_args_provider``."""
-    for add in (_add_model_args, _add_rollout_args, _add_placement_args, _add_admission_args,
+    for add in (_add_model_args, _add_rollout_args, _add_sglang_args, _add_placement_args, _add_admission_args,
                 _add_objective_args, _add_evaluation_args, _add_harness_args, _add_run_args):
         add(parser)
     return parser

@@ -1,0 +1,394 @@
+"""A real SGLang server for a rollout cell on GPUs, driven through the same engine client.
+
+:class:`SGLangEngine` launches ``python -m sglang.launch_server --model-path M --host H
+--port P <passthrough>`` in its own process group, waits until ``/health`` answers 200 and
+hands out :class:`gyre.rollout.engine.EngineClient` objects; :meth:`SGLangEngine.stop` sends
+SIGTERM to the group, then SIGKILL.
+
+**Argument passthrough (as slime does).**  Every SGLang server flag is available to Gyre as
+``--sglang-<flag>`` (dest ``sglang_<name>``); :func:`sglang_server_argv` strips the prefix and
+rebuilds SGLang's own command line from the values that were set.  When SGLang is importable
+(the GPU environment, ``requirements-gpu.txt``), :func:`add_sglang_arguments` registers *all*
+of ``ServerArgs.add_cli_args`` that way (upstream: ``sglang/srt/server_args.py``); on the CPU
+environment a curated subset (:data:`CURATED_FLAGS`) is registered.  Every flag defaults to
+``None`` = not passed, so SGLang's own defaults apply.  ``--sglang-extra-args "..."`` appends
+raw SGLang flags (shell-quoted) for anything else.  Gyre sets :data:`MANAGED_FLAGS`
+(``model_path``, ``host``, ``port``) itself.
+
+Weight updates on SGLang: ``/update_weights_from_disk`` works unchanged; for
+``/update_weights_from_tensor`` SGLang expects its own serializer (CUDA IPC handles, one
+payload per TP rank): :func:`serialize_named_tensors_for_sglang`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+PREFIX = "sglang_"
+#: SGLang flags Gyre sets on the command line itself (never passed through).
+MANAGED_FLAGS = frozenset({"model_path", "host", "port"})
+#: Extra flag holding raw SGLang arguments (shell syntax).
+EXTRA_ARGS_DEST = "sglang_extra_args"
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
+#: ``(sglang name, kind, type, help)`` registered when SGLang itself is not importable.
+CURATED_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("tp_size", "value", _positive_int, "Tensor parallel size of one engine."),
+    ("dp_size", "value", _positive_int, "Data parallel size (needs --sglang-enable-dp-attention)."),
+    ("pp_size", "value", _positive_int, "Pipeline parallel size."),
+    ("ep_size", "value", _positive_int, "Expert parallel size."),
+    ("mem_fraction_static", "value", _fraction, "Fraction of GPU memory for weights + KV cache."),
+    ("context_length", "value", _positive_int, "Model context length."),
+    ("max_running_requests", "value", _positive_int, "Most concurrent requests."),
+    ("max_prefill_tokens", "value", _positive_int, "Prefill token budget per batch."),
+    ("chunked_prefill_size", "value", int, "Chunked prefill size (-1 disables)."),
+    ("page_size", "value", _positive_int, "KV cache page size (tokens)."),
+    ("dtype", "value", str, "Model dtype (auto, bfloat16, float16, float32)."),
+    ("kv_cache_dtype", "value", str, "KV cache dtype."),
+    ("attention_backend", "value", str, "Attention kernel backend (fa3, flashinfer, triton, torch_native)."),
+    ("sampling_backend", "value", str, "Sampling backend."),
+    ("schedule_policy", "value", str, "Request scheduling policy."),
+    ("cuda_graph_max_bs", "value", _positive_int, "Largest batch captured in CUDA graphs."),
+    ("base_gpu_id", "value", int, "First GPU id of this engine."),
+    ("random_seed", "value", int, "Server random seed."),
+    ("log_level", "value", str, "SGLang log level."),
+    ("weight_version", "value", str, "Initial weight version label."),
+    ("enable_memory_saver", "store_true", None, "Needed for release/resume_memory_occupation."),
+    ("disable_radix_cache", "store_true", None, "Turn the prefix (radix) cache off."),
+    ("disable_cuda_graph", "store_true", None, "Turn CUDA graphs off."),
+    ("enable_dp_attention", "store_true", None, "Data-parallel attention."),
+    ("enable_deterministic_inference", "store_true", None, "Batch-invariant kernels."),
+    ("skip_server_warmup", "store_true", None, "Skip the warm-up request at start."),
+    ("trust_remote_code", "store_true", None, "Allow custom model code."),
+    ("incremental_streaming_output", "store_true", None, "Stream deltas instead of cumulative chunks."),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangFlag:
+    """How one ``--sglang-*`` value maps back onto SGLang's command line.
+
+    ``kind``: ``value`` (``--x V``), ``list`` (``--x V1 V2``), ``store_true`` (``--x`` when
+    true), ``store_false`` (``--x`` when false), ``bool_optional`` (``--x`` / ``--no-x``).
+    """
+
+    option: str
+    kind: str
+
+
+#: Registered flags by Gyre dest (``sglang_tp_size``); filled by :func:`add_sglang_arguments`.
+FLAG_SPECS: dict[str, SGLangFlag] = {}
+
+
+class _PrefixingParser:
+    """Stands in for an ``ArgumentParser`` while SGLang's ``add_cli_args`` registers flags:
+    prefixes every long option with ``--sglang-``, forces ``default=None``, records the kind,
+    skips :data:`MANAGED_FLAGS` and flags already present."""
+
+    def __init__(self, target, existing: set[str]):
+        self.target = target
+        self.existing = existing
+
+    def add_argument(self, *flags, **kwargs):
+        longs = [f for f in flags if isinstance(f, str) and f.startswith("--")]
+        if not longs:
+            return None
+        name = kwargs.get("dest") or longs[0][2:].replace("-", "_")
+        if name in MANAGED_FLAGS or PREFIX + name in self.existing:
+            return None
+        action = kwargs.get("action")
+        if action == "store_true":
+            kind = "store_true"
+        elif action == "store_false":
+            kind = "store_false"
+        elif action is argparse.BooleanOptionalAction:
+            kind = "bool_optional"
+        elif kwargs.get("nargs") in ("+", "*") or isinstance(kwargs.get("nargs"), int) or action == "append":
+            kind = "list"
+        elif action not in (None, "store"):
+            return None  # help/version/custom actions: nothing to pass through
+        else:
+            kind = "value"
+        kw = {k: v for k, v in kwargs.items() if k not in ("dest", "required", "default")}
+        option = longs[0]
+        gyre_flag = "--sglang-" + option[2:]
+        self.target.add_argument(gyre_flag, dest=PREFIX + name, default=None, **kw)
+        self.existing.add(PREFIX + name)
+        FLAG_SPECS[PREFIX + name] = SGLangFlag(option, kind)
+        return None
+
+    def add_argument_group(self, *args, **kwargs):
+        return self
+
+    def add_mutually_exclusive_group(self, *args, **kwargs):
+        return self
+
+
+def _server_args_class():
+    try:
+        from sglang.srt.server_args import ServerArgs  # noqa: WPS433 - GPU environment only
+    except Exception:  # not installed (CPU environment) or broken CUDA stack
+        return None
+    return ServerArgs
+
+
+def add_sglang_arguments(parser, server_args_cls: Any = "auto"):
+    """Register ``--sglang-*`` flags on ``parser`` (an ``ArgumentParser`` or argument group).
+
+    Args:
+        parser: where to add the flags.
+        server_args_cls: a class with SGLang's ``add_cli_args(parser)`` (``"auto"``: SGLang's
+            ``ServerArgs`` when importable, else the curated CPU subset; ``None``: curated).
+    Returns:
+        ``parser``.
+    """
+    existing: set[str] = set()
+    for name, kind, typ, help_text in CURATED_FLAGS:
+        dest = PREFIX + name
+        option = "--" + name.replace("_", "-")
+        if kind == "store_true":
+            parser.add_argument("--sglang-" + option[2:], dest=dest, action="store_true", default=None,
+                                help=f"SGLang {option}: {help_text}")
+        else:
+            parser.add_argument("--sglang-" + option[2:], dest=dest, type=typ, default=None,
+                                help=f"SGLang {option}: {help_text}")
+        FLAG_SPECS[dest] = SGLangFlag(option, kind)
+        existing.add(dest)
+    parser.add_argument("--sglang-extra-args", dest=EXTRA_ARGS_DEST, type=str, default=None,
+                        help="More SGLang server flags, shell-quoted, appended verbatim.")
+    existing.add(EXTRA_ARGS_DEST)
+    cls = _server_args_class() if server_args_cls == "auto" else server_args_cls
+    if cls is not None:
+        cls.add_cli_args(_PrefixingParser(parser, existing))
+    return parser
+
+
+def _format(value: Any) -> str:
+    return str(value)
+
+
+def sglang_server_argv(args: argparse.Namespace | Mapping[str, Any]) -> list[str]:
+    """SGLang's own flags from every ``sglang_*`` value that was set.
+
+    Args:
+        args: a namespace from a parser with :func:`add_sglang_arguments`, or a mapping of
+            ``sglang_<name>`` (or bare ``<name>``) to values.
+    Returns:
+        e.g. ``["--tp-size", "2", "--enable-memory-saver", "--foo", "1"]`` (extra args last).
+    Raises:
+        ValueError: a :data:`MANAGED_FLAGS` entry, or unparsable ``--sglang-extra-args``.
+    """
+    items = vars(args).items() if isinstance(args, argparse.Namespace) else args.items()
+    argv: list[str] = []
+    extra = None
+    for key, value in items:
+        dest = key if key.startswith(PREFIX) else PREFIX + key
+        if dest == EXTRA_ARGS_DEST:
+            extra = value
+            continue
+        if not key.startswith(PREFIX) and isinstance(args, argparse.Namespace):
+            continue
+        name = dest[len(PREFIX):]
+        if value is None:
+            continue
+        if name in MANAGED_FLAGS:
+            raise ValueError(f"--sglang-{name.replace('_', '-')} is set by Gyre itself")
+        spec = FLAG_SPECS.get(dest)
+        if spec is None:
+            kind = "store_true" if isinstance(value, bool) else "list" if isinstance(value, (list, tuple)) else "value"
+            spec = SGLangFlag("--" + name.replace("_", "-"), kind)
+        if spec.kind == "store_true":
+            if value:
+                argv.append(spec.option)
+        elif spec.kind == "store_false":
+            if value is False:
+                argv.append(spec.option)
+        elif spec.kind == "bool_optional":
+            argv.append(spec.option if value else "--no-" + spec.option[2:])
+        elif spec.kind == "list":
+            flat = [v for group in value for v in (group if isinstance(group, (list, tuple)) else [group])]
+            argv += [spec.option, *map(_format, flat)]
+        else:
+            argv += [spec.option, _format(value)]
+    if extra:
+        try:
+            argv += shlex.split(extra)
+        except ValueError as exc:
+            raise ValueError(f"--sglang-extra-args: {exc}") from None
+    return argv
+
+
+def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple[str, Any]], tp_size: int = 1
+                                       ) -> list[str]:
+    """SGLang's ``serialized_named_tensors`` (``MultiprocessingSerializer``, one per TP rank).
+
+    GPU environment only: the tensors must live on this node's GPUs.
+
+    Raises:
+        ImportError: SGLang is not installed.
+    """
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+    except ImportError:
+        from sglang.srt.utils.common import MultiprocessingSerializer  # newer layout
+    pairs = list(named.items()) if isinstance(named, Mapping) else list(named)
+    return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on ``host``."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SGLangEngine:
+    """One SGLang server process (see module docstring).
+
+    Args:
+        model_path: HF model directory.
+        host, port: where it listens (``port=None``: a free port).
+        server_argv: SGLang flags (e.g. from :func:`sglang_server_argv`).
+        launcher: command prefix (default ``[python, "-m", "sglang.launch_server"]``).
+        env: environment (e.g. ``CUDA_VISIBLE_DEVICES``); default inherits.
+        log_path: file for the server's stdout/stderr (default: a temp file).
+        startup_timeout: seconds to wait for ``/health``.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, host: str = "127.0.0.1", port: int | None = None,
+                 server_argv: Sequence[str] = (), launcher: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None, log_path: str | os.PathLike | None = None,
+                 startup_timeout: float = 900.0):
+        self.model_path = str(model_path)
+        self.host = host
+        self.port = port
+        self.server_argv = list(server_argv)
+        self.launcher = list(launcher) if launcher is not None else [sys.executable, "-m", "sglang.launch_server"]
+        self.env = dict(env) if env is not None else None
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, host: str = "127.0.0.1", port: int | None = None,
+                  **kwargs) -> "SGLangEngine":
+        """Build from Gyre's parsed arguments (``--model-dir`` and the ``--sglang-*`` flags)."""
+        model = args.model_dir
+        if model is None:
+            from gyre.embedded_model import ensure_tiny_model
+
+            model = ensure_tiny_model(getattr(args, "tokenizer_kind", "local"), getattr(args, "model_cache_dir", None))
+        return cls(model, host=host, port=port, server_argv=sglang_server_argv(args), **kwargs)
+
+    def command(self) -> list[str]:
+        """The full server command line (port chosen if still ``None``)."""
+        if self.port is None:
+            self.port = free_port(self.host)
+        return [*self.launcher, "--model-path", self.model_path, "--host", self.host, "--port", str(self.port),
+                *self.server_argv]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> "SGLangEngine":
+        """Launch and wait until ``/health`` answers 200.
+
+        Raises:
+            RuntimeError: the process exited, or was not healthy within ``startup_timeout`` s
+                (it is stopped; the message ends with the log's last lines).
+        """
+        import tempfile
+
+        from gyre.rollout.engine import EngineClient
+
+        cmd = self.command()
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="sglang-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        with EngineClient(self.url, timeout=10.0) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    tail = self.log_tail()
+                    self.stop()
+                    raise RuntimeError(f"SGLang server exited with status {self.proc.returncode}: {tail}")
+                if c.health():
+                    return self
+                if time.monotonic() > deadline:
+                    tail = self.log_tail()
+                    self.stop()
+                    raise RuntimeError(f"SGLang server not healthy after {self.startup_timeout:.0f} s: {tail}")
+                time.sleep(0.5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """Last lines of the server log."""
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+        except (OSError, TypeError):
+            return ""
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM the process group, SIGKILL after ``timeout`` seconds; return the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+    def client(self, timeout: float | None = 600.0):
+        """An :class:`~gyre.rollout.engine.EngineClient` for this server."""
+        from gyre.rollout.engine import EngineClient
+
+        return EngineClient(self.url, timeout=timeout)
+
+    def __enter__(self) -> "SGLangEngine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,152 @@
+"""SGLang adapter on CPU: --sglang-* passthrough mapping and process management (with a fake
+server standing in for ``python -m sglang.launch_server``)."""
+
+import argparse
+import json
+import sys
+import textwrap
+
+import pytest
+
+from gyre.arguments import parse_args
+from gyre.rollout.sglang_engine import SGLangEngine, add_sglang_arguments, sglang_server_argv
+
+
+def test_gyre_flags_map_to_sglang_flags():
+    a = parse_args(["--rollout-engine", "sglang", "--sglang-tp-size", "2", "--sglang-mem-fraction-static", "0.7",
+                    "--sglang-enable-memory-saver", "--sglang-attention-backend", "triton",
+                    "--sglang-extra-args", "--json-model-override-args '{\"a\": 1}' --disable-overlap-schedule"])
+    assert sglang_server_argv(a) == ["--tp-size", "2", "--mem-fraction-static", "0.7", "--attention-backend", "triton",
+                                     "--enable-memory-saver", "--json-model-override-args", '{"a": 1}',
+                                     "--disable-overlap-schedule"]
+
+
+def test_unset_flags_pass_nothing_and_values_are_checked():
+    assert sglang_server_argv(parse_args([])) == []
+    for bad in (["--sglang-tp-size", "0"], ["--sglang-mem-fraction-static", "1.5"], ["--sglang-no-such-flag", "1"]):
+        with pytest.raises(SystemExit) as ei:
+            parse_args(bad)
+        assert ei.value.code == 2
+
+
+def test_yaml_config_keys(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("sglang-tp-size: 4\nsglang_disable_radix_cache: true\n")
+    assert sglang_server_argv(parse_args(["--config", str(cfg)])) == ["--tp-size", "4", "--disable-radix-cache"]
+
+
+def test_mapping_input_and_managed_flags():
+    assert sglang_server_argv({"sglang_dp_size": 2, "enable_dp_attention": True, "quiet": False,
+                               "sglang_cuda_graph_bs": [1, 2, 4]}) == [
+        "--dp-size", "2", "--enable-dp-attention", "--cuda-graph-bs", "1", "2", "4"]
+    with pytest.raises(ValueError):
+        sglang_server_argv({"sglang_model_path": "/m"})
+    with pytest.raises(ValueError):
+        sglang_server_argv({"sglang_extra_args": "--x 'unclosed"})
+
+
+class FakeServerArgs:
+    """Mimics ``sglang.srt.server_args.ServerArgs.add_cli_args`` (flag kinds SGLang uses)."""
+
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--model-path", "--model", type=str, required=True)
+        parser.add_argument("--port", type=int, default=30000)
+        parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)   # curated already
+        parser.add_argument("--served-model-name", type=str, default=None)
+        parser.add_argument("--enable-metrics", action="store_true")
+        parser.add_argument("--no-warmup", dest="warmup", action="store_false")
+        parser.add_argument("--cuda-graph-bs", type=int, nargs="+")
+        parser.add_argument("--enable-foo", action=argparse.BooleanOptionalAction, default=True)
+        parser.add_argument("--load-format", choices=["auto", "pt"], default="auto")
+        group = parser.add_argument_group("lora")
+        group.add_argument("--max-loras-per-batch", type=int, default=8)
+
+
+def test_full_server_args_are_registered_with_prefix_like_slime():
+    parser = argparse.ArgumentParser()
+    add_sglang_arguments(parser, server_args_cls=FakeServerArgs)
+    opts = {o for a in parser._actions for o in a.option_strings}
+    assert "--sglang-model-path" not in opts and "--sglang-port" not in opts          # Gyre sets these
+    assert {"--sglang-served-model-name", "--sglang-no-warmup", "--sglang-cuda-graph-bs",
+            "--sglang-max-loras-per-batch", "--sglang-load-format"} <= opts
+    a = parser.parse_args([])
+    assert sglang_server_argv(a) == []                                                # SGLang defaults apply
+    a = parser.parse_args(["--sglang-served-model-name", "policy", "--sglang-enable-metrics", "--sglang-no-warmup",
+                           "--sglang-cuda-graph-bs", "1", "8", "--no-sglang-enable-foo", "--sglang-load-format", "pt",
+                           "--sglang-tp-size", "8"])
+    assert sglang_server_argv(a) == ["--tp-size", "8", "--served-model-name", "policy", "--enable-metrics",
+                                     "--no-warmup", "--cuda-graph-bs", "1", "8", "--no-enable-foo",
+                                     "--load-format", "pt"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sglang-load-format", "bogus"])
+
+
+FAKE_SERVER = textwrap.dedent("""
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    argv = sys.argv[1:]
+    if "--crash" in argv:
+        print("fake sglang: bad flag --crash", flush=True)
+        sys.exit(3)
+    port = int(argv[argv.index("--port") + 1])
+    record = argv[argv.index("--record") + 1]
+    open(record, "w").write(json.dumps(argv))
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"weight_version": "default"}).encode()
+            self.send_response(200 if self.path in ("/health", "/get_weight_version") else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    HTTPServer((argv[argv.index("--host") + 1], port), H).serve_forever()
+""")
+
+
+def test_engine_launches_waits_for_health_and_stops(tmp_path):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    record = tmp_path / "argv.json"
+    eng = SGLangEngine("/models/policy", server_argv=["--tp-size", "2", "--record", str(record)],
+                       launcher=[sys.executable, str(script)], startup_timeout=60)
+    cmd = eng.command()
+    assert cmd[:2] == [sys.executable, str(script)] and cmd[2:8] == ["--model-path", "/models/policy", "--host",
+                                                                      "127.0.0.1", "--port", str(eng.port)]
+    with eng:
+        with eng.client() as c:
+            assert c.health() and c.get_weight_version() == "default"
+        assert json.loads(record.read_text())[-4:] == ["--tp-size", "2", "--record", str(record)]
+    assert eng.proc.poll() is not None
+
+
+def test_engine_start_failure_reports_the_log(tmp_path):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    eng = SGLangEngine("/m", server_argv=["--crash"], launcher=[sys.executable, str(script)], startup_timeout=60)
+    with pytest.raises(RuntimeError, match="bad flag --crash"):
+        eng.start()
+
+
+def test_from_args_uses_model_dir_and_passthrough():
+    a = parse_args(["--rollout-engine", "sglang", "--model-dir", "/ckpt/hf", "--sglang-dp-size", "2"])
+    eng = SGLangEngine.from_args(a, port=31000)
+    assert eng.command()[-6:] == ["--host", "127.0.0.1", "--port", "31000", "--dp-size", "2"]
+    assert eng.command()[1:5] == ["-m", "sglang.launch_server", "--model-path", "/ckpt/hf"]
+
+
+def test_create_rollout_engine_picks_the_backend(tiny_model_dir):
+    from gyre.rollout import create_rollout_engine
+    from gyre.rollout.embedded import EngineServer
+
+    assert isinstance(create_rollout_engine(parse_args(["--rollout-engine", "sglang"]), port=31001), SGLangEngine)
+    srv = create_rollout_engine(parse_args(["--model-dir", str(tiny_model_dir)]))
+    assert isinstance(srv, EngineServer)
+    with srv:
+        with srv.client() as c:
+            assert c.generate([1, 2], {"max_new_tokens": 2}).completion_tokens == 2
