@@ -1,0 +1,134 @@
+"""Routing and transparent retry (gyre/proxy/router.py) with scripted engines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gyre.proxy.engines import EngineChunk, EngineUnavailable, ScriptedEngine, parse_version
+from gyre.proxy.router import Attempt, GenerationFailed, RouteError, Router
+
+
+async def _collect(router, eid, ids, params, **kw):
+    out, finish = [], None
+    async for ch in router.generate(eid, ids, params, **kw):
+        out += ch.output_ids
+        finish = ch.finish_reason or finish
+    return out, finish
+
+
+def test_routes_and_reroute():
+    r = Router()
+    r.add_engine(ScriptedEngine("a", [1, 2]))
+    r.add_engine(ScriptedEngine("b", [1, 2]))
+    r.set_route("x", "a")
+    r.set_route("y", "a")
+    r.set_route("z", "b")
+    assert r.reroute_engine("a", "b") == ["x", "y"] and r.route("x") == "b"
+    with pytest.raises(RouteError):
+        r.set_route("x", "nope")
+    with pytest.raises(RouteError):
+        r.route("unknown")
+
+
+def test_plain_generation_and_length():
+    r = Router()
+    r.add_engine(ScriptedEngine("a", list(range(10)), chunk=3))
+    r.set_route("x", "a")
+    att: list[Attempt] = []
+    out, finish = asyncio.run(_collect(r, "x", [5], {"max_new_tokens": 4}, attempts=att))
+    assert out == [0, 1, 2, 3] and finish == "length" and [a.outcome for a in att] == ["length"]
+
+
+def test_abort_is_continued_on_the_new_route():
+    a = ScriptedEngine("a", lambda ids, p: list(range(100, 120))[len(ids) - 1:], chunk=2, delay_s=0.01)
+    b = ScriptedEngine("b", lambda ids, p: list(range(100, 120))[len(ids) - 1:], chunk=2)
+    r = Router(retry_backoff_s=5.0)  # a reroute must not wait for the backoff
+    r.add_engine(a)
+    r.add_engine(b)
+    r.set_route("x", "a")
+    retries = []
+    r.on_retry = lambda eid, att, rerouted: retries.append(rerouted)
+
+    async def main():
+        att: list[Attempt] = []
+        task = asyncio.create_task(_collect(r, "x", [7], {"max_new_tokens": 50}, attempts=att))
+        while not r.inflight("a") or len(a.calls) == 0:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.03)
+        r.set_route("x", "b")
+        assert await r.abort_engine("a") == 1
+        out, finish = await asyncio.wait_for(task, 2.0)
+        return out, finish, att
+
+    out, finish, att = asyncio.run(main())
+    assert out == list(range(100, 120)) and finish == "stop"
+    assert [x.engine_id for x in att] == ["a", "b"] and att[0].outcome == "abort" and att[0].tokens > 0
+    assert att[0].tokens + att[1].tokens == 20 and retries == [True]
+    assert b.calls[0][1] == [7] + list(range(100, 100 + att[0].tokens))  # continuation input
+    assert b.calls[0][0] == att[1].rid and att[1].rid.endswith(".r1")
+
+
+def test_failures_back_off_then_give_up():
+    e = ScriptedEngine("a", [1, 2, 3], fail_next=2)
+    r = Router(retry_backoff_s=0.001)
+    r.add_engine(e)
+    r.set_route("x", "a")
+    att: list[Attempt] = []
+    out, finish = asyncio.run(_collect(r, "x", [0], {}, attempts=att))
+    assert out == [1, 2, 3] and [x.outcome for x in att] == ["error", "error", "stop"]
+    dead = ScriptedEngine("d", [1], fail_next=10 ** 6)
+    r2 = Router(retry_timeout_s=0.05, retry_backoff_s=0.01)
+    r2.add_engine(dead)
+    r2.set_route("x", "d")
+    with pytest.raises(GenerationFailed):
+        asyncio.run(_collect(r2, "x", [0], {}))
+
+
+def test_waiting_retry_wakes_up_on_route_change():
+    dead = ScriptedEngine("d", [1], fail_next=10 ** 6)
+    ok = ScriptedEngine("ok", [4, 5])
+    r = Router(retry_backoff_s=30.0, retry_backoff_max_s=30.0)
+    r.add_engine(dead)
+    r.add_engine(ok)
+    r.set_route("x", "d")
+
+    async def main():
+        task = asyncio.create_task(_collect(r, "x", [0], {}))
+        await asyncio.sleep(0.05)  # first attempt failed, now waiting 30 s
+        r.set_route("x", "ok")
+        return await asyncio.wait_for(task, 2.0)
+
+    assert asyncio.run(main()) == ([4, 5], "stop")
+
+
+def test_parse_version():
+    assert [parse_version(v) for v in (None, 3, "4", "v5", "default")] == [None, 3, 4, 5, None]
+
+
+def test_client_engine_adapter_maps_chunks_and_errors():
+    from types import SimpleNamespace as NS
+
+    from gyre.proxy.engines import ClientEngine
+
+    class Client:
+        def __init__(self, fail=False):
+            self.fail = fail
+
+        async def stream(self, ids, params, rid, return_logprob):
+            if self.fail:
+                raise ConnectionError("refused")
+            yield NS(delta_output_ids=[1, 2], delta_logprobs=[-0.1, -0.2], finish_reason=None, weight_version="v2")
+            yield NS(delta_output_ids=[3], delta_logprobs=[-0.3], finish_reason=NS(type="stop"), weight_version="v2")
+
+        async def abort(self, rid):
+            return True
+
+    async def run(engine):
+        return [c async for c in engine.generate_stream([0], {}, "r")]
+
+    chunks = asyncio.run(run(ClientEngine(Client(), "e")))
+    assert chunks == [EngineChunk([1, 2], [-0.1, -0.2], None, 2), EngineChunk([3], [-0.3], "stop", 2)]
+    with pytest.raises(EngineUnavailable):
+        asyncio.run(run(ClientEngine(Client(fail=True), "e")))

@@ -1,0 +1,107 @@
+"""Server behaviour without SDKs: delivery tracking, harness retries, count_tokens, limits
+(gyre/proxy/server.py over real HTTP on 127.0.0.1, scripted engine)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from gyre.proxy.engines import ScriptedEngine
+from gyre.proxy.server import ProxyConfig, ProxyServer
+from gyre.trajectory.store import TrajectoryStore
+
+
+@pytest.fixture()
+def served(local_renderer, tmp_path):
+    r = local_renderer
+    eng = ScriptedEngine("e0", r.encode("Hello there, this is a longer answer.") + [r.eos_id], chunk=1, delay_s=0.02)
+    srv = ProxyServer(r, store=TrajectoryStore(tmp_path), config=ProxyConfig(max_context_tokens=300))
+    srv.add_engine(eng)
+    srv.start()
+    yield srv, eng, tmp_path
+    srv.stop()
+
+
+BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def _wait(pred, timeout=5.0):
+    end = time.time() + timeout
+    while not pred():
+        assert time.time() < end
+        time.sleep(0.01)
+
+
+def test_disconnect_mid_stream_then_identical_retry(served):
+    srv, eng, save = served
+    ex = srv.register_execution()
+    h = {"x-api-key": ex.api_key}
+    with httpx.Client(base_url=srv.url) as c:
+        with c.stream("POST", "/v1/messages", json=BODY, headers=h) as resp:
+            lines = resp.iter_lines()
+            for _ in range(8):
+                next(lines)
+        # the client went away: the generation still finishes and is recorded as not delivered
+        _wait(lambda: srv.counters(ex.execution_id)["calls"] == 1)
+        text = c.post("/v1/messages", json=BODY, headers=h).text  # the harness retries, byte-identical
+        assert "message_stop" in text
+    tree = srv.tree(ex.execution_id)
+    assert [tree.record_info(i).delivered for i in range(2)] == [False, True]
+    recs = TrajectoryStore(save).read_records(ex.execution_id)
+    assert [r.delivered for r in recs] == [False, True]
+    delivered = {(r.input_ids.tobytes(), r.output_ids.tobytes()) for r in recs if r.delivered}
+    assert len(delivered) == sum(r.delivered for r in recs)  # no delivered duplicates
+    c = srv.counters(ex.execution_id)
+    assert (c["delivered"], c["undelivered"]) == (1, 1)
+
+
+def test_count_tokens_and_limits_touch_no_tree(served):
+    srv, eng, _ = served
+    ex = srv.register_execution()
+    h = {"x-api-key": ex.api_key}
+    with httpx.Client(base_url=srv.url) as c:
+        n = c.post("/v1/messages/count_tokens", json={"messages": BODY["messages"]}, headers=h).json()["input_tokens"]
+        r = c.post("/v1/messages", json=dict(BODY, stream=False), headers=h).json()
+        assert r["usage"]["input_tokens"] == n
+        long = {"messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 5}
+        r = c.post("/v1/messages", json=long, headers=h)
+        assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", content=b"{not json", headers={"authorization": f"Bearer {ex.api_key}"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert len(srv.tree(ex.execution_id).records) == 1
+    assert srv.counters(ex.execution_id)["rejected"] == 2
+
+
+def test_admin_endpoints(served):
+    srv, eng, _ = served
+    with httpx.Client(base_url=srv.url) as c:
+        reg = c.post("/gyre/executions", json={"task_id": "t9", "harness": "codex", "execution_id": "run-1"}).json()
+        assert reg["execution_id"] == "run-1" and reg["engine_id"] == "e0"
+        assert c.post("/gyre/executions", json={"execution_id": "run-1"}).status_code == 409
+        assert c.post("/gyre/executions", json={"execution_id": "bad id!"}).status_code == 400
+        assert c.post("/gyre/routes", json={"execution_id": "run-1", "engine_id": "zz"}).status_code == 400
+        c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+               headers={"authorization": f"Bearer {reg['api_key']}"})
+        info = c.get("/gyre/executions/run-1").json()
+        assert info["records"] == 1 and info["counters"]["calls"] == 1 and info["harness"] == "codex"
+        closed = c.post("/gyre/executions/run-1/close").json()
+        assert closed["counters"]["calls"] == 1
+        r = c.post("/v1/chat/completions", json={"messages": []}, headers={"authorization": f"Bearer {reg['api_key']}"})
+        assert r.status_code == 401
+    rec = srv.tree("run-1").record_info(0)
+    assert rec.metadata["task_id"] == "t9" and rec.role == "auxiliary"  # a codex call without tools
+    assert np.isfinite(rec.timings["total_s"])
+
+
+def test_admin_token(local_renderer):
+    srv = ProxyServer(local_renderer, config=ProxyConfig(admin_token="s3cret"))
+    srv.add_engine(ScriptedEngine("e0", [1]))
+    with srv:
+        with httpx.Client(base_url=srv.url) as c:
+            assert c.post("/gyre/executions", json={}).status_code == 401
+            ok = c.post("/gyre/executions", json={}, headers={"authorization": "Bearer s3cret"})
+            assert ok.status_code == 200 and json.loads(ok.text)["api_key"].startswith("gyre-")
