@@ -5,12 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+#: KV bytes the prefix cache may hold when ``prefix_cache_tokens`` is ``None`` (1 GiB).
+PREFIX_CACHE_DEFAULT_BYTES = 1 << 30
+
+
 @dataclass
 class EngineConfig:
     """Settings of one embedded engine (units: tokens, sequences, seconds).
 
     ``model_dir=None`` uses the embedded tiny Qwen3 (``ensure_tiny_model("local")``).
-    ``prefix_cache_tokens`` bounds the prefix cache (LRU); ``0`` disables it.
+    ``prefix_cache_tokens`` bounds the prefix cache (LRU); ``0`` disables it; ``None`` sizes it
+    to :data:`PREFIX_CACHE_DEFAULT_BYTES` of KV (about 1M tokens of the tiny model).
+    ``max_running_requests``: KV slots; the slot store holds ``slots x longest sequence`` KV
+    (right-padded), so keep it modest for very long contexts on big models.
     ``logprob_mode``: ``"tempered"`` (default) or ``"truncated"`` (``gyre/rollout/sampling.py``).
     ``num_threads``: ``torch.set_num_threads`` for the process (``None``: leave as is).
     """
@@ -22,7 +29,7 @@ class EngineConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 8192
     prefill_chunk_tokens: int = 2048
-    prefix_cache_tokens: int = 131072
+    prefix_cache_tokens: int | None = None
     logprob_mode: str = "tempered"
     weight_version: str = "default"
     random_seed: int = 0

@@ -49,7 +49,6 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-import os
 import queue
 import socket
 import threading
@@ -62,7 +61,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gyre.rollout.config import EngineConfig
+from gyre.rollout.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
 from gyre.rollout.core import CoreConfig, EngineCore, Seq
 from gyre.rollout.model_runner import HFModelRunner, WeightError, load_model_dir, read_weights
 from gyre.rollout.protocol import (
@@ -133,12 +132,14 @@ class EmbeddedEngine:
                                     max_slots=config.max_running_requests,
                                     prefill_chunk_tokens=config.prefill_chunk_tokens)
         self.tokenizer = self._load_tokenizer(self.tokenizer_path)
+        self.prefix_cache_tokens = (config.prefix_cache_tokens if config.prefix_cache_tokens is not None
+                                    else PREFIX_CACHE_DEFAULT_BYTES // self.runner.kv_bytes_per_token)
         self.eos_token_ids = self._eos_ids(model)
         self.core = EngineCore(
             self.runner,
             CoreConfig(max_running_requests=config.max_running_requests,
                        max_prefill_tokens=config.max_prefill_tokens,
-                       prefix_cache_tokens=config.prefix_cache_tokens, logprob_mode=config.logprob_mode,
+                       prefix_cache_tokens=self.prefix_cache_tokens, logprob_mode=config.logprob_mode,
                        weight_version=config.weight_version, random_seed=config.random_seed),
             eos_token_ids=self.eos_token_ids,
             decode_tail=(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
@@ -325,6 +326,7 @@ class EmbeddedEngine:
         info.update({"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "engine": ENGINE_NAME,
                      "version": __version__, "weight_version": self.core.version,
                      "context_length": self.runner.context_len, "vocab_size": self.runner.vocab_size,
+                     "prefix_cache_tokens": self.prefix_cache_tokens,
                      "eos_token_ids": sorted(self.eos_token_ids)})
         return info
 

@@ -198,6 +198,11 @@ class HFModelRunner:
     # ------------------------------------------------------------------ KV storage
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token takes over all layers."""
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+
+    @property
     def kv_capacity(self) -> tuple[int, int]:
         """``(slots, columns)`` currently allocated (``(0, 0)`` when released)."""
         if self._kv is None:

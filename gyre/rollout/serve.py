@@ -40,7 +40,8 @@ def build_arg_parser():
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
     p.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens)
-    p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens)
+    p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
+                   help="Prefix cache capacity in tokens (0: off; default: 1 GiB of KV).")
     p.add_argument("--logprob-mode", choices=("tempered", "truncated"), default=d.logprob_mode)
     p.add_argument("--weight-version", default=d.weight_version)
     p.add_argument("--random-seed", type=int, default=d.random_seed)
@@ -60,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("port", "max_running_requests", "max_prefill_tokens", "prefill_chunk_tokens"):
+    bounds = {"port": (0, 65535), "max_running_requests": (1, None), "max_prefill_tokens": (1, None),
+              "prefill_chunk_tokens": (1, None), "prefix_cache_tokens": (0, None), "context_length": (2, None),
+              "num_threads": (1, None)}
+    for name, (lo, hi) in bounds.items():
         v = getattr(args, name)
-        if v < (0 if name == "port" else 1) or (name == "port" and v > 65535):
+        if v is not None and (v < lo or (hi is not None and v > hi)):
             print(f"serve_engine: error: --{name.replace('_', '-')} out of range: {v}", file=sys.stderr)
             return 2
     if args.model_dir is not None and not (Path(args.model_dir) / "config.json").exists():

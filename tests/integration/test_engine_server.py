@@ -144,6 +144,19 @@ def test_abort_running_request_returns_promptly(client):
     assert client.abort("long-1") is False                     # finished: unknown now
 
 
+def test_client_disconnect_aborts_the_request(client, server):
+    # streaming: closing the stream early frees the slot
+    stream = client.stream([1, 2, 3], {"max_new_tokens": 20000, "ignore_eos": True})
+    next(stream), next(stream)
+    stream.close()
+    _wait_idle(client)
+    # non-streaming: a client that times out and goes away
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/generate", json={"input_ids": [4, 5], "sampling_params": {
+            "max_new_tokens": 20000, "ignore_eos": True}}, timeout=0.5)
+    _wait_idle(client)
+
+
 def test_pause_in_place_then_continue(client):
     ids = prompts(1, seed=7)[0]
     sp = {"max_new_tokens": 150, "temperature": 0, "ignore_eos": True}
@@ -393,6 +406,13 @@ def _wait_running(client, n, timeout=20.0):
         assert time.monotonic() < deadline, "request never started"
         time.sleep(0.02)
     time.sleep(0.05)
+
+
+def _wait_idle(client, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while _state(client)["num_running_reqs"]:
+        assert time.monotonic() < deadline, "request still running after its client left"
+        time.sleep(0.05)
 
 
 def _torch_bytes(obj):
