@@ -15,7 +15,7 @@ decode step).
 
 Weights: :meth:`HFModelRunner.load_weights` copies named tensors (HF state-dict names) into the
 live parameters; :meth:`release_weights` frees parameter storage (spilling to a temporary
-safetensors file first when the weights no longer equal their on-disk source) and
+safetensors file first unless they still equal the initial model directory) and
 :meth:`resume_weights` reloads them bit-identically.
 """
 
@@ -191,6 +191,7 @@ class HFModelRunner:
             unique.setdefault(id(p), name)
         self._unique_names = sorted(unique.values())
         self._source_dir = str(source_dir) if source_dir is not None else None
+        self._initial_source = self._source_dir   # the engine's own model dir: assumed to stay
         self._dirty = source_dir is None
         self._spill_dir: str | None = None
         self.weights_released = False
@@ -338,10 +339,12 @@ class HFModelRunner:
         return {n: self._params[n].detach().clone() for n in self._unique_names}
 
     def release_weights(self) -> None:
-        """Free parameter storage; spill to a temp file first unless the source dir equals them."""
+        """Free parameter storage.  The weights are first spilled to a temporary safetensors file
+        unless they still equal the engine's initial model directory (a directory a later weight
+        update came from may be gone by the time of :meth:`resume_weights`)."""
         if self.weights_released:
             return
-        if self._dirty or self._source_dir is None:
+        if self._dirty or self._source_dir is None or self._source_dir != self._initial_source:
             from safetensors.torch import save_file
 
             self._spill_dir = tempfile.mkdtemp(prefix="gyre-engine-weights-")

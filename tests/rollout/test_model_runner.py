@@ -97,3 +97,22 @@ def test_load_release_resume_weights_bit_identical(runner, tiny_model_dir):
     runner.load_weights(read_weights(tiny_model_dir), source_dir=str(tiny_model_dir))
     runner.prefill(0, ids[:-1], 0)
     assert torch.equal(runner.decode([ids[-1]], [2]), base)
+
+
+def test_release_survives_a_deleted_update_directory(runner, tmp_path):
+    from gyre.rollout.weights import save_weights_for_disk_update
+
+    sd = runner.state_dict()
+    name = "model.norm.weight"
+    sd[name] = sd[name] * 2
+    d = save_weights_for_disk_update(sd, tmp_path / "v1")
+    runner.load_weights(read_weights(d), source_dir=str(d))
+    runner.prefill(0, [1, 2], 0)
+    want = runner.decode([3], [2]).clone()
+    runner.release_weights()
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()                                                  # the publisher cleaned up
+    runner.resume_weights()
+    runner.prefill(0, [1, 2], 0)
+    assert torch.equal(runner.decode([3], [2]), want)
