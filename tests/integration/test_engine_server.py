@@ -112,6 +112,21 @@ def test_stop_token_ids_stop_strings_and_max_new_tokens(client):
     assert target not in rs.text and text.startswith(rs.text)
 
 
+def test_text_input_top_logprobs_and_token_text(client, tiny_model_dir):
+    from gyre.embedded_model import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    body = {"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 5, "temperature": 0},
+            "return_logprob": True, "top_logprobs_num": 3, "return_text_in_logprobs": True}
+    out = httpx.post(client.base_url + "/generate", json=body).json()
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == len(tok("def add(a, b):", add_special_tokens=False)["input_ids"])
+    assert len(meta["output_top_logprobs"]) == 5 and all(len(row) == 3 for row in meta["output_top_logprobs"])
+    for (lp, tid, text), row in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert row[0][1] == tid and abs(row[0][0] - lp) < 1e-6          # greedy: the top-1 token
+        assert text == tok.decode([tid])
+
+
 def test_stream_chunks_concatenate_to_the_non_stream_result(client, server):
     ids = prompts(1, seed=5)[0]
     sp = {"max_new_tokens": 15, "temperature": 0.8, "sampling_seed": 3, "ignore_eos": True}
