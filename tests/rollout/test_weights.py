@@ -72,3 +72,20 @@ def test_publish_weights_calls_every_engine_once():
     assert calls == [("e0", "disk", "/dev/shm/w", "v8", True), ("e1", "disk", "/dev/shm/w", "v8", True)]
     with pytest.raises(ValueError):
         publish_weights(clients, weight_version="v9")
+
+
+def test_megatron_shards_publish_into_the_hf_runner(tiny_model_dir):
+    """Training side (Megatron TP=2 shards) -> HF names -> payload -> engine runner."""
+    from gyre.embedded_model import load_hf_model
+    from gyre.rollout.model_runner import HFModelRunner
+    from gyre.training.checkpoint_conversion import hf_to_megatron, megatron_to_hf
+
+    model = load_hf_model(tiny_model_dir)
+    sd = {k: v + 0.01 for k, v in model.state_dict().items()}
+    shards = {(t, 0): hf_to_megatron(sd, model.config, tp_rank=t, tp_size=2) for t in range(2)}
+    named = deserialize_named_tensors([serialize_named_tensors(megatron_to_hf(shards, model.config))])
+    runner = HFModelRunner(model, source_dir=tiny_model_dir)
+    runner.check_weights(named, require_all=True)
+    runner.load_weights(named)
+    for k, v in runner.state_dict().items():
+        assert torch.equal(v, sd[k]), k
