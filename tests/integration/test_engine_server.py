@@ -174,7 +174,7 @@ def test_client_disconnect_aborts_the_request(client, server):
 
 def test_pause_in_place_then_continue(client):
     ids = prompts(1, seed=7)[0]
-    sp = {"max_new_tokens": 150, "temperature": 0, "ignore_eos": True}
+    sp = {"max_new_tokens": 100, "temperature": 0, "ignore_eos": True}
     expected = client.generate(ids, sp).output_ids
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(client.generate, ids, sp)
@@ -375,7 +375,7 @@ def test_weight_update_from_tensor_partial(wclient, perturbed, tiny_model_dir):
 
 def test_in_flight_requests_finish_on_old_version_by_default(wclient, tiny_model_dir):
     ids = prompts(1, seed=13)[0]
-    sp = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
+    sp = {"max_new_tokens": 250, "temperature": 0, "ignore_eos": True}
     v_before = wclient.get_weight_version()
     expected_old = wclient.generate(ids, sp).output_ids
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
