@@ -142,6 +142,8 @@ def test_client_errors():
         body = json.loads(request.content)
         if body["model"] == "long":
             return httpx.Response(400, json={"error": {"message": "This model's maximum context length is 4096"}})
+        if body["model"] == "gyre-long":
+            return httpx.Response(400, json={"error": {"message": "prompt is too long: 5000 tokens > 4095 maximum"}})
         if body["model"] == "bad":
             return httpx.Response(401, json={"error": "no"})
         if body["model"] == "junk":
@@ -151,6 +153,8 @@ def test_client_errors():
     c = ChatClient("http://x/v1", "k", transport=httpx.MockTransport(handler), sleep=lambda s: None, max_retries=2)
     with pytest.raises(ContextTooLong):
         c.chat({"model": "long"})
+    with pytest.raises(ContextTooLong):
+        c.chat({"model": "gyre-long"})
     with pytest.raises(ModelAPIError, match="HTTP 401"):
         c.chat({"model": "bad"})
     with pytest.raises(ModelAPIError, match="malformed"):

@@ -148,3 +148,43 @@ def test_crash_at_start_gets_the_placeholder(tiny_model_dir, tmp_path, tasks):
     assert res.termination is TerminationStatus.CRASHED and res.workspace is None and res.model_calls == 0
     out = assess(res, task)
     assert out.status is OutcomeStatus.PLACEHOLDER and out.reward == 0.0
+
+
+@pytest.mark.slow
+def test_reference_agent_against_serve_rollout(tmp_path, tasks):
+    """The CLI path: tools/serve_rollout.py with the embedded engine (the untrained tiny model
+    answers with text, so the run ends after one call), registration over HTTP, records stored."""
+    import os
+    import signal
+    import threading
+
+    import httpx
+
+    save = tmp_path / "records"
+    proc = subprocess.Popen(
+        [sys.executable, "tools/serve_rollout.py", "--config", "examples/cpu_tiny.yaml", "--port", "0",
+         "--save-dir", str(save), "--num-engines", "1", "--log-level", "WARNING", "--rollout-max-new-tokens", "24"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    box: dict[str, str] = {}
+    t = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(240)
+    try:
+        base = json.loads(box.get("line", ""))["base_url"]
+        task = tasks["toy-add-6-7"]
+        reg = httpx.post(base + "/gyre/executions", json={"execution_id": "sr-0", "task_id": task.id,
+                                                          "harness": "reference"}, timeout=30).json()
+        res = ReferenceHarness(tools=["write_file"], system_prompt="", max_turns=3).run(
+            task, tmp_path / "run", "sr-0", ProxyEndpoint(base, reg["api_key"]), timeout_s=120)
+        assert httpx.post(f"{base}/gyre/executions/sr-0/close", timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
+    assert res.termination is TerminationStatus.COMPLETED and res.final_message
+    from gyre.trajectory.store import TrajectoryStore
+
+    tree = TrajectoryStore(save).load_tree("sr-0")
+    assert len(tree.records) >= 1 and tree.record_info(0).role == "main" and tree.record_info(0).delivered
+    out = assess(res, task)
+    assert out.status is OutcomeStatus.VALID and out.reward in (0.0, 1.0)

@@ -4,7 +4,7 @@ Transient failures -- connection errors, timeouts, HTTP 408/409/425/429/5xx -- a
 with exponential backoff (``backoff_s * 2**k``, capped at 30 s; ``retry-after`` honoured up to
 the cap) and an identical body, up to ``max_retries`` times. Other HTTP errors raise
 :class:`ModelAPIError`; a 400 that says the context is too long raises :class:`ContextTooLong`
-(the agent compacts and tries again).
+(the agent compacts and tries again; Gyre's proxy answers "prompt is too long").
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ class ContextTooLong(ModelAPIError):
 
 
 def _is_context_error(text: str) -> bool:
+    """Gyre's proxy says "prompt is too long"; OpenAI-style servers mention the context length."""
     t = text.lower()
-    return "context" in t and any(w in t for w in ("length", "too long", "maximum", "exceed"))
+    return "prompt is too long" in t or ("context" in t and any(w in t for w in ("length", "too long", "maximum",
+                                                                                "exceed")))
 
 
 class ChatClient:
