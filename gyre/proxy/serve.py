@@ -124,7 +124,7 @@ class RolloutService:
         renderer = ChatRenderer(load_tokenizer(model_dir))
         max_ctx = a.max_context_tokens or _max_positions(model_dir) or a.seq_length
         save = Path(a.save_dir or Path(a.run_dir) / "records")
-        store = TrajectoryStore(save)
+        store = TrajectoryStore(save, fsync_every=0, max_open=1024)  # the proxy fsyncs in batches
         config = ProxyConfig(
             model_name=Path(model_dir).name,
             default_max_tokens=a.rollout_max_new_tokens,

@@ -15,7 +15,7 @@ Endpoints:
   ``POST /gyre/executions`` ``{"task_id", "harness", "execution_id"?, "engine_id"?}`` ->
   ``{"execution_id", "api_key"}``; ``POST /gyre/executions/{id}/close``; ``GET
   /gyre/executions[/{id}]`` (counters); ``POST /gyre/routes`` ``{"execution_id", "engine_id"}``;
-  ``GET /health``.
+  ``GET /gyre/stats`` (per-call CPU stage times); ``GET /health``.
 
 One model call: normalise -> classify role -> :meth:`TitoSession.prepare` (restore, match,
 assemble ``input_ids``) -> :meth:`Router.generate` (engine, transparent retry) -> parse output
@@ -37,6 +37,7 @@ marshalled onto the loop).
 from __future__ import annotations
 
 import asyncio
+import collections
 import gzip
 import json
 import logging
@@ -58,6 +59,7 @@ from gyre.proxy.frontends import IdFactory, ResponseBuilder, Sse, make_builder
 from gyre.proxy.messages import ChatRequest
 from gyre.proxy.normalize import normalize
 from gyre.proxy.parse import OutputParser
+from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer, RenderError
 from gyre.proxy.roles import classify_role, harness_metadata
 from gyre.proxy.router import Attempt, GenerationFailed, RouteError, Router
@@ -87,6 +89,8 @@ class ProxyConfig:
     * ``policy_version`` -- fallback version when engines report none.
     * ``default_sampling`` -- SGLang sampling params used when a request leaves them unset
       (e.g. ``{"temperature": 1.0}``); ``forced_sampling`` -- params that override the request.
+    * ``fsync`` -- group-commit fsync of the record files before a response is sent
+      (:class:`~gyre.proxy.recorder.RecordSink`; give the server a store with ``fsync_every=0``).
     """
 
     model_name: str = "gyre"
@@ -101,6 +105,7 @@ class ProxyConfig:
     policy_version: int = 0
     default_sampling: dict[str, Any] = field(default_factory=dict)
     forced_sampling: dict[str, Any] = field(default_factory=dict)
+    fsync: bool = True
 
 
 @dataclass(slots=True)
@@ -135,6 +140,7 @@ class Execution:
     closed: bool = False
     counters: ExecutionCounters = field(default_factory=ExecutionCounters)
     created: float = field(default_factory=time.time)
+    commit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 _END = object()
@@ -161,7 +167,7 @@ class _Call:
         self.t_first: float | None = None
         self.rid = f"{ex.execution_id}-{server._next_rid()}"
         self.final_events: list[Sse] = []
-        self.committed = False
+        self._commit_task: asyncio.Future | None = None
 
     def _put(self, events: list[Sse]) -> None:
         for e in events:
@@ -204,13 +210,14 @@ class _Call:
             delivered = await asyncio.wait_for(asyncio.shield(self.delivered), server.config.delivery_timeout_s)
         except asyncio.TimeoutError:
             delivered = False
-        self.commit_once(bool(delivered))
+        await self.commit_once(bool(delivered))
 
-    def commit_once(self, delivered: bool) -> None:
-        """Record the call (once): store, then tree, then the restoration cache."""
-        if not self.committed:
-            self.committed = True
-            self.server._commit(self, delivered)
+    async def commit_once(self, delivered: bool) -> None:
+        """Record the call (once; later callers wait for the first): store, then tree, then the
+        restoration cache. The commit is not cancelled with its caller."""
+        if self._commit_task is None:
+            self._commit_task = asyncio.ensure_future(self.server._commit(self, delivered))
+        await asyncio.shield(self._commit_task)
 
     def set_delivered(self, value: bool) -> None:
         if not self.delivered.done():
@@ -236,7 +243,7 @@ class _Call:
                 self.set_delivered(False)
                 yield self._error_event(api, self.error)
                 return
-            self.commit_once(True)
+            await self.commit_once(True)
             self.set_delivered(True)
             for item in self.final_events:
                 yield self._event(item)
@@ -266,7 +273,8 @@ class ProxyServer:
     Args:
         renderer: the model's :class:`~gyre.proxy.render.ChatRenderer`.
         router: engines and routes (a new empty :class:`~gyre.proxy.router.Router` if ``None``).
-        store: durable record storage (``None``: records live only in the in-memory trees).
+        store: durable record storage (``None``: records live only in the in-memory trees); build
+            it with ``fsync_every=0``: the server fsyncs in batches itself (``config.fsync``).
         config: :class:`ProxyConfig`.
         ids: id factory for returned ids (tests).
 
@@ -296,7 +304,12 @@ class ProxyServer:
         self.stop_ids = sorted({renderer.eos_id} | ({int(pad)} if pad is not None else set()))
         self._rid = 0
         self._rr = 0
+        #: per-call CPU stage times (seconds): parse_s, normalize_s, match_s, render_s, record_s,
+        #: with input_tokens and rendered_tokens (bounded; ``GET /gyre/stats``)
+        self.stage_times: collections.deque[dict[str, float]] = collections.deque(maxlen=100_000)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # one thread writes the record store in batches (group commit); fsyncs stay off the loop
+        self._sink = RecordSink(store, fsync=self.config.fsync) if store is not None else None
         self._thread: threading.Thread | None = None
         self._server = None
         self.host, self.port = "127.0.0.1", 0
@@ -353,8 +366,7 @@ class ProxyServer:
         key = api_key or f"gyre-{secrets.token_urlsafe(24)}"
         if key in self._by_key:
             raise ValueError("api key already in use")
-        session = TitoSession(eid, self.renderer, append=self.store.append if self.store else None,
-                              restore_reasoning=self.config.restore_reasoning)
+        session = TitoSession(eid, self.renderer, restore_reasoning=self.config.restore_reasoning)
         ex = Execution(eid, key, session, task_id=task_id, harness=harness)
         self.executions[eid] = ex
         self._by_key[key] = ex
@@ -394,8 +406,8 @@ class ProxyServer:
 
     def _finalise(self, ex: Execution) -> None:
         self.router.drop_route(ex.execution_id)
-        if self.store is not None:
-            self.store.close_execution(ex.execution_id)
+        if self._sink is not None:
+            self._sink.close_execution(ex.execution_id)
 
     def set_route(self, execution_id: str, engine_id: str) -> None:
         """Pin an execution to another engine (retries of in-flight requests follow it)."""
@@ -445,6 +457,9 @@ class ProxyServer:
 
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit TCP_NODELAY: without it a response written in two parts
+        # (headers, body) waits ~40 ms for the client's delayed ACK (Nagle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(2048)
         self.host, self.port = host, sock.getsockname()[1]
@@ -491,8 +506,8 @@ class ProxyServer:
             self._thread.join(timeout)
         if getattr(self, "_sock", None) is not None:
             self._sock.close()
-        if self.store is not None:
-            self.store.close()
+        if self._sink is not None:
+            self._sink.close()
 
     def __enter__(self) -> "ProxyServer":
         return self.start()
@@ -512,7 +527,10 @@ class ProxyServer:
             if rerouted:
                 ex.counters.reroutes += 1
 
-    def _commit(self, call: _Call, delivered: bool) -> None:
+    async def _commit(self, call: _Call, delivered: bool) -> None:
+        """Build the record, append it to the store on the writer thread (fsync off the event
+        loop), then insert it into the tree; serialised per execution so that store order =
+        tree order."""
         ex = call.ex
         segs = [{"engine_id": a.engine_id, "rid": a.rid, "tokens": a.tokens, "outcome": a.outcome,
                  "weight_version": a.weight_version} for a in call.attempts]
@@ -524,19 +542,30 @@ class ProxyServer:
                      "retries": max(0, len(call.attempts) - 1), "reused_tokens": call.prep.reused_tokens,
                      "malformed_tool_calls": call.parser.result().malformed, "stream": call.req.stream})
         t_end = time.perf_counter()
-        timings = {"total_s": t_end - call.t0}
+        timings = {"total_s": t_end - call.t0, **call.prep.timings}
         if call.t_first is not None:
             timings["first_token_s"] = call.t_first - call.t0
         out_msg = call.builder.output_message() if delivered else None
-        try:
-            call.ex.session.commit(
-                call.prep, output_ids=call.out_ids, output_logprobs=call.logprobs, finish_reason=call.finish,
-                output_message=out_msg, role=call.role, delivered=delivered,
-                policy_version=version if version is not None else self.config.policy_version,
-                engine_id=call.attempts[-1].engine_id if call.attempts else "", timings=timings, metadata=meta)
-        except Exception:
-            logger.exception("could not record call %s of %s", call.rid, ex.execution_id)
-            return
+        async with ex.commit_lock:
+            t_rec = time.perf_counter()
+            session = ex.session
+            try:
+                rec = session.build_record(
+                    call.prep, output_ids=call.out_ids, output_logprobs=call.logprobs, finish_reason=call.finish,
+                    role=call.role, delivered=delivered,
+                    policy_version=version if version is not None else self.config.policy_version,
+                    engine_id=call.attempts[-1].engine_id if call.attempts else "", timings=timings, metadata=meta)
+                if self._sink is not None:
+                    await asyncio.wrap_future(self._sink.submit(rec))
+                session.insert(call.prep, rec, out_msg)
+            except Exception:
+                logger.exception("could not record call %s of %s", call.rid, ex.execution_id)
+                return
+        st = dict(call.prep.timings)
+        st["record_s"] = time.perf_counter() - t_rec
+        st["input_tokens"] = int(call.prep.input_ids.shape[0])
+        st["rendered_tokens"] = call.prep.rendered_tokens
+        self.stage_times.append(st)
         c = ex.counters
         c.calls += 1
         c.delivered += int(delivered)
@@ -561,10 +590,13 @@ class ProxyServer:
             raise ProxyError(401, "invalid or closed API key" if key else "missing API key")
         return ex
 
+    @classmethod
+    async def _json(cls, request: Request) -> Any:
+        return cls._decode_json(await request.body(), request.headers.get("content-encoding", ""))
+
     @staticmethod
-    async def _json(request: Request) -> Any:
-        raw = await request.body()
-        enc = request.headers.get("content-encoding", "").lower()
+    def _decode_json(raw: bytes, encoding: str) -> Any:
+        enc = encoding.lower()
         try:
             if enc == "gzip":
                 raw = gzip.decompress(raw)
@@ -596,10 +628,16 @@ class ProxyServer:
     async def _model_call(self, request: Request, api: str):
         ex = self._auth(request)
         try:
-            body = await self._json(request)
+            raw = await request.body()
+            t0 = time.perf_counter()
+            body = self._decode_json(raw, request.headers.get("content-encoding", ""))
+            t1 = time.perf_counter()
             req = normalize(api, body)
+            t2 = time.perf_counter()
             headers = {k.lower(): v for k, v in request.headers.items()}
             role, meta, prep = self._prepare(ex, req, headers)
+            prep.timings["parse_s"] = t1 - t0
+            prep.timings["normalize_s"] = t2 - t1
             n_in = int(prep.input_ids.shape[0])
             room = self.config.max_context_tokens - n_in
             if room <= 0:
@@ -627,7 +665,7 @@ class ProxyServer:
             call.set_delivered(False)
             raise call.error
         delivered = not await request.is_disconnected()
-        call.commit_once(delivered)  # the record is stored before the response goes out
+        await call.commit_once(delivered)  # the record is stored before the response goes out
         call.set_delivered(delivered)
         await task
         return JSONResponse(builder.body())
@@ -768,6 +806,11 @@ class ProxyServer:
             return {"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness, "closed": e.closed,
                     "engine_id": self.router.routes.get(e.execution_id), "counters": asdict(e.counters),
                     "records": len(e.session.tree.records), "leaves": len(e.session.tree.leaves())}
+
+        @app.get("/gyre/stats")
+        async def stats(request: Request):
+            self._check_admin(request)
+            return {"stage_times": list(self.stage_times)}
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

@@ -39,6 +39,7 @@ generation in between may overlap with other calls of the same execution).
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
@@ -136,6 +137,7 @@ class PreparedInput:
     path: list[_Node] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
     tool_kinds: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -173,7 +175,7 @@ class TitoSession:
         tree: TrajectoryTree | None = None,
         append: Callable[[RequestRecord], Any] | None = None,
         restore_reasoning: bool = True,
-        recent_records: int = 16,
+        recent_records: int = 4,
         first_call_index: int = 0,
     ) -> None:
         self.execution_id = execution_id
@@ -300,9 +302,13 @@ class TitoSession:
     def prepare(self, request: ChatRequest) -> PreparedInput:
         """Restore, match and assemble the engine input of ``request`` (no state changes).
 
+        ``timings`` of the result: ``match_s`` (restoration + trie walk) and ``render_s``
+        (rendering + encoding of the new messages, assembly), seconds.
+
         Raises:
             gyre.proxy.render.RenderError: the template cannot render the messages at all.
         """
+        t0 = time.perf_counter()
         messages, ident, restored = self.restore(request.messages)
         keys: list[Hashable] = [
             ("out", ci) if ci is not None else m.key() for m, ci in zip(messages, ident)
@@ -320,13 +326,16 @@ class TitoSession:
                 path.append(nxt)
                 node = nxt
         gen_text, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
+        t1 = time.perf_counter()
         # back off to the deepest cuttable boundary that the continuation renders after
         depth = len(path)
         while True:
             while depth > 0 and path[depth - 1].end < 0:
                 depth -= 1
             try:
-                return self._assemble(request, messages, ident, keys, path, depth, restored, starts_in_reasoning)
+                prep = self._assemble(request, messages, ident, keys, path, depth, restored, starts_in_reasoning)
+                prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
+                return prep
             except RenderError:
                 if depth == 0:
                     raise
@@ -439,6 +448,42 @@ class TitoSession:
         """Call index the next committed record will get."""
         return self._next_call
 
+    def build_record(
+        self,
+        prepared: PreparedInput,
+        *,
+        output_ids: Any,
+        output_logprobs: Any,
+        finish_reason: str,
+        role: str,
+        delivered: bool = True,
+        policy_version: int = 0,
+        engine_id: str = "",
+        timings: dict[str, float] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RequestRecord:
+        """The :class:`~gyre.trajectory.records.RequestRecord` of a finished call, with the next
+        call index (no state change until :meth:`insert`).
+
+        Raises:
+            ValueError: from :class:`~gyre.trajectory.records.RequestRecord` validation.
+        """
+        return RequestRecord(
+            execution_id=self.execution_id,
+            call_index=self._next_call,
+            role=role,
+            input_ids=prepared.input_ids,
+            output_ids=np.asarray(output_ids, np.int32),
+            output_logprobs=np.asarray(output_logprobs, np.float32),
+            input_provenance=prepared.input_provenance,
+            policy_version=policy_version,
+            engine_id=engine_id,
+            delivered=delivered,
+            timings=dict(timings or {}),
+            finish_reason=finish_reason,
+            metadata=dict(metadata or {}),
+        )
+
     def commit(
         self,
         prepared: PreparedInput,
@@ -453,9 +498,9 @@ class TitoSession:
         engine_id: str = "",
         timings: dict[str, float] | None = None,
         metadata: dict[str, Any] | None = None,
-        header_key: Hashable | None = None,
     ) -> RequestRecord:
-        """Record one finished call: append to storage, insert into the tree and the trie.
+        """Record one finished call: :meth:`build_record`, append it to durable storage (the
+        ``append`` callback), then :meth:`insert` it.
 
         ``output_message`` is the output as returned to the harness (ids assigned); ``None``
         or ``delivered=False`` keeps it out of the restoration cache.
@@ -463,24 +508,26 @@ class TitoSession:
         Raises:
             ValueError: from :class:`~gyre.trajectory.records.RequestRecord` validation.
         """
-        ci = self._next_call
-        rec = RequestRecord(
-            execution_id=self.execution_id,
-            call_index=ci,
-            role=role,
-            input_ids=prepared.input_ids,
-            output_ids=np.asarray(output_ids, np.int32),
-            output_logprobs=np.asarray(output_logprobs, np.float32),
-            input_provenance=prepared.input_provenance,
-            policy_version=policy_version,
-            engine_id=engine_id,
-            delivered=delivered,
-            timings=dict(timings or {}),
-            finish_reason=finish_reason,
-            metadata=dict(metadata or {}),
-        )
+        rec = self.build_record(
+            prepared, output_ids=output_ids, output_logprobs=output_logprobs, finish_reason=finish_reason, role=role,
+            delivered=delivered, policy_version=policy_version, engine_id=engine_id, timings=timings,
+            metadata=metadata)
         if self.append is not None:
             self.append(rec)
+        self.insert(prepared, rec, output_message)
+        return rec
+
+    def insert(self, prepared: PreparedInput, rec: RequestRecord, output_message: Message | None) -> None:
+        """Insert a record built by :meth:`build_record` (and already made durable) into the
+        tree, the message trie and, if delivered, the restoration cache.
+
+        Raises:
+            ValueError: ``rec`` is not the next call of this execution.
+        """
+        if rec.call_index != self._next_call:
+            raise ValueError(f"record {rec.call_index} is not the next call ({self._next_call})")
+        ci = rec.call_index
+        delivered = rec.delivered
         self.tree.insert(rec)
         self._next_call += 1
         st = self.stats
@@ -534,7 +581,6 @@ class TitoSession:
             out_node.ref = ci
             out_node.close = close
             out_node.is_output = True
-        return rec
 
     def _stop_ids(self) -> frozenset[int]:
         ids = {self.renderer.eos_id}

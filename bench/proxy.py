@@ -1,0 +1,385 @@
+"""Benchmark: latency the Gyre proxy adds over calling the engine directly, vs a plain forwarder,
+and the proxy's CPU time per call by stage.
+
+Usage::
+
+    python bench/proxy.py [--concurrency 1,64,256] [--max-context 100000] [--turn-tokens 10000]
+                          [--flat-turn-tokens 1000] [--decode-ms 0] [--json OUT.json]
+
+Processes (each its own Python process, all on this machine):
+
+* **engine** -- a stand-in SGLang server that answers instantly (after ``--decode-ms``) with a
+  fixed short tool-call reply: ``POST /generate`` (SGLang-native, ``input_ids``, SSE streaming)
+  and ``POST /v1/chat/completions`` which, like SGLang's OpenAI server, renders the messages
+  with the chat template and tokenises the *whole* prompt before "generating".
+* **forwarder** -- a plain aiohttp pass-through (bytes in, bytes out, no parsing or recording).
+* **gyre** -- :class:`gyre.proxy.server.ProxyServer` -> engine ``/generate`` (token ids), with the
+  durable record store (group-committed fsync before each response) and trajectory trees.
+
+The load generator runs ``C`` executions concurrently (``C`` in ``--concurrency``); each runs a
+mini-swe-agent-like loop of Chat Completions calls: system + task, then per turn the reply
+(a tool call) and a tool result of ``--turn-tokens`` new tokens, until the context reaches
+``--max-context`` tokens. The same workload is sent four ways: ``direct-chat`` (to the engine's
+chat endpoint), ``direct-generate`` (``/generate`` with token ids: the pure engine round trip),
+``forwarder`` and ``gyre``. Reported per concurrency: p50/p99 latency of each, the latency
+added by (a) the forwarder and (b) Gyre over ``direct-chat`` -- the harness calling the engine
+itself -- and Gyre's added latency over ``direct-generate``.
+
+Gyre's CPU time per call is split into JSON parsing, normalisation (API -> messages),
+matching (restoration + message-trie walk), rendering + encoding of new content, and
+recording (store append + tree insert), from ``GET /gyre/stats``. A second sweep runs one
+execution with ``--flat-turn-tokens`` new tokens per turn from 1k to ``--max-context`` context
+tokens and prints those stage times by context length (target: matching/encoding flat).
+
+Targets (issue 10): (b) <= 1.5 x (a) at each concurrency; matching + encoding per call
+independent of the context length.
+"""
+
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TOOL_REPLY = '<tool_call>\n{"name": "bash", "arguments": {"command": "cat src/module.py"}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+# ----------------------------------------------------------------------------- servers
+def _tokenizer(kind: str):
+    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
+
+    return ensure_tiny_model(kind), load_tokenizer(ensure_tiny_model(kind))
+
+
+def serve_engine(port: int, kind: str, decode_ms: float) -> None:
+    """The stand-in SGLang engine (see the module docstring)."""
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    _, tok = _tokenizer(kind)
+    out_ids = tok.encode(TOOL_REPLY, add_special_tokens=False) + [tok.eos_token_id]
+    lps = [[-0.1, i, None] for i in out_ids]
+    app = FastAPI()
+
+    def meta(rid, n_in):
+        return {"id": rid, "finish_reason": {"type": "stop", "matched": tok.eos_token_id}, "prompt_tokens": n_in,
+                "completion_tokens": len(out_ids), "cached_tokens": 0, "weight_version": "0",
+                "output_token_logprobs": lps}
+
+    @app.get("/get_server_info")
+    async def info():
+        return {"incremental_streaming_output": False}
+
+    @app.post("/abort_request")
+    async def abort():
+        return {}
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = json.loads(await request.body())
+        n_in = len(body["input_ids"])
+        if decode_ms:
+            await asyncio.sleep(decode_ms / 1000)
+        res = {"text": TOOL_REPLY, "output_ids": out_ids, "meta_info": meta(body.get("rid") or "r", n_in)}
+        if body.get("stream"):
+            data = f"data: {json.dumps(res)}\n\ndata: [DONE]\n\n"
+            return StreamingResponse(iter([data]), media_type="text/event-stream")
+        return Response(json.dumps(res), media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = json.loads(await request.body())
+        ids = tok.apply_chat_template(body["messages"], tools=body.get("tools"), add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        if decode_ms:
+            await asyncio.sleep(decode_ms / 1000)
+        return JSONResponse({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": "", "tool_calls": [{"id": f"call_{random.getrandbits(48):x}",
+                "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat src/module.py"}'}}]}}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out_ids), "total_tokens": len(ids) + len(out_ids)}})
+
+    _run(app, port)
+
+
+def serve_forwarder(port: int, upstream: str) -> None:
+    """A plain aiohttp pass-through: forwards the body bytes, returns the response bytes."""
+    from aiohttp import ClientSession, TCPConnector, web
+
+    async def main():
+        session = ClientSession(connector=TCPConnector(limit=1024))
+
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.read()
+            async with session.post(upstream + request.path, data=body,
+                                    headers={"content-type": request.headers.get("content-type", "application/json")}) as r:
+                data = await r.read()
+                return web.Response(body=data, status=r.status, content_type=r.content_type)
+
+        app = web.Application(client_max_size=1 << 28)
+        app.router.add_post("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+        await site.start()
+        print(json.dumps({"url": f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def serve_gyre(port: int, upstream: str, kind: str, store_dir: str) -> None:
+    """Gyre's proxy routing to the stand-in engine's ``/generate``; records to ``store_dir``."""
+    from gyre.proxy.engines import ClientEngine
+    from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.rollout.engine import AsyncEngineClient
+    from gyre.trajectory.store import TrajectoryStore
+
+    _, tok = _tokenizer(kind)
+    srv = ProxyServer(ChatRenderer(tok), store=TrajectoryStore(store_dir, fsync_every=0, max_open=1024),
+                      config=ProxyConfig(max_context_tokens=1 << 20, default_max_tokens=256))
+    srv.add_engine(ClientEngine(AsyncEngineClient(upstream), "engine-0"))
+    srv.start("127.0.0.1", port)
+    print(json.dumps({"url": srv.url}), flush=True)
+    threading.Event().wait()
+
+
+def _run(app, port: int) -> None:
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
+    sock.bind(("127.0.0.1", port))
+    sock.listen(4096)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    threading.Thread(target=lambda: (time.sleep(0.5), print(json.dumps(
+        {"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)), daemon=True).start()
+    server.run(sockets=[sock])
+
+
+def _spawn(*args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    line = proc.stdout.readline()
+    try:
+        return proc, json.loads(line)["url"]
+    except (ValueError, KeyError):
+        proc.kill()
+        raise RuntimeError(f"server {args[:2]} did not start: {line!r}") from None
+
+
+# ----------------------------------------------------------------------------- load generator
+class Words:
+    """Deterministic filler text of about ``n`` tokens (calibrated on the tokenizer)."""
+
+    def __init__(self, tok, seed: int = 0) -> None:
+        rnd = random.Random(seed)
+        vocab = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rnd.randint(2, 9))) for _ in range(5000)]
+        self.rnd = rnd
+        self.vocab = vocab
+        sample = self.text_words(2000)
+        self.tokens_per_word = len(tok.encode(sample, add_special_tokens=False)) / 2000
+
+    def text_words(self, n: int) -> str:
+        lines, line = [], []
+        for i in range(n):
+            line.append(self.rnd.choice(self.vocab))
+            if len(line) == 12:
+                lines.append(" ".join(line))
+                line = []
+        lines.append(" ".join(line))
+        return "\n".join(lines)
+
+    def text(self, tokens: int) -> str:
+        return self.text_words(max(1, int(tokens / self.tokens_per_word)))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+async def run_phase(target: str, url: str, conc: int, args, words: Words, keys: list[str]) -> list[float]:
+    """Run ``conc`` executions through ``target``; return per-call latencies (seconds)."""
+    import httpx
+
+    system = words.text(800)
+    lat: list[float] = []
+    limits = httpx.Limits(max_connections=conc + 8, max_keepalive_connections=conc + 8)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
+
+        async def execution(i: int) -> None:
+            msgs: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                          {"role": "user", "content": f"Task {i}: " + words.text(200)}]
+            n_ctx = 1100
+            headers = {"content-type": "application/json"}
+            if target == "gyre":
+                headers["authorization"] = f"Bearer {keys[i]}"
+            turn = 0
+            while n_ctx < args.max_context:
+                if target == "direct-generate":
+                    body = json.dumps({"input_ids": [7] * n_ctx, "sampling_params": {"max_new_tokens": 256},
+                                       "return_logprob": True}).encode()
+                    path = "/generate"
+                else:
+                    body = json.dumps({"model": "bench", "messages": msgs, "tools": TOOLS}).encode()
+                    path = "/v1/chat/completions"
+                t0 = time.perf_counter()
+                r = await client.post(path, content=body, headers=headers)
+                lat.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{target}: HTTP {r.status_code}: {r.text[:300]}")
+                res = r.json()
+                if target == "direct-generate":
+                    n_ctx += len(res["output_ids"]) + args.turn_tokens
+                    continue
+                msg = res["choices"][0]["message"]
+                msgs.append(msg)
+                call_id = msg["tool_calls"][0]["id"]
+                msgs.append({"role": "tool", "tool_call_id": call_id, "content": words.text(args.turn_tokens)})
+                n_ctx = res["usage"]["prompt_tokens"] + args.turn_tokens
+                turn += 1
+
+        await asyncio.gather(*(execution(i) for i in range(conc)))
+    return lat
+
+
+def _register(url: str, n: int) -> list[str]:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60) as c:
+        return [c.post("/gyre/executions", json={"task_id": f"bench-{i}", "harness": "generic"}).json()["api_key"]
+                for i in range(n)]
+
+
+def _stats(url: str) -> list[dict[str, float]]:
+    import httpx
+
+    return httpx.get(url + "/gyre/stats", timeout=60).json()["stage_times"]
+
+
+STAGES = ("parse_s", "normalize_s", "match_s", "render_s", "record_s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--serve", choices=("engine", "forwarder", "gyre"), help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", help=argparse.SUPPRESS)
+    ap.add_argument("--store-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", default="1,64,256")
+    ap.add_argument("--max-context", type=int, default=100_000, help="context tokens an execution grows to")
+    ap.add_argument("--turn-tokens", type=int, default=10_000, help="new tokens per turn in the latency runs")
+    ap.add_argument("--flat-turn-tokens", type=int, default=1_000, help="new tokens per turn in the flatness sweep")
+    ap.add_argument("--decode-ms", type=float, default=0.0, help="engine 'generation' time per call (ms)")
+    ap.add_argument("--tokenizer", choices=("local", "qwen"), default="local")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if args.serve == "engine":
+        serve_engine(args.port, args.tokenizer, args.decode_ms)
+        return 0
+    if args.serve == "forwarder":
+        serve_forwarder(args.port, args.upstream)
+        return 0
+    if args.serve == "gyre":
+        serve_gyre(args.port, args.upstream, args.tokenizer, args.store_dir)
+        return 0
+
+    _, tok = _tokenizer(args.tokenizer)
+    words = Words(tok)
+    procs = []
+    results: dict[str, Any] = {"config": vars(args), "latency": {}, "cpu": {}, "flat": []}
+    store = tempfile.mkdtemp(prefix="gyre-bench-proxy-")
+    try:
+        eng, eng_url = _spawn("--serve", "engine", "--tokenizer", args.tokenizer, "--decode-ms", str(args.decode_ms))
+        procs.append(eng)
+        fwd, fwd_url = _spawn("--serve", "forwarder", "--upstream", eng_url)
+        procs.append(fwd)
+        gy, gy_url = _spawn("--serve", "gyre", "--upstream", eng_url, "--tokenizer", args.tokenizer, "--store-dir", store)
+        procs.append(gy)
+        targets = {"direct-chat": eng_url, "direct-generate": eng_url, "forwarder": fwd_url, "gyre": gy_url}
+        print(f"{'C':>4} {'target':<16} {'calls':>6} {'p50 ms':>9} {'p99 ms':>9}")
+        for conc in [int(x) for x in args.concurrency.split(",")]:
+            row: dict[str, Any] = {}
+            for target, url in targets.items():
+                keys = _register(gy_url, conc) if target == "gyre" else []
+                before = len(_stats(gy_url)) if target == "gyre" else 0
+                t0 = time.perf_counter()
+                lat = asyncio.run(run_phase(target, url, conc, args, words, keys))
+                wall = time.perf_counter() - t0
+                row[target] = {"calls": len(lat), "p50_ms": 1e3 * _pct(lat, 0.5), "p99_ms": 1e3 * _pct(lat, 0.99),
+                               "wall_s": wall}
+                print(f"{conc:>4} {target:<16} {len(lat):>6} {row[target]['p50_ms']:>9.2f} {row[target]['p99_ms']:>9.2f}",
+                      flush=True)
+                if target == "gyre":
+                    st = _stats(gy_url)[before:]
+                    results["cpu"][conc] = {s: 1e3 * statistics.mean(x[s] for x in st) for s in STAGES}
+            for q in ("p50_ms", "p99_ms"):
+                a = row["forwarder"][q] - row["direct-chat"][q]
+                b = row["gyre"][q] - row["direct-chat"][q]
+                row[f"added_forwarder_{q}"] = a
+                row[f"added_gyre_{q}"] = b
+                row[f"added_gyre_vs_generate_{q}"] = row["gyre"][q] - row["direct-generate"][q]
+            results["latency"][conc] = row
+        # flatness sweep: one execution, small constant new content per turn
+        flat_args = argparse.Namespace(**{**vars(args), "turn_tokens": args.flat_turn_tokens})
+        keys = _register(gy_url, 1)
+        before = len(_stats(gy_url))
+        asyncio.run(run_phase("gyre", gy_url, 1, flat_args, words, keys))
+        st = _stats(gy_url)[before:]
+        results["flat"] = st
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    # ------------------------------------------------------------------ report
+    print("\nAdded latency over calling the engine directly (ms); (a) forwarder, (b) Gyre")
+    print(f"{'C':>4} | {'(a) p50':>8} {'(a) p99':>8} | {'(b) p50':>8} {'(b) p99':>8} | {'b/a p50':>7} {'b/a p99':>7}"
+          f" | {'Gyre vs /generate p50':>21} {'p99':>7}")
+    for conc, row in results["latency"].items():
+        a50, a99 = row["added_forwarder_p50_ms"], row["added_forwarder_p99_ms"]
+        b50, b99 = row["added_gyre_p50_ms"], row["added_gyre_p99_ms"]
+        r50 = b50 / a50 if a50 > 0 else float("nan")
+        r99 = b99 / a99 if a99 > 0 else float("nan")
+        print(f"{conc:>4} | {a50:>8.2f} {a99:>8.2f} | {b50:>8.2f} {b99:>8.2f} | {r50:>7.2f} {r99:>7.2f} | "
+              f"{row['added_gyre_vs_generate_p50_ms']:>21.2f} {row['added_gyre_vs_generate_p99_ms']:>7.2f}")
+    print("\nGyre CPU per call (ms, mean): " + " ".join(f"{s[:-2]:>10}" for s in STAGES))
+    for conc, c in results["cpu"].items():
+        print(f"  C={conc:<4} {'':>19}" + " ".join(f"{c[s]:>10.3f}" for s in STAGES))
+    print(f"\nFlatness (one execution, {args.flat_turn_tokens} new tokens per turn): mean ms per call by context length")
+    print(f"{'context tokens':>16} {'calls':>5} " + " ".join(f"{s[:-2]:>10}" for s in STAGES) + f" {'match+render':>12}")
+    buckets = [(0, 2_000), (2_000, 5_000), (5_000, 15_000), (15_000, 35_000), (35_000, 65_000), (65_000, 1 << 30)]
+    for lo, hi in buckets:
+        xs = [x for x in results["flat"] if lo <= x["input_tokens"] < hi]
+        if not xs:
+            continue
+        m = {s: 1e3 * statistics.mean(x[s] for x in xs) for s in STAGES}
+        label = f"{lo // 1000}k-{hi // 1000}k" if hi < (1 << 30) else f">={lo // 1000}k"
+        print(f"{label:>16} {len(xs):>5} " + " ".join(f"{m[s]:>10.3f}" for s in STAGES)
+              + f" {m['match_s'] + m['render_s']:>12.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
