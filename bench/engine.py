@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
     from gyre.rollout.config import EngineConfig
     from gyre.rollout.embedded import EngineServer

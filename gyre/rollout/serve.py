@@ -85,8 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    from transformers.utils import logging as hf_logging
+
     from gyre.rollout.config import EngineConfig
     from gyre.rollout.embedded import EngineServer
+
+    hf_logging.disable_progress_bar()
 
     config = EngineConfig(
         model_dir=args.model_dir, tokenizer_dir=args.tokenizer_dir, served_model_name=args.served_model_name,
