@@ -137,6 +137,7 @@ class Execution:
     session: TitoSession
     task_id: str | None = None
     harness: str | None = None
+    role_rules: Any = None
     closed: bool = False
     counters: ExecutionCounters = field(default_factory=ExecutionCounters)
     created: float = field(default_factory=time.time)
@@ -343,17 +344,21 @@ class ProxyServer:
         harness: str | None = None,
         engine_id: str | None = None,
         api_key: str | None = None,
+        role_rules: Any = None,
     ) -> Execution:
         """Register an execution and pin it to ``engine_id`` (default: the least loaded engine).
 
+        ``harness`` (``"claude-code"``, ``"codex"``, ...) selects the built-in role rules
+        (:mod:`gyre.proxy.roles`); ``role_rules`` -- any object with ``classify(headers, body) ->
+        role``, e.g. a harness adapter's ``gyre.harness.roles.RoleRules`` -- replaces them.
         Returns the :class:`Execution`; give its ``api_key`` to the harness.
 
         Raises:
             ValueError: bad or duplicate execution id, or no engine to route to.
         """
-        return self._call(self._register, execution_id, task_id, harness, engine_id, api_key)
+        return self._call(self._register, execution_id, task_id, harness, engine_id, api_key, role_rules)
 
-    def _register(self, execution_id, task_id, harness, engine_id, api_key) -> Execution:
+    def _register(self, execution_id, task_id, harness, engine_id, api_key, role_rules=None) -> Execution:
         eid = execution_id or f"exec-{secrets.token_hex(6)}"
         if not EXECUTION_ID_RE.match(eid):
             raise ValueError(f"bad execution id {eid!r}")
@@ -367,7 +372,7 @@ class ProxyServer:
         if key in self._by_key:
             raise ValueError("api key already in use")
         session = TitoSession(eid, self.renderer, restore_reasoning=self.config.restore_reasoning)
-        ex = Execution(eid, key, session, task_id=task_id, harness=harness)
+        ex = Execution(eid, key, session, task_id=task_id, harness=harness, role_rules=role_rules)
         self.executions[eid] = ex
         self._by_key[key] = ex
         self.router.set_route(eid, engine_id)
@@ -610,9 +615,16 @@ class ProxyServer:
         except (ValueError, OSError, zlib.error, RecursionError) as exc:
             raise ProxyError(400, f"request body is not valid JSON: {type(exc).__name__}") from None
 
-    def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str]):
+    def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str], body: Any = None):
         harness = ex.harness if ex.harness in ("claude-code", "codex") else None
-        role = classify_role(req, headers, harness)
+        role = None
+        if ex.role_rules is not None:
+            try:
+                role = ex.role_rules.classify(headers, body)
+            except Exception:  # a bad rule set must not fail the call
+                logger.exception("role rules of %s failed; using the built-in rules", ex.execution_id)
+        if role not in ("main", "subagent", "compaction", "auxiliary", "evaluator"):
+            role = classify_role(req, headers, harness)
         meta = harness_metadata(headers, harness)
         meta["api"] = req.api
         if ex.task_id is not None:
@@ -635,7 +647,7 @@ class ProxyServer:
             req = normalize(api, body)
             t2 = time.perf_counter()
             headers = {k.lower(): v for k, v in request.headers.items()}
-            role, meta, prep = self._prepare(ex, req, headers)
+            role, meta, prep = self._prepare(ex, req, headers, body)
             prep.timings["parse_s"] = t1 - t0
             prep.timings["normalize_s"] = t2 - t1
             n_in = int(prep.input_ids.shape[0])

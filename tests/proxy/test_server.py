@@ -105,3 +105,20 @@ def test_admin_token(local_renderer):
             assert c.post("/gyre/executions", json={}).status_code == 401
             ok = c.post("/gyre/executions", json={}, headers={"authorization": "Bearer s3cret"})
             assert ok.status_code == 200 and json.loads(ok.text)["api_key"].startswith("gyre-")
+
+
+def test_role_rules_hook(local_renderer):
+    class Rules:
+        def classify(self, headers, body):
+            return "subagent" if "SUB" in json.dumps(body) else "main"
+
+    srv = ProxyServer(local_renderer)
+    srv.add_engine(ScriptedEngine("e0", [local_renderer.eos_id]))
+    with srv:
+        ex = srv.register_execution(role_rules=Rules())
+        with httpx.Client(base_url=srv.url) as c:
+            for text in ("main task", "SUB task"):
+                c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": text}]},
+                       headers={"authorization": f"Bearer {ex.api_key}"})
+        tree = srv.tree(ex.execution_id)
+        assert [tree.record_info(i).role for i in range(2)] == ["main", "subagent"]
