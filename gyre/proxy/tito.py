@@ -175,7 +175,7 @@ class TitoSession:
         tree: TrajectoryTree | None = None,
         append: Callable[[RequestRecord], Any] | None = None,
         restore_reasoning: bool = True,
-        recent_records: int = 4,
+        recent_records: int = 2,
         first_call_index: int = 0,
     ) -> None:
         self.execution_id = execution_id

@@ -122,3 +122,18 @@ def test_role_rules_hook(local_renderer):
                        headers={"authorization": f"Bearer {ex.api_key}"})
         tree = srv.tree(ex.execution_id)
         assert [tree.record_info(i).role for i in range(2)] == ["main", "subagent"]
+
+
+def test_stored_tree_is_bit_identical_to_the_live_one(served):
+    srv, eng, save = served
+    ex = srv.register_execution()
+    msgs = [{"role": "user", "content": "hi"}]
+    with httpx.Client(base_url=srv.url) as c:
+        for turn in range(3):
+            r = c.post("/v1/chat/completions", json={"messages": msgs}, headers={"authorization": f"Bearer {ex.api_key}"})
+            msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"more {turn}"}]
+    srv.close_execution(ex.execution_id)
+    live = srv.tree(ex.execution_id)
+    _wait(lambda: len(TrajectoryStore(save).read_records(ex.execution_id)) == 3)
+    stored = TrajectoryStore(save).load_tree(ex.execution_id)
+    assert len(live.leaves()) == 1 and stored.digest() == live.digest()
