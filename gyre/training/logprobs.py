@@ -14,10 +14,10 @@ whatever the row length (the "fused linear cross-entropy" trick).
 * :func:`target_logprobs_from_logits` (Megatron path): megatron-core's ``GPTModel`` returns
   full logits ``[b, s, V/TP]``; this avoids the second ``[N, V]`` copy that
   ``log_softmax(...).gather(...)`` and its autograd would keep. Vocabulary-parallel logits
-  (TP > 1: a max/sum-exp all-reduce over the TP group, as in
+  (TP > 1 needs a max/sum-exp all-reduce over the TP group, as in
   ``megatron/core/tensor_parallel/cross_entropy.py``) are out of scope for this
-  single-process version; :class:`ValueError` is not raised for them, the numbers would
-  simply be per-shard, so the trainer refuses TP > 1 itself.
+  single-process version: given a vocabulary shard these functions would normalise over the
+  shard only, so :class:`gyre.training.step.MegatronPolicy` refuses TP > 1.
 
 Numbers equal ``torch.log_softmax(logits, -1).gather(-1, targets)`` to float rounding
 (tests/training/test_step.py checks 1e-6 on the tiny model); arithmetic is in fp32 (bf16

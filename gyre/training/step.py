@@ -19,8 +19,9 @@ streaming, multi-cell version reuses these pieces unchanged:
   gives ``s_i`` to executions split over several micro-steps.
 * :class:`HFTrainStep` -- ``forward_backward(micro_steps)`` (accumulate, no update) then
   ``optimizer_step(normaliser)`` (divide by ``|E|`` once, clip, AdamW); ``__call__`` does both.
-* :class:`MegatronTrainStep` -- the same through Megatron's ``get_forward_backward_func``; the
-  loss function returns the 3-tuple ``(loss_sum, normaliser, stats)`` with
+* :class:`MegatronTrainStep` -- the same through Megatron's ``get_forward_backward_func``
+  (``forward_step`` is the Megatron ``forward_step_func`` of one micro-step; ``forward_backward``
+  then ``optimizer_step``); the loss function returns the 3-tuple ``(loss_sum, normaliser, stats)`` with
   ``config.calculate_per_token_loss = True``, so ``finalize_model_grads`` divides the
   (data-parallel all-reduced) gradients by the total normaliser ``|E|`` once
   (``megatron/core/pipeline_parallel/schedules.py`` ``forward_step_calc_loss``;
@@ -456,8 +457,13 @@ class MegatronTrainStep:
         self.policy = MegatronPolicy(model, chunk_size)
         _apply_wd_mult(optimizer)
 
+    def forward_step(self, data_iterator, model):
+        """Megatron ``forward_step_func`` for one micro-step (the separable per-micro-step part).
 
-    def _forward_step(self, data_iterator, model):
+        Takes the next :class:`MicroStepBatch` from ``data_iterator``, returns ``(logits,
+        loss_func)``; ``loss_func(logits)`` returns the 3-tuple ``(loss_sum, normaliser (int
+        tensor), {"stats": ObjectiveStats})`` that ``calculate_per_token_loss`` expects.
+        """
         batch = next(data_iterator)
         logits = self.policy.logits(model, batch)
 
@@ -504,6 +510,22 @@ class MegatronTrainStep:
                 sums[ms.execution_ids[e]] = sums.get(ms.execution_ids[e], 0.0) + float(per[e])
         return sums, sum(ms.forward_tokens for ms in todo)
 
+    def forward_backward(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
+        """Forward/backward of ``micro_steps`` through the schedule; ``finalize_model_grads`` then
+        all-reduces the gradients and the normaliser over data parallelism and divides the gradients
+        by it (``1/|E|`` once). No optimizer update. Returns ``(normaliser, stats)`` of these
+        micro-steps (this rank's share). Split executions need ``log_ratio_sum`` first."""
+        stats = ObjectiveStats()
+        if micro_steps:
+            for rec in self._run(self.forward_step, micro_steps, forward_only=False):
+                stats.merge(rec["stats"])
+        return stats.normaliser, stats
+
+    def optimizer_step(self) -> float:
+        """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping."""
+        _ok, grad_norm, _zeros = self.optimizer.step()
+        return float(grad_norm) if grad_norm is not None else math.nan
+
     def __call__(self, micro_steps: Sequence[MicroStep]) -> StepResult:
         """One step: forward-only pass for split executions, forward/backward of every
         micro-step (gradients divided by ``|E|`` in ``finalize_model_grads``), one update."""
@@ -512,13 +534,9 @@ class MegatronTrainStep:
         self.optimizer.zero_grad()
         sums, pass_tokens = self.precompute_log_ratio_sums(micro_steps)
         apply_log_ratio_sums(micro_steps, sums)
-        stats = ObjectiveStats()
-        if micro_steps:
-            for rec in self._run(self._forward_step, micro_steps, forward_only=False):
-                stats.merge(rec["stats"])
-        _ok, grad_norm, _zeros = self.optimizer.step()
-        return _result(stats, grad_norm if grad_norm is not None else math.nan, micro_steps, pass_tokens,
-                       time.perf_counter() - t0)
+        _, stats = self.forward_backward(micro_steps)
+        grad_norm = self.optimizer_step()
+        return _result(stats, grad_norm, micro_steps, pass_tokens, time.perf_counter() - t0)
 
 
 def _apply_wd_mult(optimizer) -> None:
