@@ -20,6 +20,9 @@ class EngineConfig:
     (right-padded), so keep it modest for very long contexts on big models.
     ``logprob_mode``: ``"tempered"`` (default) or ``"truncated"`` (``gyre/rollout/sampling.py``).
     ``num_threads``: ``torch.set_num_threads`` for the process (``None``: leave as is).
+    ``incremental_streaming_output``: stream chunks carry deltas (default; O(output) bytes per
+    request) rather than SGLang's default cumulative chunks (O(output^2)); both are SGLang modes
+    and :class:`gyre.rollout.engine.EngineClient` normalises either.
     """
 
     model_dir: str | None = None
@@ -33,5 +36,5 @@ class EngineConfig:
     logprob_mode: str = "tempered"
     weight_version: str = "default"
     random_seed: int = 0
-    incremental_streaming_output: bool = False
+    incremental_streaming_output: bool = True
     num_threads: int | None = None

@@ -36,10 +36,12 @@ Choices specific to this engine (documented contract):
   differ from their source directory) and ``resume`` restores them bit-identically;
   ``kv_cache`` frees the KV store and the prefix cache.  Release requires no running request
   (pause first); requests that arrive meanwhile wait.
-* **Streaming**: like SGLang's default (``incremental_streaming_output`` off) every chunk holds
-  the cumulative ``text``, ``output_ids`` and ``output_token_logprobs``; with it on, chunks hold
-  deltas.  ``/get_server_info`` reports which; :class:`gyre.rollout.engine.EngineClient`
-  normalises both.  Text that could still become a stop string is held back until it cannot.
+* **Streaming**: with ``incremental_streaming_output`` (this engine's default; an SGLang server
+  option, off by default there) every chunk holds the *new* ``text``, ``output_ids`` and
+  ``output_token_logprobs``; with it off (SGLang's default) chunks are cumulative.
+  ``/get_server_info`` reports which; :class:`gyre.rollout.engine.EngineClient` normalises both.
+  Text that could still become a stop string, or an incomplete UTF-8 character, is held back
+  until it cannot.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from gyre.rollout.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
 from gyre.rollout.core import CoreConfig, EngineCore, Seq
 from gyre.rollout.model_runner import HFModelRunner, WeightError, load_model_dir, read_weights
 from gyre.rollout.protocol import (
+    IncrementalDetokenizer,
     ProtocolError,
     SamplingParams,
     SeqOutput,
@@ -357,10 +360,11 @@ async def _read_json(request) -> Any:
 class _Acc:
     """Accumulated output of one sequence on the HTTP side."""
 
-    __slots__ = ("spec", "ids", "logprobs", "tops", "last", "sent_text", "sent_ids")
+    __slots__ = ("spec", "ids", "logprobs", "tops", "last", "sent_text", "sent_ids", "detok")
 
-    def __init__(self, spec: SeqSpec):
+    def __init__(self, spec: SeqSpec, decode: Callable[[list[int], bool], str] | None = None):
         self.spec = spec
+        self.detok = IncrementalDetokenizer(decode, spec.params.skip_special_tokens) if decode else None
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list = []
@@ -420,11 +424,9 @@ def build_app(engine: EmbeddedEngine):
         if acc.finished:
             return final_text(acc.ids, acc.last.finish_reason, acc.spec.params,
                               engine.decode if engine.tokenizer else None)
-        if engine.tokenizer is None:
+        if acc.detok is None:
             return ""
-        text = engine.decode(acc.ids, acc.spec.params.skip_special_tokens)
-        while text.endswith("\ufffd"):
-            text = text[:-1]
+        text = acc.detok.text(acc.ids)
         if acc.spec.params.stop:
             hold = max(len(s) for s in acc.spec.params.stop) - 1
             text = text[: max(len(acc.sent_text), len(text) - hold)] if hold else text
@@ -462,7 +464,8 @@ def build_app(engine: EmbeddedEngine):
             loop.call_soon_threadsafe(q.put_nowait, out)
 
         await run(lambda core: core.add(specs, sink))
-        accs = {s.index: _Acc(s) for s in specs}
+        accs = {s.index: _Acc(s, engine.decode if (req.stream and engine.tokenizer is not None) else None)
+                for s in specs}
 
         if req.stream:
             async def events():

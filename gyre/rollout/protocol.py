@@ -464,6 +464,36 @@ def final_text(output_ids: Sequence[int], finish_reason: Mapping[str, Any] | Non
     return text
 
 
+class IncrementalDetokenizer:
+    """Text of a growing id list in O(new tokens) per update (for streaming).
+
+    Keeps ``decode(ids[:anchor])`` and decodes only ``ids[anchor:]``; the anchor moves to the end
+    whenever that tail does not end in an incomplete UTF-8 sequence (``"\ufffd"``), where
+    byte-level BPE decoding splits exactly.  :meth:`text` holds back a trailing ``"\ufffd"``.
+
+    Args:
+        decode: ``decode(ids, skip_special_tokens) -> str``.
+        skip_special_tokens: passed to ``decode``.
+    """
+
+    __slots__ = ("decode", "skip", "anchor", "prefix")
+
+    def __init__(self, decode: Callable[[list[int], bool], str], skip_special_tokens: bool = True):
+        self.decode = decode
+        self.skip = skip_special_tokens
+        self.anchor = 0
+        self.prefix = ""
+
+    def text(self, ids: Sequence[int]) -> str:
+        """Stable text of ``ids`` (``ids`` only ever grows between calls)."""
+        tail = self.decode(list(ids[self.anchor:]), self.skip)
+        if not tail.endswith("\ufffd"):
+            self.prefix += tail
+            self.anchor = len(ids)
+            return self.prefix
+        return self.prefix + tail.rstrip("\ufffd")
+
+
 def logprob_triples(logprobs: Sequence[float], token_ids: Sequence[int],
                     token_text: Callable[[int], str] | None = None) -> list[list[Any]]:
     """SGLang ``output_token_logprobs``: ``[[logprob, token_id, text_or_null], ...]``."""

@@ -45,7 +45,9 @@ def build_arg_parser():
     p.add_argument("--logprob-mode", choices=("tempered", "truncated"), default=d.logprob_mode)
     p.add_argument("--weight-version", default=d.weight_version)
     p.add_argument("--random-seed", type=int, default=d.random_seed)
-    p.add_argument("--incremental-streaming-output", action="store_true")
+    p.add_argument("--incremental-streaming-output", action=argparse.BooleanOptionalAction,
+                   default=d.incremental_streaming_output,
+                   help="Stream deltas (default) or, with --no-..., cumulative chunks like SGLang's default.")
     p.add_argument("--num-threads", type=int, default=None, help="torch.set_num_threads (default: torch's).")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p

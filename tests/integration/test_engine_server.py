@@ -1,7 +1,8 @@
 """The embedded engine over real HTTP on 127.0.0.1 (issue 3 "Done when").
 
-One server (cumulative streaming) serves the read-only checks; a second one
-(incremental streaming) takes the weight updates, memory release and in-flight policies.
+One server (cumulative streaming, SGLang's default) serves the read-only checks; a second one
+(incremental streaming, the embedded default) takes the weight updates, memory release and
+in-flight policies.
 References are independent full forwards of the HF model at the same weights.
 """
 
@@ -33,7 +34,8 @@ def hf(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    srv = EngineServer(EngineConfig(model_dir=str(tiny_model_dir), max_running_requests=64)).start()
+    srv = EngineServer(EngineConfig(model_dir=str(tiny_model_dir), max_running_requests=64,
+                                    incremental_streaming_output=False)).start()
     yield srv
     srv.stop()
 
@@ -281,7 +283,7 @@ def test_small_requests_do_not_wait_for_delayed_acks(client):
 
 @pytest.fixture(scope="module")
 def wserver(tiny_model_dir):
-    srv = EngineServer(EngineConfig(model_dir=str(tiny_model_dir), incremental_streaming_output=True)).start()
+    srv = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     yield srv
     srv.stop()
 

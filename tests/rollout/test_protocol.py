@@ -164,3 +164,36 @@ def test_final_text_trims_like_sglang():
 def test_logprob_triples_shape():
     assert logprob_triples([-0.5, -1.0], [3, 4]) == [[-0.5, 3, None], [-1.0, 4, None]]
     assert logprob_triples([-0.5], [3], lambda t: f"<{t}>") == [[-0.5, 3, "<3>"]]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from gyre.embedded_model import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+def test_incremental_detokenizer_matches_full_decode(tokenizer):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from gyre.rollout.protocol import IncrementalDetokenizer
+
+    def decode(ids, skip):
+        return tokenizer.decode(ids, skip_special_tokens=skip)
+
+    # single bytes (0..255, incl. partial UTF-8), merged tokens, and special tokens
+    token = st.one_of(st.integers(0, 255), st.integers(256, 4095), st.integers(4096, 4121))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(token, min_size=1, max_size=40), st.booleans())
+    def check(ids, skip):
+        det = IncrementalDetokenizer(decode, skip)
+        prev = ""
+        for n in range(1, len(ids) + 1):
+            text = det.text(ids[:n])
+            assert text.startswith(prev)                       # deltas can be streamed
+            prev = text
+        assert prev == decode(ids, skip).rstrip("\ufffd")
+
+    check()
