@@ -353,7 +353,7 @@ async def _read_json(request) -> Any:
         return None
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ProtocolError("body is not valid JSON") from None
 
 

@@ -209,6 +209,8 @@ def test_64_concurrent_requests_complete_with_correct_lengths(server):
 
 MALFORMED = [
     ("/generate", "{not json"),
+    ("/generate", "[" * 100000 + "]" * 100000),
+    ("/generate", '{"input_ids": [1], "sampling_params": {"temperature": NaN}}'),
     ("/generate", []),
     ("/generate", {}),
     ("/generate", {"input_ids": []}),
