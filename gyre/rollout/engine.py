@@ -437,7 +437,9 @@ class EngineClient(_ClientBase):
     # control --------------------------------------------------------------------
 
     def abort(self, rid: str) -> bool:
-        """Abort request ``rid`` (all its samples); ``False`` when the engine does not know it."""
+        """Abort request ``rid`` (all its samples); the request then answers with
+        ``finish_reason.type == "abort"`` and its partial output.  Returns ``False`` when the
+        embedded engine does not know ``rid`` (finished or never seen); SGLang always says ``True``."""
         return self._do(_op_abort(rid, False))
 
     def abort_all(self) -> None:
