@@ -10,6 +10,11 @@ and error reporting off (``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE
 ``DISABLE_AUTOUPDATER``, ``DISABLE_ERROR_REPORTING``); ``IS_SANDBOX=1`` lets the permission
 bypass run as root. The final answer is the ``result`` of the JSON object it prints.
 
+Compaction: Claude Code compacts *reactively* when the proxy answers HTTP 400 "prompt is too
+long" (the proxy's ``max_context_tokens``), and proactively when its context passes
+``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` percent of the window it assumes for the model (1M tokens for
+an unknown model name; ``autocompact_pct``). Both were checked with 2.1.332 through Gyre's proxy.
+
 Roles (from the traces): compaction requests append "...create a detailed summary of the
 conversation so far..." to the last user message; sub-agent requests carry
 ``x-claude-code-agent-id``; requests without tools (title generation, interactive mode only)
@@ -64,6 +69,7 @@ class ClaudeCodeHarness(Harness):
         binary: a preinstalled ``claude`` (default ``$GYRE_CLAUDE_CODE_BIN``, else the cache).
         model: ``--model`` (default: the endpoint's model name).
         max_turns: ``--max-turns``, when set.
+        autocompact_pct: ``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` (1-100), when set.
         extra_args: appended to the command.
         **kwargs: :class:`~gyre.harness.Harness` options.
     """
@@ -72,12 +78,16 @@ class ClaudeCodeHarness(Harness):
     roles = CLAUDE_CODE_ROLES
 
     def __init__(self, *, version: str | None = None, binary: str | None = None, model: str | None = None,
-                 max_turns: int | None = None, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
+                 max_turns: int | None = None, autocompact_pct: int | None = None, extra_args: Sequence[str] = (),
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         p = CLAUDE_CODE_PACKAGE
         self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
         self.binary = binary or os.environ.get("GYRE_CLAUDE_CODE_BIN")
         self.model, self.max_turns, self.extra_args = model, max_turns, list(extra_args)
+        if autocompact_pct is not None and not 1 <= autocompact_pct <= 100:
+            raise ValueError(f"autocompact_pct must be in [1, 100], got {autocompact_pct}")
+        self.autocompact_pct = autocompact_pct
 
     def executable(self) -> Path:
         return Path(self.binary) if self.binary else installed_bin(self.package)
@@ -101,6 +111,8 @@ class ClaudeCodeHarness(Harness):
         env = {"ANTHROPIC_BASE_URL": ctx.endpoint.anthropic_base_url, "ANTHROPIC_API_KEY": ctx.endpoint.api_key,
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", "IS_SANDBOX": "1"}
+        if self.autocompact_pct is not None:
+            env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] = str(self.autocompact_pct)
         return LaunchSpec(argv, env)
 
     def final_message(self, ctx: LaunchContext) -> str | None:

@@ -69,7 +69,11 @@ class CodexHarness(Harness):
     Args:
         version / binary: as for :class:`~gyre.harness.ClaudeCodeHarness` (``$GYRE_CODEX_BIN``).
         model: model name in the config (default: the endpoint's).
-        settings: extra top-level ``config.toml`` keys.
+        context_window: the policy's context size (tokens) -> ``model_context_window``; Codex
+            then compacts by itself at ``auto_compact_tokens`` (default 80 % of the window ->
+            ``model_auto_compact_token_limit``). Codex does not compact when the proxy answers
+            "prompt is too long" -- it exits -- so set this to the proxy's limit or below.
+        settings: extra top-level ``config.toml`` keys (override the above).
         extra_args: appended before the instruction.
     """
 
@@ -77,12 +81,22 @@ class CodexHarness(Harness):
     roles = CODEX_ROLES
 
     def __init__(self, *, version: str | None = None, binary: str | None = None, model: str | None = None,
+                 context_window: int | None = None, auto_compact_tokens: int | None = None,
                  settings: Mapping[str, Any] | None = None, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         p = CODEX_PACKAGE
         self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
         self.binary = binary or os.environ.get("GYRE_CODEX_BIN")
-        self.model, self.settings, self.extra_args = model, dict(settings or {}), list(extra_args)
+        self.model, self.extra_args = model, list(extra_args)
+        base: dict[str, Any] = {}
+        if context_window is not None:
+            if context_window < 1:
+                raise ValueError(f"context_window must be >= 1, got {context_window}")
+            base["model_context_window"] = int(context_window)
+            base["model_auto_compact_token_limit"] = int(auto_compact_tokens or 0.8 * context_window)
+        elif auto_compact_tokens is not None:
+            base["model_auto_compact_token_limit"] = int(auto_compact_tokens)
+        self.settings = {**base, **(settings or {})}
 
     def executable(self) -> Path:
         return Path(self.binary) if self.binary else installed_bin(self.package)

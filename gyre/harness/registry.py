@@ -37,8 +37,12 @@ def make_harness(name: str, **options: Any) -> Harness:
     return cls(**options)
 
 
-def harness_from_args(args: argparse.Namespace) -> Harness:
-    """The run's harness from ``--harness`` and the harness flags of :mod:`gyre.arguments`."""
+def harness_from_args(args: argparse.Namespace, *, context_window: int | None = None) -> Harness:
+    """The run's harness from ``--harness`` and the harness flags of :mod:`gyre.arguments`.
+
+    ``context_window`` (tokens; default ``--seq-length``) is the policy's context: the reference
+    agent compacts at ``--reference-compact-threshold-tokens`` (default 75 % of it), Codex is
+    configured with it (Claude Code reacts to the proxy's "prompt is too long" instead)."""
     common: dict[str, Any] = {"isolation": getattr(args, "harness_isolation", "auto"),
                               "default_timeout_s": args.execution_timeout_s}
     max_turns = getattr(args, "harness_max_turns", None)
@@ -46,7 +50,7 @@ def harness_from_args(args: argparse.Namespace) -> Harness:
         tools = getattr(args, "reference_tools", None)
         threshold = getattr(args, "reference_compact_threshold_tokens", None)
         if threshold is None:
-            threshold = int(0.75 * args.seq_length)
+            threshold = int(0.75 * (context_window or args.seq_length))
         opts: dict[str, Any] = {"compact_threshold_tokens": threshold,
                                 "max_tokens": getattr(args, "rollout_max_new_tokens", None)}
         if tools:
@@ -59,7 +63,7 @@ def harness_from_args(args: argparse.Namespace) -> Harness:
     if args.harness == "claude-code":
         return ClaudeCodeHarness(max_turns=max_turns, **common)
     if args.harness == "codex":
-        return CodexHarness(**common)
+        return CodexHarness(context_window=context_window or getattr(args, "seq_length", None), **common)
     if args.harness == "mini-swe-agent":
         return MiniSweAgentHarness(step_limit=max_turns or 0, **common)
     return make_harness(args.harness, **common)

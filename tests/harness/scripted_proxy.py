@@ -102,7 +102,10 @@ def leaves_by_role(tree) -> Counter:
 
 
 @contextmanager
-def scripted_proxy(model_dir: str | Path, policy: Callable[[str], str], save_dir: str | Path) -> Iterator[ScriptedProxy]:
+def scripted_proxy(model_dir: str | Path, policy: Callable[[str], str], save_dir: str | Path, *,
+                   max_context_tokens: int = 4_000_000) -> Iterator[ScriptedProxy]:
+    """Start the proxy + scripted engine; ``max_context_tokens`` is the proxy's prompt limit
+    (longer prompts get HTTP 400 "prompt is too long")."""
     from gyre.embedded_model import load_tokenizer
     from gyre.proxy.engines import ScriptedEngine
     from gyre.proxy.render import ChatRenderer
@@ -120,7 +123,7 @@ def scripted_proxy(model_dir: str | Path, policy: Callable[[str], str], save_dir
 
     engine = ScriptedEngine("engine-0", script=script, chunk=16)
     server = ProxyServer(renderer, store=TrajectoryStore(save_dir),
-                         config=ProxyConfig(max_context_tokens=4_000_000, default_max_tokens=512))
+                         config=ProxyConfig(max_context_tokens=max_context_tokens, default_max_tokens=512))
     server.add_engine(engine)
     server.start()
     try:

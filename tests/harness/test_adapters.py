@@ -51,23 +51,30 @@ def test_claude_code_command(ctx, fake_bin):
     for k in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER",
               "DISABLE_ERROR_REPORTING", "IS_SANDBOX"):
         assert spec.env[k] == "1"
+    assert "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE" not in spec.env
+    assert ClaudeCodeHarness(binary=fake_bin, autocompact_pct=5).build_command(ctx).env[
+        "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "5"
+    with pytest.raises(ValueError):
+        ClaudeCodeHarness(autocompact_pct=0)
     ctx.dirs.log_path.write_text('noise\n{"type":"result","result":"All done."}\n')
     assert ClaudeCodeHarness(binary=fake_bin).final_message(ctx) == "All done."
     assert last_json_object("x\n{bad}\n") is None
 
 
 def test_codex_command_and_config(ctx, fake_bin):
-    spec = CodexHarness(binary=fake_bin, settings={"model_context_window": 4096}).build_command(ctx)
+    spec = CodexHarness(binary=fake_bin, context_window=4096).build_command(ctx)
     assert spec.argv[:6] == [fake_bin, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                              "--json", "--output-last-message"]
     assert spec.argv[-1] == "Fix it."
     assert spec.env == {"CODEX_HOME": str(ctx.dirs.home / ".codex"), "GYRE_API_KEY": "sk-key"}
     cfg = (ctx.dirs.home / ".codex" / "config.toml").read_text()
-    assert cfg == codex_config_toml("http://127.0.0.1:8100/v1", "policy-m", settings={"model_context_window": 4096})
+    assert cfg == codex_config_toml("http://127.0.0.1:8100/v1", "policy-m", settings={
+        "model_context_window": 4096, "model_auto_compact_token_limit": 3276})
     import tomllib
 
     data = tomllib.loads(cfg)
     assert data["model"] == "policy-m" and data["model_provider"] == "gyre" and data["model_context_window"] == 4096
+    assert data["model_auto_compact_token_limit"] == 3276
     prov = data["model_providers"]["gyre"]
     assert prov["base_url"] == "http://127.0.0.1:8100/v1" and prov["wire_api"] == "responses"
     assert prov["env_key"] == "GYRE_API_KEY" and "sk-key" not in cfg
@@ -117,4 +124,6 @@ def test_harness_from_args():
     assert h.compact_threshold_tokens == 1536 and h.isolation == "off"
     h = harness_from_args(parse_args(["--harness", "mini-swe-agent", "--harness-max-turns", "9"]))
     assert isinstance(h, MiniSweAgentHarness) and h.step_limit == 9
-    assert isinstance(harness_from_args(argparse.Namespace(harness="codex", execution_timeout_s=5.0)), CodexHarness)
+    h = harness_from_args(argparse.Namespace(harness="codex", execution_timeout_s=5.0, seq_length=32768))
+    assert isinstance(h, CodexHarness) and h.settings["model_context_window"] == 32768
+    assert harness_from_args(parse_args(["--harness", "reference"]), context_window=1000).compact_threshold_tokens == 750
