@@ -348,6 +348,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.rollout_temperature > 0, "rollout-temperature", "must be > 0")
     need(0 < args.rollout_top_p <= 1, "rollout-top-p", "must be in (0, 1]")
     need(args.execution_timeout_s > 0, "execution-timeout-s", "must be > 0")
+    need(args.tasks is None or Path(args.tasks).exists(), "tasks", f"task file or directory not found: {args.tasks}")
     need(args.reference_compact_threshold_tokens is None or args.reference_compact_threshold_tokens >= 0,
          "reference-compact-threshold-tokens", "must be >= 0")
     if args.reference_tools is not None:

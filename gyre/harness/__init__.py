@@ -1,5 +1,17 @@
 """Harness adapters (claude-code, codex, mini-swe-agent, reference agent) and workspaces.
 
+How the main job runs one execution (each in its own thread; all calls are thread-safe)::
+
+    harness = harness_from_args(args)                          # once; then harness.ensure_installed()
+    ex = proxy.register_execution(execution_id, task_id=task.id, harness=harness.name)
+    result = harness.run(task, args.run_dir, execution_id,     # workspace -> child -> closure
+                         ProxyEndpoint(proxy.url, ex.api_key),
+                         timeout_s=task.timeout_s or args.execution_timeout_s,
+                         model_calls=lambda: proxy.counters(execution_id)["calls"],
+                         on_launch=lambda r: running.update({execution_id: r}))  # r.cancel() later
+    outcome = reward_manager.assess(result.closure(task, ex.api_key), task.build_evaluator(...))
+    proxy.close_execution(execution_id)                        # after a judge has used the key
+
 The interface and the execution lifecycle are in :mod:`gyre.harness.base`; the child process
 (process group, time limit, isolation) in :mod:`gyre.harness.process`; role declarations in
 :mod:`gyre.harness.roles`; installs from the registries in :mod:`gyre.harness.install`; Gyre's

@@ -127,3 +127,15 @@ def test_harness_from_args():
     h = harness_from_args(argparse.Namespace(harness="codex", execution_timeout_s=5.0, seq_length=32768))
     assert isinstance(h, CodexHarness) and h.settings["model_context_window"] == 32768
     assert harness_from_args(parse_args(["--harness", "reference"]), context_window=1000).compact_threshold_tokens == 750
+
+
+def test_tasks_flag_must_exist(tmp_path):
+    from gyre.arguments import parse_args
+
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--tasks", str(tmp_path / "missing.jsonl")])
+    assert info.value.code == 2
+    from pathlib import Path
+
+    toy = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "toy" / "tasks.jsonl"
+    assert parse_args(["--tasks", str(toy)]).tasks == str(toy)
