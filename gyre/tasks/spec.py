@@ -82,14 +82,19 @@ class TaskProblem:
     index: int | None = None
 
     def __str__(self) -> str:
+        """One line (control characters in names and messages are escaped)."""
         if self.task_id is not None:
             who = f"task {self.task_id!r}"
         elif self.index is not None:
             who = f"task #{self.index + 1}"
         else:
             who = "file"
-        where = f" field '{self.field}'" if self.field else ""
-        return f"{self.source}: {who}{where}: {self.message}"
+        where = f" field '{_one_line(self.field)}'" if self.field else ""
+        return f"{_one_line(self.source)}: {who}{where}: {_one_line(self.message)}"
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 @dataclass(slots=True, frozen=True)

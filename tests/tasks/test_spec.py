@@ -134,3 +134,36 @@ def test_build_evaluator(tmp_path):
 
     ev = ok(tmp_path, evaluator={**EXE, "scoring": "exit_code", "timeout_s": 7}).build_evaluator()
     assert isinstance(ev, ExecutableCheck)
+
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=12)
+_keys = st.sampled_from(["id", "instruction", "workspace", "evaluator", "timeout_s", "hidden", "metadata", "x"])
+_task = st.dictionaries(_keys, _json | st.fixed_dictionaries({"type": st.sampled_from(
+    ["executable", "judge", "composite"])}, optional={"command": _json, "components": _json, "rubric": _json,
+                                                      "env": _json, "files": _json, "dir": _json, "git": _json}))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_json | _task)
+def test_validate_never_raises(tmp_path, raw):
+    out = validate_task(raw, source="f:1", task_dir=tmp_path, index=0, check_imports=False)
+    if isinstance(out, list):
+        assert out and all("\n" not in str(p) for p in out)
+    else:
+        assert isinstance(out, TaskSpec)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=300), suffix=st.sampled_from([".jsonl", ".yaml", ".json"]))
+def test_loader_never_raises_on_garbage(tmp_path, text, suffix):
+    from gyre.tasks import load_tasks
+
+    f = tmp_path / f"tasks{suffix}"
+    f.write_text(text)
+    res = load_tasks(f, check_imports=False)
+    assert res.skipped >= 0 and all(isinstance(t, TaskSpec) for t in res.tasks)
