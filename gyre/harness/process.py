@@ -2,8 +2,8 @@
 
 :class:`HarnessProcess` starts ``argv`` as the leader of a new session/process group
 (``start_new_session=True``) with stdin closed and stdout+stderr appended to one log file
-(written by the child directly, so the log streams while it runs). At the time limit or on
-:meth:`HarnessProcess.terminate` it sends ``SIGTERM`` to the *whole group*, waits
+(written by the child directly, so the log streams while it runs). At the time limit or when
+cancelled (:meth:`HarnessProcess.wait` with ``cancel``) it sends ``SIGTERM`` to the *whole group*, waits
 ``kill_grace_s``, then ``SIGKILL``. Group members that outlive the leader (background
 processes the harness left) are killed with ``SIGKILL`` before the leader is reaped, so its
 process id cannot be reused meanwhile.
@@ -115,9 +115,10 @@ def isolation_supported() -> bool:
 class ProcessExit:
     """How the harness process ended.
 
-    * ``returncode`` -- exit status (negative: killed by that signal); ``None`` when Gyre
-      killed it (time limit or :meth:`HarnessProcess.terminate`);
-    * ``timed_out`` -- it ran past its limit; ``cancelled`` -- :meth:`terminate` was called;
+    * ``returncode`` -- exit status (negative: killed by that signal; under isolation a death
+      by signal ``N`` reads as ``128 + N``, as a shell reports it); ``None`` when Gyre killed it
+      (time limit or cancel);
+    * ``timed_out`` -- it ran past its limit; ``cancelled`` -- ``cancel()`` became true;
     * ``duration_s`` -- seconds from start to exit (or kill);
     * ``isolation_failed`` -- the isolation wrapper could not set up its mounts (the harness
       never ran).
