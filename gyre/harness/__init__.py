@@ -3,7 +3,8 @@
 How the main job runs one execution (each in its own thread; all calls are thread-safe)::
 
     harness = harness_from_args(args)                          # once; then harness.ensure_installed()
-    ex = proxy.register_execution(execution_id, task_id=task.id, harness=harness.name)
+    ex = proxy.register_execution(execution_id, task_id=task.id, harness=harness.name,
+                                  role_rules=harness.roles)            # the adapter's role rules
     result = harness.run(task, args.run_dir, execution_id,     # workspace -> child -> closure
                          ProxyEndpoint(proxy.url, ex.api_key),
                          timeout_s=task.timeout_s or args.execution_timeout_s,

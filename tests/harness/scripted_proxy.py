@@ -74,8 +74,13 @@ class ScriptedProxy:
     def base_url(self) -> str:
         return self.server.url
 
-    def register(self, execution_id: str, task_id: str, harness: str) -> str:
-        """Register through ``POST /gyre/executions``; returns the execution's API key."""
+    def register(self, execution_id: str, task_id: str, harness: str, role_rules: Any = None) -> str:
+        """Register through ``POST /gyre/executions`` (or, with ``role_rules`` -- a harness
+        adapter's :class:`~gyre.harness.RoleRules` -- through the in-process API that accepts
+        them); returns the execution's API key."""
+        if role_rules is not None:
+            ex = self.server.register_execution(execution_id, task_id=task_id, harness=harness, role_rules=role_rules)
+            return ex.api_key
         r = httpx.post(f"{self.base_url}/gyre/executions",
                        json={"execution_id": execution_id, "task_id": task_id, "harness": harness}, timeout=30)
         r.raise_for_status()

@@ -36,8 +36,8 @@ def assess(result, task):
     return RewardManager(RetryPolicy(max_retries=0)).assess(result.closure(task), task.build_evaluator())
 
 
-def run(proxy, harness, task, run_dir, eid, **kw):
-    key = proxy.register(eid, task.id, harness.name)
+def run(proxy, harness, task, run_dir, eid, role_rules=None, **kw):
+    key = proxy.register(eid, task.id, harness.name, role_rules=role_rules)
     try:
         return harness.run(task, run_dir, eid, ProxyEndpoint(proxy.base_url, key), model_calls=proxy.model_calls(eid),
                            **kw)
@@ -97,7 +97,7 @@ def test_reference_agent_compaction_and_subagent_branches(tiny_model_dir, tmp_pa
     task = tasks["toy-add-6-7"]
     with scripted_proxy(tiny_model_dir, long_task_policy, tmp_path / "records") as proxy:
         harness = ReferenceHarness(compact_threshold_tokens=1900, max_turns=20)
-        res = run(proxy, harness, task, tmp_path / "run", "long-0")
+        res = run(proxy, harness, task, tmp_path / "run", "long-0", role_rules=harness.roles)
     assert res.termination is TerminationStatus.COMPLETED and res.final_message == "All done. DONE_MARKER"
     tree = proxy.tree("long-0")
     roles = [tree.record_info(i).role for i in range(len(tree.records))]

@@ -127,7 +127,7 @@ def compaction_policy(prompt: str) -> str:
 def _run(harness, task, tmp_path, policy, **proxy_kw):
     with scripted_proxy(tmp_path / "model", policy, tmp_path / "records", **proxy_kw) as proxy:
         eid = f"{harness.name}-x"
-        key = proxy.register(eid, task.id, harness.name)
+        key = proxy.register(eid, task.id, harness.name, role_rules=harness.roles)  # roles by the adapter's rules
         res = harness.run(task, tmp_path / "run", eid, ProxyEndpoint(proxy.base_url, key),
                           model_calls=proxy.model_calls(eid), timeout_s=120)
         proxy.close(eid)
