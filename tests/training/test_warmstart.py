@@ -1,0 +1,51 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gyre.embedded_model import load_tokenizer
+from gyre.training.warmstart import Example, load_examples, render_example, tool_loop_examples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_render_masks_everything_but_assistant_tokens(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    ex = Example([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "done"}])
+    ids, labels = render_example(tok, ex)
+    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\ndone<|im_end|>\n"
+    targets = [t for t in labels if t != -100]
+    assert tok.decode(targets) == "done<|im_end|>\n"
+    assert labels[: len(ids) - len(targets)] == [-100] * (len(ids) - len(targets))
+
+
+def test_tool_loop_examples_are_rendered_calls(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    exs = tool_loop_examples(2)
+    assert len(exs) == 3
+    ids, labels = render_example(tok, exs[2])
+    text = tok.decode([t for t in labels if t != -100])
+    assert text.count('<tool_call>\n{"name": "bash", "arguments": {"command": "echo step"}}\n</tool_call>') == 3
+
+
+def test_load_examples_errors_name_the_line(tmp_path):
+    p = tmp_path / "ex.jsonl"
+    p.write_text('{"messages": []}\n{"oops": 1}\n')
+    with pytest.raises(ValueError, match=r"ex.jsonl:2: expected an object with a 'messages' list"):
+        load_examples(p)
+    p.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"ex.jsonl:1: not valid JSON"):
+        load_examples(p)
+
+
+def test_cli_trains_and_saves(tmp_path, tiny_model_dir):
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(tmp_path / "m"),
+                        "--builtin", "tool-loop", "--steps", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"model_dir": str(tmp_path / "m")}
+    assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "tokenizer.json").is_file()
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(tmp_path / "m2"),
+                        "--examples", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
