@@ -83,6 +83,27 @@ DEFAULT_PASSTHROUGH_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"
                            "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 
 
+def _needs_shared_tmp(argv: Sequence[str]) -> bool:
+    """True when the harness needs files that live under ``/tmp`` (this interpreter, the Gyre
+    checkout, the harness cache or the command itself, e.g. a clone in a temporary directory):
+    a private ``/tmp`` would hide them, so the shared one is kept (``TMPDIR`` still points at the
+    execution's own ``tmp/``)."""
+    tmp = Path("/tmp").resolve()
+    candidates = [sys.prefix, sys.executable, Path(__file__).resolve().parents[2],
+                  os.environ.get("GYRE_HARNESS_CACHE"), argv[0] if argv else None,
+                  shutil.which(argv[0]) if argv else None]
+    for c in candidates:
+        if not c:
+            continue
+        try:
+            real = Path(os.path.realpath(c))
+        except OSError:
+            continue
+        if real == tmp or tmp in real.parents:
+            return True
+    return False
+
+
 class HarnessUnavailable(RuntimeError):
     """The harness cannot be used here: its package registry is unreachable, or the
     installed command is missing. ``str(exc)`` is one line with the reason."""
@@ -407,8 +428,9 @@ class Harness(abc.ABC):
         isolate = self.isolated
         masks = [str(dirs.run_dir), *(str(h) for h in task.hidden)]
         initial = tree_digest(dirs.workspace) if model_calls is None else None
+        private_tmp = self.private_tmp_size if isolate and not _needs_shared_tmp(spec.argv) else None
         proc = HarnessProcess(spec.argv, cwd=dirs.workspace, env=env, log_path=dirs.log_path, isolate=isolate,
-                              own_dir=dirs.root, masks=masks, private_tmp=self.private_tmp_size if isolate else None,
+                              own_dir=dirs.root, masks=masks, private_tmp=private_tmp,
                               kill_grace_s=self.kill_grace_s)
         secrets = (endpoint.api_key, *spec.redact)
 
