@@ -143,3 +143,14 @@ def test_python_child_sees_only_given_env(tmp_path):
     assert p.wait(30).returncode == 0
     keys = p.log_path.read_text().strip().splitlines()[-1]
     assert "ONLY" in keys and "HOME" not in keys
+
+
+def test_private_tmp_is_skipped_when_the_harness_lives_under_tmp():
+    import sys
+    from pathlib import Path
+
+    from gyre.harness.base import _needs_shared_tmp
+
+    assert _needs_shared_tmp(["/tmp/some-clone/.venv/bin/python", "-m", "x"]) is True
+    under_tmp = Path("/tmp").resolve() in Path(sys.prefix).resolve().parents
+    assert _needs_shared_tmp(["/usr/bin/env"]) is (under_tmp or Path("/tmp").resolve() in Path(__file__).resolve().parents)
