@@ -10,16 +10,19 @@ Processes (each its own Python process, all on this machine):
 
 * **engine** -- a stand-in SGLang server that answers instantly (after ``--decode-ms``) with a
   fixed short tool-call reply: ``POST /generate`` (SGLang-native, ``input_ids``, SSE streaming)
-  and ``POST /v1/chat/completions`` which, like SGLang's OpenAI server, renders the messages
-  with the chat template and tokenises the *whole* prompt before "generating".
+  and ``POST /v1/chat/completions``. By default the chat endpoint does no model work at all
+  (a transport-only baseline, so Gyre's added latency includes everything it does); with
+  ``--engine-tokenizes`` it renders and tokenises the *whole* prompt first, as SGLang's OpenAI
+  server does -- work that Gyre's ``/generate`` calls with token ids spare the engine.
 * **forwarder** -- a plain aiohttp pass-through (bytes in, bytes out, no parsing or recording).
 * **gyre** -- :class:`gyre.proxy.server.ProxyServer` -> engine ``/generate`` (token ids), with the
-  durable record store (group-committed fsync before each response) and trajectory trees.
+  record store (each record written before its response completes; ``--durability fsync`` also
+  fsyncs it, group-committed) and trajectory trees.
 
 The load generator runs ``C`` executions concurrently (``C`` in ``--concurrency``); each runs a
 mini-swe-agent-like loop of Chat Completions calls: system + task, then per turn the reply
-(a tool call) and a tool result of ``--turn-tokens`` new tokens, until the context reaches
-``--max-context`` tokens. The same workload is sent four ways: ``direct-chat`` (to the engine's
+(a tool call) and a tool result of ``--turn-tokens`` new tokens (after ``--think-ms`` of
+"tool execution"), until the context reaches ``--max-context`` tokens. The same workload is sent four ways: ``direct-chat`` (to the engine's
 chat endpoint), ``direct-generate`` (``/generate`` with token ids: the pure engine round trip),
 ``forwarder`` and ``gyre``. Reported per concurrency: p50/p99 latency of each, the latency
 added by (a) the forwarder and (b) Gyre over ``direct-chat`` -- the harness calling the engine
@@ -63,7 +66,7 @@ def _tokenizer(kind: str):
     return ensure_tiny_model(kind), load_tokenizer(ensure_tiny_model(kind))
 
 
-def serve_engine(port: int, kind: str, decode_ms: float) -> None:
+def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool) -> None:
     """The stand-in SGLang engine (see the module docstring)."""
     import uvicorn
     from fastapi import FastAPI, Request
@@ -102,8 +105,11 @@ def serve_engine(port: int, kind: str, decode_ms: float) -> None:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = json.loads(await request.body())
-        ids = tok.apply_chat_template(body["messages"], tools=body.get("tools"), add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
+        if tokenizes:  # what SGLang's OpenAI server does before generating
+            n_in = len(tok.apply_chat_template(body["messages"], tools=body.get("tools"), add_generation_prompt=True,
+                                               tokenize=True, return_dict=False))
+        else:  # a transport-only stand-in: estimate the prompt length from its size
+            n_in = sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4
         if decode_ms:
             await asyncio.sleep(decode_ms / 1000)
         return JSONResponse({
@@ -111,7 +117,7 @@ def serve_engine(port: int, kind: str, decode_ms: float) -> None:
             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
                 "role": "assistant", "content": "", "tool_calls": [{"id": f"call_{random.getrandbits(48):x}",
                 "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat src/module.py"}'}}]}}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out_ids), "total_tokens": len(ids) + len(out_ids)}})
+            "usage": {"prompt_tokens": n_in, "completion_tokens": len(out_ids), "total_tokens": n_in + len(out_ids)}})
 
     _run(app, port)
 
@@ -142,7 +148,7 @@ def serve_forwarder(port: int, upstream: str) -> None:
     asyncio.run(main())
 
 
-def serve_gyre(port: int, upstream: str, kind: str, store_dir: str) -> None:
+def serve_gyre(port: int, upstream: str, kind: str, store_dir: str, durability: str) -> None:
     """Gyre's proxy routing to the stand-in engine's ``/generate``; records to ``store_dir``."""
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
@@ -152,7 +158,7 @@ def serve_gyre(port: int, upstream: str, kind: str, store_dir: str) -> None:
 
     _, tok = _tokenizer(kind)
     srv = ProxyServer(ChatRenderer(tok), store=TrajectoryStore(store_dir, fsync_every=0, max_open=1024),
-                      config=ProxyConfig(max_context_tokens=1 << 20, default_max_tokens=256))
+                      config=ProxyConfig(max_context_tokens=1 << 20, default_max_tokens=256, durability=durability))
     srv.add_engine(ClientEngine(AsyncEngineClient(upstream), "engine-0"))
     srv.start("127.0.0.1", port)
     print(json.dumps({"url": srv.url}), flush=True)
@@ -169,7 +175,8 @@ def _run(app, port: int) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
     sock.bind(("127.0.0.1", port))
     sock.listen(4096)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_keep_alive=3600, backlog=4096))
     threading.Thread(target=lambda: (time.sleep(0.5), print(json.dumps(
         {"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)), daemon=True).start()
     server.run(sockets=[sock])
@@ -223,6 +230,7 @@ async def run_phase(target: str, url: str, conc: int, args, words: Words, keys: 
 
     system = words.text(800)
     lat: list[float] = []
+    errors: list[str] = []
     limits = httpx.Limits(max_connections=conc + 8, max_keepalive_connections=conc + 8)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
 
@@ -230,11 +238,12 @@ async def run_phase(target: str, url: str, conc: int, args, words: Words, keys: 
             msgs: list[dict[str, Any]] = [{"role": "system", "content": system},
                                           {"role": "user", "content": f"Task {i}: " + words.text(200)}]
             n_ctx = 1100
+            turns = max(1, -(-(args.max_context - n_ctx) // args.turn_tokens))  # same work on every target
             headers = {"content-type": "application/json"}
             if target == "gyre":
                 headers["authorization"] = f"Bearer {keys[i]}"
             turn = 0
-            while n_ctx < args.max_context:
+            while turn < turns:
                 if target == "direct-generate":
                     body = json.dumps({"input_ids": [7] * n_ctx, "sampling_params": {"max_new_tokens": 256},
                                        "return_logprob": True}).encode()
@@ -242,23 +251,36 @@ async def run_phase(target: str, url: str, conc: int, args, words: Words, keys: 
                 else:
                     body = json.dumps({"model": "bench", "messages": msgs, "tools": TOOLS}).encode()
                     path = "/v1/chat/completions"
-                t0 = time.perf_counter()
-                r = await client.post(path, content=body, headers=headers)
+                for attempt in range(5):
+                    t0 = time.perf_counter()
+                    try:
+                        r = await client.post(path, content=body, headers=headers)
+                        break
+                    except httpx.TransportError:  # a reused keep-alive connection closed under us
+                        errors.append(target)
+                        if attempt == 4:
+                            raise
                 lat.append(time.perf_counter() - t0)
                 if r.status_code != 200:
                     raise RuntimeError(f"{target}: HTTP {r.status_code}: {r.text[:300]}")
                 res = r.json()
                 if target == "direct-generate":
                     n_ctx += len(res["output_ids"]) + args.turn_tokens
+                    turn += 1
+                    if args.think_ms:
+                        await asyncio.sleep(random.expovariate(1000.0 / args.think_ms))
                     continue
                 msg = res["choices"][0]["message"]
                 msgs.append(msg)
                 call_id = msg["tool_calls"][0]["id"]
                 msgs.append({"role": "tool", "tool_call_id": call_id, "content": words.text(args.turn_tokens)})
-                n_ctx = res["usage"]["prompt_tokens"] + args.turn_tokens
                 turn += 1
+                if args.think_ms:
+                    await asyncio.sleep(random.expovariate(1000.0 / args.think_ms))
 
         await asyncio.gather(*(execution(i) for i in range(conc)))
+    if errors:
+        print(f"  ({len(errors)} transport errors retried)", flush=True)
     return lat
 
 
@@ -287,20 +309,27 @@ def main() -> int:
     ap.add_argument("--store-dir", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", default="1,64,256")
     ap.add_argument("--max-context", type=int, default=100_000, help="context tokens an execution grows to")
-    ap.add_argument("--turn-tokens", type=int, default=10_000, help="new tokens per turn in the latency runs")
+    ap.add_argument("--turn-tokens", type=int, default=2_000, help="new tokens per turn in the latency runs")
+    ap.add_argument("--think-ms", type=float, default=0.0,
+                    help="mean harness time between a reply and the next request (tool execution), ms")
+    ap.add_argument("--engine-tokenizes", action="store_true",
+                    help="the engine's chat endpoint renders and tokenises the whole prompt (like SGLang's OpenAI "
+                         "server); default: a transport-only stand-in")
     ap.add_argument("--flat-turn-tokens", type=int, default=1_000, help="new tokens per turn in the flatness sweep")
     ap.add_argument("--decode-ms", type=float, default=0.0, help="engine 'generation' time per call (ms)")
     ap.add_argument("--tokenizer", choices=("local", "qwen"), default="local")
+    ap.add_argument("--durability", choices=("flush", "fsync"), default="flush",
+                    help="Gyre's record durability before a response (ProxyConfig.durability)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.serve == "engine":
-        serve_engine(args.port, args.tokenizer, args.decode_ms)
+        serve_engine(args.port, args.tokenizer, args.decode_ms, args.engine_tokenizes)
         return 0
     if args.serve == "forwarder":
         serve_forwarder(args.port, args.upstream)
         return 0
     if args.serve == "gyre":
-        serve_gyre(args.port, args.upstream, args.tokenizer, args.store_dir)
+        serve_gyre(args.port, args.upstream, args.tokenizer, args.store_dir, args.durability)
         return 0
 
     _, tok = _tokenizer(args.tokenizer)
@@ -309,11 +338,13 @@ def main() -> int:
     results: dict[str, Any] = {"config": vars(args), "latency": {}, "cpu": {}, "flat": []}
     store = tempfile.mkdtemp(prefix="gyre-bench-proxy-")
     try:
-        eng, eng_url = _spawn("--serve", "engine", "--tokenizer", args.tokenizer, "--decode-ms", str(args.decode_ms))
+        eng, eng_url = _spawn("--serve", "engine", "--tokenizer", args.tokenizer, "--decode-ms", str(args.decode_ms),
+                              *(["--engine-tokenizes"] if args.engine_tokenizes else []))
         procs.append(eng)
         fwd, fwd_url = _spawn("--serve", "forwarder", "--upstream", eng_url)
         procs.append(fwd)
-        gy, gy_url = _spawn("--serve", "gyre", "--upstream", eng_url, "--tokenizer", args.tokenizer, "--store-dir", store)
+        gy, gy_url = _spawn("--serve", "gyre", "--upstream", eng_url, "--tokenizer", args.tokenizer, "--store-dir", store,
+                            "--durability", args.durability)
         procs.append(gy)
         targets = {"direct-chat": eng_url, "direct-generate": eng_url, "forwarder": fwd_url, "gyre": gy_url}
         print(f"{'C':>4} {'target':<16} {'calls':>6} {'p50 ms':>9} {'p99 ms':>9}")

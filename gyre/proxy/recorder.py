@@ -9,8 +9,12 @@ thread-safe) that takes every record queued so far, appends them
 (:meth:`TrajectoryStore.append`: one ``write`` + flush each), then -- with ``fsync=True`` --
 fsyncs each touched file *once* for the whole batch before resolving the waiting calls. Under
 load the fsync cost is shared by all calls of a batch (group commit) instead of being paid per
-record in series. Use a store built with ``fsync_every=0`` so that the store does not fsync each
-record itself (a store with ``fsync_every=1`` still works, just without the batching gain).
+record in series. With ``fsync=False`` a record counts as stored once it is written and flushed
+to the operating system (it survives a crash of the process -- DESIGN.md's "crash of the
+trainer"); the thread then fsyncs the touched files every ``fsync_interval_s`` seconds in the
+background (machine-crash window: that interval). Use a store built with ``fsync_every=0`` so
+that the store does not fsync each record itself (a store with ``fsync_every=1`` still works,
+just without the batching gain).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 from gyre.trajectory.records import RequestRecord
@@ -37,13 +42,19 @@ class RecordSink:
         store: a :class:`~gyre.trajectory.store.TrajectoryStore` (or anything with ``append(rec)``,
             ``path(execution_id)``, ``close_execution(execution_id)`` and ``close()``).
         fsync: fsync each touched file once per batch before reporting the records stored.
+        fsync_interval_s: with ``fsync=False``, background fsync period of written files
+            (seconds; ``None``: never, the store's own policy only).
         max_batch: records per batch at most.
     """
 
-    def __init__(self, store: Any, *, fsync: bool = True, max_batch: int = 1024) -> None:
+    def __init__(self, store: Any, *, fsync: bool = True, fsync_interval_s: float | None = 1.0,
+                 max_batch: int = 1024) -> None:
         self.store = store
         self.fsync = bool(fsync)
+        self.fsync_interval_s = fsync_interval_s
         self.max_batch = int(max_batch)
+        self._dirty: set[str] = set()
+        self._last_sync = time.monotonic()
         self.batches = 0
         self.records = 0
         self._q: queue.Queue = queue.Queue()
@@ -67,9 +78,24 @@ class RecordSink:
         self._q.put(_STOP)
         self._thread.join(timeout)
 
+    def _background_sync(self, force: bool = False) -> None:
+        if self.fsync or self.fsync_interval_s is None or not self._dirty:
+            return
+        if force or time.monotonic() - self._last_sync >= self.fsync_interval_s:
+            dirty, self._dirty = self._dirty, set()
+            try:
+                self._sync(dirty, force=True)
+            except OSError:
+                logger.exception("background fsync of the record store failed")
+            self._last_sync = time.monotonic()
+
     def _run(self) -> None:
         while True:
-            item = self._q.get()
+            try:
+                item = self._q.get(timeout=self.fsync_interval_s if (not self.fsync and self._dirty) else None)
+            except queue.Empty:
+                self._background_sync()
+                continue
             batch = [item]
             while len(batch) < self.max_batch:
                 try:
@@ -88,10 +114,12 @@ class RecordSink:
                     if op == "append":
                         done.append((fut, self.store.append(arg)))
                         touched.add(arg.execution_id)
+                        self._dirty.add(arg.execution_id)
                     else:
                         self._sync(touched)
                         touched.clear()
-                        self.store.close_execution(arg)
+                        self.store.close_execution(arg)  # closing fsyncs
+                        self._dirty.discard(arg)
                         done.append((fut, None))
                 except Exception as exc:  # report to the waiting call
                     logger.exception("record store operation %s failed", op)
@@ -107,14 +135,15 @@ class RecordSink:
                 fut.set_result(res)
             self.batches += 1
             self.records += sum(1 for it in batch if it is not _STOP and it[0] == "append")
+            self._background_sync()
             if stop:
                 try:
                     self.store.close()
                 finally:
                     return
 
-    def _sync(self, execution_ids: set[str]) -> None:
-        if not self.fsync:
+    def _sync(self, execution_ids: set[str], force: bool = False) -> None:
+        if not (self.fsync or force):
             return
         for eid in execution_ids:
             # fsync flushes the file's (inode's) dirty pages whichever descriptor wrote them

@@ -89,8 +89,11 @@ class ProxyConfig:
     * ``policy_version`` -- fallback version when engines report none.
     * ``default_sampling`` -- SGLang sampling params used when a request leaves them unset
       (e.g. ``{"temperature": 1.0}``); ``forced_sampling`` -- params that override the request.
-    * ``fsync`` -- group-commit fsync of the record files before a response is sent
-      (:class:`~gyre.proxy.recorder.RecordSink`; give the server a store with ``fsync_every=0``).
+    * ``durability`` -- when a call's record counts as stored (it always is before the response
+      completes): ``"flush"`` (default) once written to the OS -- it survives a crash of the
+      process; files are fsynced every ``fsync_interval_s`` seconds in the background -- or
+      ``"fsync"``: fsynced too (group commit, :class:`~gyre.proxy.recorder.RecordSink`), which
+      adds a disk sync to every call's latency. Give the server a store with ``fsync_every=0``.
     """
 
     model_name: str = "gyre"
@@ -105,7 +108,8 @@ class ProxyConfig:
     policy_version: int = 0
     default_sampling: dict[str, Any] = field(default_factory=dict)
     forced_sampling: dict[str, Any] = field(default_factory=dict)
-    fsync: bool = True
+    durability: str = "flush"
+    fsync_interval_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -275,7 +279,7 @@ class ProxyServer:
         renderer: the model's :class:`~gyre.proxy.render.ChatRenderer`.
         router: engines and routes (a new empty :class:`~gyre.proxy.router.Router` if ``None``).
         store: durable record storage (``None``: records live only in the in-memory trees); build
-            it with ``fsync_every=0``: the server fsyncs in batches itself (``config.fsync``).
+            it with ``fsync_every=0``: the server decides when to fsync (``config.durability``).
         config: :class:`ProxyConfig`.
         ids: id factory for returned ids (tests).
 
@@ -310,7 +314,10 @@ class ProxyServer:
         self.stage_times: collections.deque[dict[str, float]] = collections.deque(maxlen=100_000)
         self._loop: asyncio.AbstractEventLoop | None = None
         # one thread writes the record store in batches (group commit); fsyncs stay off the loop
-        self._sink = RecordSink(store, fsync=self.config.fsync) if store is not None else None
+        if self.config.durability not in ("flush", "fsync"):
+            raise ValueError(f"durability must be 'flush' or 'fsync', got {self.config.durability!r}")
+        self._sink = (RecordSink(store, fsync=self.config.durability == "fsync",
+                                 fsync_interval_s=self.config.fsync_interval_s) if store is not None else None)
         self._thread: threading.Thread | None = None
         self._server = None
         self.host, self.port = "127.0.0.1", 0

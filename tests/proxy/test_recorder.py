@@ -44,3 +44,21 @@ def test_append_errors_reach_the_caller(tmp_path):
     fut = sink.submit(_rec("e", 0))
     assert isinstance(fut.exception(10), OSError)
     sink.close()
+
+
+def test_flush_mode_syncs_in_the_background(tmp_path, monkeypatch):
+    import os as _os
+
+    synced = []
+    real = _os.fsync
+    monkeypatch.setattr("gyre.proxy.recorder.os.fsync", lambda fd: (synced.append(fd), real(fd)))
+    sink = RecordSink(TrajectoryStore(tmp_path, fsync_every=0), fsync=False, fsync_interval_s=0.05)
+    assert sink.submit(_rec("e", 0)).result(10) == 0  # stored (written to the OS) before any fsync
+    import time
+
+    end = time.time() + 5
+    while not synced and time.time() < end:
+        time.sleep(0.01)
+    assert synced  # the background fsync came
+    sink.close()
+    assert len(TrajectoryStore(tmp_path).read_records("e")) == 1
