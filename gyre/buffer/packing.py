@@ -170,6 +170,13 @@ class MicroStep:
         """``N``."""
         return int(self.target_ids.shape[0])
 
+    @property
+    def is_causal(self) -> bool:
+        """Every batch row holds one sequence from column 0 (``pad`` without tree sharing): a plain
+        causal mask gives real tokens exactly their context (right padding is never attended by
+        real tokens), so the model can use its causal kernel instead of :meth:`attention_mask`."""
+        return bool((self.segment_parent < 0).all() and (self.segment_start == 0).all())
+
     def attention_mask(self) -> np.ndarray:
         """``bool [b, s, s]``: True where query column ``q`` may attend key column ``k``.
 

@@ -1,9 +1,10 @@
 """Trajectory trees shaped like the recorded harness traces (``../shared/traces``), for tests and
 benchmarks of packing and the tree-packed forward.
 
-Stop-gap until the proxy replay tool (``tools/replay_trace.py``) lands: it replays a trace's
-requests through the proxy and gives the real token trees. Here only the *structure* and the
-*sizes* come from the trace; token ids are random:
+A cheap, scalable stand-in for real replays: :func:`gyre.proxy.replay.replay_trace` (and
+``tools/replay_trace.py``) replays a trace's requests through the proxy and gives the real token
+trees, whose rows are 9k-19k tokens -- more than CPU unit tests can afford. Here only the
+*structure* and the *sizes* come from the trace (scaled by ``scale``); token ids are random:
 
 * each successful request (``injected`` attempts and non-model calls are skipped) becomes one
   :class:`~gyre.trajectory.records.RequestRecord` whose role is the trace's ``kind``

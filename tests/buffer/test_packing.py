@@ -74,6 +74,12 @@ def check_invariants(rows, res, cfg):
         pad = ms.segment_ids < 0
         for r in range(b):
             assert not allowed[r][~pad[r]][:, pad[r]].any()
+            if ms.is_causal:  # the plain causal mask is exact for real query columns
+                assert np.array_equal(allowed[r][~pad[r]], np.tril(np.ones((s, s), bool))[~pad[r]])
+        assert ms.is_causal == all(ms.segment_parent[g] < 0 and ms.segment_start[g] == 0
+                                   for g in range(len(ms.segment_start)))
+        if cfg.layout == "pad" and not cfg.tree:
+            assert ms.is_causal
     in_E = {eid for eid, n in L.items() if n > 0}
     assert set(counted) == in_E and all(v == 1 for v in counted.values())
     for ms in ms_list:

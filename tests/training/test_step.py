@@ -18,9 +18,10 @@ from gyre.training.logprobs import target_logprobs_from_hidden, target_logprobs_
 from gyre.training.step import AdamConfig, HFTrainStep
 from gyre.training.trace_trees import trace_shaped_rows
 
-# The proxy replay tool (tools/replay_trace.py) is not on main yet: trees get the traces' branching
-# structure and sizes from gyre.training.trace_trees (long shared prefix, compaction branch,
-# sub-agent root branch), with random token ids.
+# Trees with the traces' branching structure and sizes scaled down (gyre.training.trace_trees: long
+# shared prefix, compaction branch, sub-agent root branch; random token ids), so the 2-layer embedded
+# model runs them in seconds. Real replays (9k-19k-token rows) are in
+# tests/integration/test_train_step_replay.py.
 TRACES = ("claude-code/cc2a_autocompact.jsonl", "codex/cx2_gpt55_autocompact.jsonl", "codex/cx3_subagent.jsonl")
 
 
@@ -96,8 +97,17 @@ def test_logprob_errors():
 # --------------------------------------------------------------------------- per-row reference
 
 
+def row_target_logprobs(model, r):
+    """Per-row forward: the row alone, default positions and causal mask, chunked target log-probs
+    (equal to the naive log-softmax, see above)."""
+    t = np.flatnonzero(r.target_mask)
+    hidden = model.model(input_ids=torch.as_tensor(r.input_ids[None], dtype=torch.int64)).last_hidden_state[0]
+    return target_logprobs_from_hidden(hidden, model.lm_head.weight, torch.as_tensor(t - 1),
+                                       torch.as_tensor(r.input_ids[t], dtype=torch.int64))[0]
+
+
 def per_row_loss(model, rows, objective: ObjectiveConfig):
-    """Loss of the batch with one plain forward per row (``model(ids).logits``, naive log-softmax)."""
+    """Loss of the batch with one plain forward per row (:func:`row_target_logprobs`)."""
     lps, blps, exs = [], [], []
     execs = sorted({r.execution_id for r in rows if r.num_targets})
     loc = {e: i for i, e in enumerate(execs)}
@@ -106,9 +116,7 @@ def per_row_loss(model, rows, objective: ObjectiveConfig):
         t = np.flatnonzero(r.target_mask)
         if not t.size:
             continue
-        logits = model(torch.as_tensor(r.input_ids[None], dtype=torch.int64)).logits[0]
-        lp = torch.log_softmax(logits, -1)[torch.as_tensor(t - 1), torch.as_tensor(r.input_ids[t], dtype=torch.int64)]
-        lps.append(lp)
+        lps.append(row_target_logprobs(model, r))
         blps.append(torch.as_tensor(r.behaviour_logprobs[t]))
         exs += [loc[r.execution_id]] * len(t)
         L[r.execution_id], A[r.execution_id] = r.num_execution_targets, r.advantage
@@ -131,8 +139,7 @@ def with_behaviour_near_policy(model, rows, spread=0.004, seed=0):
         for r in rows:
             r = copy.copy(r)
             t = np.flatnonzero(r.target_mask)
-            logits = model(torch.as_tensor(r.input_ids[None], dtype=torch.int64)).logits[0]
-            lp = torch.log_softmax(logits, -1)[torch.as_tensor(t - 1), torch.as_tensor(r.input_ids[t], dtype=torch.int64)]
+            lp = row_target_logprobs(model, r)
             blp = np.zeros_like(r.behaviour_logprobs)
             blp[t] = lp.numpy() + rng.normal(0, spread, len(t)) + rng.normal(0, spread)
             r.behaviour_logprobs = blp.astype(np.float32)
