@@ -24,7 +24,7 @@ sequence can be reused at every cuttable boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from gyre.proxy.messages import ROLE_ASSISTANT, ROLE_USER, Message
 
@@ -39,11 +39,12 @@ class RenderError(ValueError):
 
 @dataclass(slots=True)
 class Segment:
-    """Tokens of ``new[first:last + 1]`` (``int`` token ids), ending at a cuttable boundary."""
+    """Tokens of ``new[first:last + 1]`` (``int`` token ids, or the ``encode`` callback's
+    placeholder), ending at a cuttable boundary."""
 
     first: int
     last: int
-    ids: list[int]
+    ids: Any
 
 
 @dataclass(slots=True)
@@ -171,17 +172,21 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool,
         template_kwargs: dict[str, Any] | None = None,
+        encode: Callable[[str], Any] | None = None,
     ) -> DeltaRender:
         """Encode ``new`` messages following ``prev`` (``None``: start of the conversation).
 
         ``tools`` are only rendered when ``prev is None`` (they belong to the first block).
         Cost: O(tokens of ``prev`` + ``new``) -- independent of the history before ``prev``.
+        ``encode`` replaces :meth:`encode` for each segment's text (a caller that encodes later,
+        e.g. off the event loop, passes a function returning a placeholder).
 
         Raises:
             RenderError: the boundary after ``prev`` is not cuttable for this continuation (the
                 caller backs off to an earlier boundary).
         """
         kw = template_kwargs or {}
+        enc = encode or self.encode
         segments: list[Segment] = []
         win: list[dict[str, Any]] = [prev.template_dict()] if prev is not None else []
         use_tools = tools if prev is None else None
@@ -197,7 +202,7 @@ class ChatRenderer:
                 raise RenderError("rendering is not prefix-stable after the previous message")
             if t_prev is not None and t.startswith(t_prev):
                 # the boundary between new[j-1] and new[j] is cuttable: close new[gs..j-1]
-                segments.append(Segment(gs, j - 1, self.encode(t_prev[len(base):])))
+                segments.append(Segment(gs, j - 1, enc(t_prev[len(base):])))
                 win = [dicts[j - 1]]
                 use_tools = None
                 base = self.render(win, None, template_kwargs=kw)
@@ -213,16 +218,16 @@ class ChatRenderer:
             tg = self.render(win + dicts[gs:], use_tools, add_generation_prompt=True, template_kwargs=kw)
             if tg.startswith(cur):
                 if gs < n:
-                    segments.append(Segment(gs, n - 1, self.encode(cur[len(base):])))
+                    segments.append(Segment(gs, n - 1, enc(cur[len(base):])))
                 elif not win and cur:  # no messages at all: the tools-only block
-                    segments.append(Segment(0, -1, self.encode(cur)))
-                gen_ids = self.encode(tg[len(cur):])
+                    segments.append(Segment(0, -1, enc(cur)))
+                gen_ids = enc(tg[len(cur):])
             elif gs < n and tg.startswith(base):
-                segments.append(Segment(gs, n - 1, self.encode(tg[len(base):])))
+                segments.append(Segment(gs, n - 1, enc(tg[len(base):])))
                 gen_in_last = True
             else:
                 raise RenderError("generation prompt is not prefix-stable after the previous message")
         elif gs < n:
             assert t_prev is not None
-            segments.append(Segment(gs, n - 1, self.encode(t_prev[len(base):])))
+            segments.append(Segment(gs, n - 1, enc(t_prev[len(base):])))
         return DeltaRender(segments, gen_ids, gen_in_last)

@@ -68,17 +68,9 @@ def _megatron_dests() -> set[str]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` with ``--config`` defaults and Gyre's checks; exit 2 with one line on error."""
-    from gyre.arguments import ArgumentError, load_config_defaults, validate_args
+    from gyre.arguments import ArgumentError, parse_with_config, validate_args
 
-    parser = build_arg_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", type=str, default=None)
-    known, _ = pre.parse_known_args(argv)
-    try:
-        if known.config is not None:
-            parser.set_defaults(**load_config_defaults(parser, known.config))
-        args = parser.parse_args(argv)
+    def validate(args: argparse.Namespace) -> argparse.Namespace:
         skip = _megatron_dests()  # no training here: the world-size/cell-layout checks do not apply
         checked = validate_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in skip}))
         for k, v in vars(checked).items():
@@ -87,9 +79,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ArgumentError("argument --port: must be in [0, 65535]")
         if args.num_engines is not None and args.num_engines < 1:
             raise ArgumentError("argument --num-engines: must be >= 1")
-    except ArgumentError as exc:
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    return args
+        return args
+
+    return parse_with_config(build_arg_parser(), argv, validate)
 
 
 class RolloutService:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import gzip
 import json
 import logging
@@ -49,7 +50,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -313,6 +315,8 @@ class ProxyServer:
         #: with input_tokens and rendered_tokens (bounded; ``GET /gyre/stats``)
         self.stage_times: collections.deque[dict[str, float]] = collections.deque(maxlen=100_000)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # tokenisation of new content runs off the event loop (the tokenizer releases the GIL)
+        self._encoders = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-encode")
         # one thread writes the record store in batches (group commit); fsyncs stay off the loop
         if self.config.durability not in ("flush", "fsync"):
             raise ValueError(f"durability must be 'flush' or 'fsync', got {self.config.durability!r}")
@@ -520,6 +524,7 @@ class ProxyServer:
             self._sock.close()
         if self._sink is not None:
             self._sink.close()
+        self._encoders.shutdown(wait=False)
 
     def __enter__(self) -> "ProxyServer":
         return self.start()
@@ -622,7 +627,7 @@ class ProxyServer:
         except (ValueError, OSError, zlib.error, RecursionError) as exc:
             raise ProxyError(400, f"request body is not valid JSON: {type(exc).__name__}") from None
 
-    def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str], body: Any = None):
+    async def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str], body: Any = None):
         harness = ex.harness if ex.harness in ("claude-code", "codex") else None
         role = None
         if ex.role_rules is not None:
@@ -637,7 +642,7 @@ class ProxyServer:
         if ex.task_id is not None:
             meta["task_id"] = ex.task_id
         try:
-            prep = ex.session.prepare(req)
+            prep = await ex.session.prepare_async(req, self._encoders)
         except RenderError as exc:
             raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
         except Exception as exc:  # jinja errors (e.g. raise_exception in the template)
@@ -647,14 +652,17 @@ class ProxyServer:
     async def _model_call(self, request: Request, api: str):
         ex = self._auth(request)
         try:
-            raw = await request.body()
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # the client left while sending: nothing to answer or record
+                return Response(status_code=499)
             t0 = time.perf_counter()
             body = self._decode_json(raw, request.headers.get("content-encoding", ""))
             t1 = time.perf_counter()
             req = normalize(api, body)
             t2 = time.perf_counter()
             headers = {k.lower(): v for k, v in request.headers.items()}
-            role, meta, prep = self._prepare(ex, req, headers, body)
+            role, meta, prep = await self._prepare(ex, req, headers, body)
             prep.timings["parse_s"] = t1 - t0
             prep.timings["normalize_s"] = t2 - t1
             n_in = int(prep.input_ids.shape[0])
@@ -695,7 +703,7 @@ class ProxyServer:
         if isinstance(body, dict) and "max_tokens" not in body:
             body = dict(body, max_tokens=1)
         req = normalize("anthropic", body)
-        _, _, prep = self._prepare(ex, req, {k.lower(): v for k, v in request.headers.items()})
+        _, _, prep = await self._prepare(ex, req, {k.lower(): v for k, v in request.headers.items()})
         return JSONResponse({"input_tokens": int(prep.input_ids.shape[0])})
 
     def _models_body(self) -> dict[str, Any]:

@@ -140,6 +140,83 @@ class PreparedInput:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+class _TextRef:
+    """Placeholder for a text whose tokens are encoded later (index into ``_Plan.texts``)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class _Plan:
+    """A request's input before encoding: token arrays (with provenance) and texts, in order;
+    trie nodes to create, with their boundaries as part counts."""
+
+    def __init__(self, request, messages, ident, restored, starts_in_reasoning, path) -> None:
+        self.request, self.messages, self.ident = request, messages, ident
+        self.restored, self.starts_in_reasoning, self.path = restored, starts_in_reasoning, path
+        self.parts: list[tuple[Any, np.ndarray | None]] = []  # (array | _TextRef, provenance | None)
+        self.texts: list[str] = []
+        self.pending: list[list[Any]] = []  # [key, message, is_output, close, cuttable, after_parts]
+        self.reused = 0
+        self.gen_start = -1
+
+    def text(self, text: str) -> _TextRef:
+        self.texts.append(text)
+        return _TextRef(len(self.texts) - 1)
+
+    def add(self, ids: np.ndarray, prov: np.ndarray) -> None:
+        self.parts.append((ids, prov))
+
+    def add_ext(self, ids: np.ndarray) -> None:
+        self.parts.append((ids, None))
+
+    def add_part(self, ref: Any) -> None:
+        self.parts.append((ref, None))
+
+    def pend(self, key, message, is_output: bool, close: list[int], cut: bool) -> None:
+        self.pending.append([key, message, is_output, close, cut, len(self.parts)])
+
+    def known_len(self) -> int:
+        return sum(p[0].shape[0] for p in self.parts)
+
+    def finish(self, encoded: list[list[int]]) -> PreparedInput:
+        ids_parts: list[np.ndarray] = []
+        prov_parts: list[np.ndarray] = []
+        ends = [0]
+        rendered = 0
+        for obj, prov in self.parts:
+            if isinstance(obj, _TextRef):
+                arr = np.asarray(encoded[obj.index], np.int32)
+                rendered += arr.shape[0]
+            else:
+                arr = obj
+            ids_parts.append(arr)
+            prov_parts.append(prov if prov is not None else np.full(arr.shape[0], _EXT, np.int8))
+            ends.append(ends[-1] + arr.shape[0])
+        pending = []
+        for key, message, is_output, close, cut, after in self.pending:
+            end = ends[after] if cut else -1  # an identified output's boundary is before its close
+            pending.append(_Pending(key, message, end, close, is_output))
+        input_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
+        input_prov = np.concatenate(prov_parts) if prov_parts else np.zeros(0, np.int8)
+        return PreparedInput(
+            input_ids=input_ids.astype(np.int32, copy=False),
+            input_provenance=input_prov.astype(np.int8, copy=False),
+            reused_tokens=self.reused,
+            rendered_tokens=rendered,
+            messages=self.messages,
+            identified=self.ident,
+            restored_calls=self.restored,
+            starts_in_reasoning=self.starts_in_reasoning,
+            gen_start=ends[self.gen_start] if self.gen_start >= 0 else -1,
+            path=self.path,
+            pending=pending,
+            tool_kinds=dict(self.request.tool_kinds),
+        )
+
+
 @dataclass(slots=True)
 class TitoStats:
     """Per-execution TITO counters (tokens; calls)."""
@@ -310,13 +387,42 @@ class TitoSession:
         """
         t0 = time.perf_counter()
         messages, ident, restored = self.restore(request.messages)
-        keys: list[Hashable] = [
-            ("out", ci) if ci is not None else m.key() for m, ci in zip(messages, ident)
-        ]
-        hkey = self.header_key(request)
-        # walk the trie: path[i] is the node of messages[i - 1] (path[0] = header)
+        keys, path = self._walk(request, messages, ident)
+        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
+        t1 = time.perf_counter()
+        plan = self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning)
+        prep = plan.finish(self._encode_texts(plan.texts))
+        prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
+        return prep
+
+    async def prepare_async(self, request: ChatRequest, executor: Any = None) -> PreparedInput:
+        """:meth:`prepare` with the encoding of new text run in ``executor`` (a thread pool: the
+        tokenizer releases the GIL, so long tool outputs neither block the event loop nor stay
+        on one core). Restoration, matching and rendering happen before the first await, so the
+        result is the same as :meth:`prepare` at that moment.
+        """
+        import asyncio
+
+        t0 = time.perf_counter()
+        messages, ident, restored = self.restore(request.messages)
+        keys, path = self._walk(request, messages, ident)
+        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
+        t1 = time.perf_counter()
+        plan = self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning)
+        t2 = time.perf_counter()
+        if plan.texts and sum(len(t) for t in plan.texts) > 4096:
+            enc = await asyncio.get_running_loop().run_in_executor(executor, self._encode_texts, plan.texts)
+        else:
+            enc = self._encode_texts(plan.texts)
+        t3 = time.perf_counter()
+        prep = plan.finish(enc)
+        prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": t3 - t2}
+        return prep
+
+    def _walk(self, request: ChatRequest, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
+        keys: list[Hashable] = [("out", ci) if ci is not None else m.key() for m, ci in zip(messages, ident)]
         path: list[_Node] = []
-        node = self._root.children.get(hkey)
+        node = self._root.children.get(self.header_key(request))
         if node is not None:
             path.append(node)
             for k in keys:
@@ -325,17 +431,16 @@ class TitoSession:
                     break
                 path.append(nxt)
                 node = nxt
-        gen_text, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
-        t1 = time.perf_counter()
-        # back off to the deepest cuttable boundary that the continuation renders after
+        return keys, path
+
+    def _plan(self, request, messages, ident, keys, path, restored, starts_in_reasoning) -> "_Plan":
+        """Back off to the deepest cuttable boundary that the continuation renders after."""
         depth = len(path)
         while True:
             while depth > 0 and path[depth - 1].end < 0:
                 depth -= 1
             try:
-                prep = self._assemble(request, messages, ident, keys, path, depth, restored, starts_in_reasoning)
-                prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
-                return prep
+                return self._assemble(request, messages, ident, keys, path, depth, restored, starts_in_reasoning)
             except RenderError:
                 if depth == 0:
                     raise
@@ -351,97 +456,69 @@ class TitoSession:
         depth: int,
         restored: int,
         starts_in_reasoning: bool,
-    ) -> PreparedInput:
-        parts_ids: list[np.ndarray] = []
-        parts_prov: list[np.ndarray] = []
-        pos = 0
+    ) -> "_Plan":
+        """Plan the input of a request: stored token arrays and texts still to encode, in order.
+
+        Raises:
+            RenderError: the continuation does not render after ``path[depth - 1]``.
+        """
+        plan = _Plan(request, messages, ident, restored, starts_in_reasoning, path[:depth])
         if depth > 0:
             anchor = path[depth - 1]
             toks, prov = self._record_arrays(anchor.ref)
-            parts_ids.append(toks[: anchor.end])
-            parts_prov.append(prov[: anchor.end])
-            pos = anchor.end
+            plan.add(toks[: anchor.end], prov[: anchor.end])
             if anchor.close:
-                parts_ids.append(np.asarray(anchor.close, np.int32))
-                parts_prov.append(np.full(len(anchor.close), _EXT, np.int8))
-                pos += len(anchor.close)
-        reused = pos
+                plan.add_ext(np.asarray(anchor.close, np.int32))
+        plan.reused = plan.known_len()
         # path[0] is the header node, path[k] the node of messages[k - 1]: with depth d >= 1
         # messages[d - 1:] are new; depth 0 (no header either) renders everything.
         first_new = max(0, depth - 1)
         prev: Message | None = path[depth - 1].message if depth > 0 else None
         tools = request.tools
-        pending: list[_Pending] = []
         if depth == 0:
-            pending.append(_Pending(self.header_key(request), None, 0, [], False))  # type: ignore[arg-type]
-        rendered = 0
+            plan.pend(self.header_key(request), None, False, [], cut=True)  # type: ignore[arg-type]
         n = len(messages)
         i = first_new
         kw = request.template_kwargs
-        gen_start = -1
         while True:
-            # next identified output at or after i
-            j = i
+            j = i  # next identified output at or after i
             while j < n and ident[j] is None:
                 j += 1
             run = messages[i:j]
             last = j >= n
             if run or last:
-                d = self.renderer.render_delta(
-                    prev, run, tools if prev is None else None, add_generation_prompt=last, template_kwargs=kw
-                )
+                d = self.renderer.render_delta(prev, run, tools if prev is None else None, add_generation_prompt=last,
+                                               template_kwargs=kw, encode=plan.text)
                 for seg in d.segments:
-                    ids = np.asarray(seg.ids, np.int32)
-                    parts_ids.append(ids)
-                    parts_prov.append(np.full(ids.shape[0], _EXT, np.int8))
-                    pos += ids.shape[0]
-                    rendered += ids.shape[0]
+                    plan.add_part(seg.ids)
                     for mi in range(seg.first, seg.last + 1):
                         k = i + mi
-                        pending.append(_Pending(keys[k], messages[k], pos if mi == seg.last else -1, [], False))
+                        plan.pend(keys[k], messages[k], False, [], cut=mi == seg.last)
                 if last:
-                    gen_start = pos
-                    if d.gen_ids:
-                        g = np.asarray(d.gen_ids, np.int32)
-                        parts_ids.append(g)
-                        parts_prov.append(np.full(g.shape[0], _EXT, np.int8))
-                        pos += g.shape[0]
-                        rendered += g.shape[0]
-                    if d.gen_in_last and pending:
-                        pending[-1].end = -1
+                    plan.gen_start = len(plan.parts)
+                    if isinstance(d.gen_ids, _TextRef):
+                        plan.add_part(d.gen_ids)
+                    if d.gen_in_last and plan.pending:
+                        plan.pending[-1][4] = False
                     break
                 if run:
                     prev = run[-1]
-            # splice the identified output messages[j]
-            e = self._outputs[ident[j]]  # type: ignore[index]
-            for arr, pv in ((e.open_ids, _EXT), (e.output_ids, e.output_provenance)):
-                parts_ids.append(arr)
-                parts_prov.append(np.full(arr.shape[0], pv, np.int8))
-                pos += arr.shape[0]
-            pending.append(_Pending(keys[j], messages[j], pos, list(e.close_ids), True))
+            e = self._outputs[ident[j]]  # type: ignore[index]  # splice the identified output
+            plan.add_ext(e.open_ids)
+            plan.add(e.output_ids, np.full(e.output_ids.shape[0], e.output_provenance, np.int8))
+            plan.pend(keys[j], messages[j], True, list(e.close_ids), cut=True)
             if e.close_ids:
-                c = np.asarray(e.close_ids, np.int32)
-                parts_ids.append(c)
-                parts_prov.append(np.full(c.shape[0], _EXT, np.int8))
-                pos += c.shape[0]
+                plan.add_ext(np.asarray(e.close_ids, np.int32))
             prev = e.message
             i = j + 1
-        input_ids = np.concatenate(parts_ids) if parts_ids else np.zeros(0, np.int32)
-        input_prov = np.concatenate(parts_prov) if parts_prov else np.zeros(0, np.int8)
-        return PreparedInput(
-            input_ids=input_ids.astype(np.int32, copy=False),
-            input_provenance=input_prov.astype(np.int8, copy=False),
-            reused_tokens=reused,
-            rendered_tokens=rendered,
-            messages=messages,
-            identified=ident,
-            restored_calls=restored,
-            starts_in_reasoning=starts_in_reasoning,
-            gen_start=gen_start,
-            path=path[:depth],
-            pending=pending,
-            tool_kinds=dict(request.tool_kinds),
-        )
+        return plan
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text (the tokenizer's batch encoder releases the GIL)."""
+        fast = self.renderer._fast
+        if fast is not None and len(texts) > 1:
+            return [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)]
+        return [self.renderer.encode(t) for t in texts]
 
     # ------------------------------------------------------------------ commit
     def next_call_index(self) -> int:
