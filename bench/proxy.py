@@ -4,7 +4,8 @@ and the proxy's CPU time per call by stage.
 Usage::
 
     python bench/proxy.py [--concurrency 1,64,256] [--max-context 100000] [--turn-tokens 10000]
-                          [--flat-turn-tokens 1000] [--decode-ms 0] [--json OUT.json]
+                          [--flat-turn-tokens 1000] [--decode-ms 0] [--think-ms 0] [--engine-tokenizes]
+                          [--durability flush|fsync] [--quick] [--json OUT.json]
 
 Processes (each its own Python process, all on this machine):
 
@@ -32,7 +33,8 @@ Gyre's CPU time per call is split into JSON parsing, normalisation (API -> messa
 matching (restoration + message-trie walk), rendering + encoding of new content, and
 recording (store append + tree insert), from ``GET /gyre/stats``. A second sweep runs one
 execution with ``--flat-turn-tokens`` new tokens per turn from 1k to ``--max-context`` context
-tokens and prints those stage times by context length (target: matching/encoding flat).
+tokens in-process (no HTTP, no other load; each call's read-only stages repeated 5 times) and
+prints those stage times by context length (target: matching/encoding flat).
 
 Targets (issue 10): (b) <= 1.5 x (a) at each concurrency; matching + encoding per call
 independent of the context length.
@@ -301,6 +303,62 @@ def _stats(url: str) -> list[dict[str, float]]:
 STAGES = ("parse_s", "normalize_s", "match_s", "render_s", "record_s")
 
 
+def flatness(kind: str, max_context: int, turn_tokens: int, repeats: int = 5) -> list[dict[str, float]]:
+    """In-process stage times of one execution growing by ``turn_tokens`` per turn (module
+    docstring): per turn the median of ``repeats`` runs of JSON parsing, normalisation, and
+    :meth:`TitoSession.prepare` (read-only, so repeatable), then one commit to a record store."""
+    import numpy as np
+
+    from gyre.proxy.messages import Message, ToolCall
+    from gyre.proxy.normalize import normalize_chat
+    from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.tito import TitoSession
+    from gyre.trajectory.store import TrajectoryStore
+
+    _, tok = _tokenizer(kind)
+    r = ChatRenderer(tok)
+    words = Words(tok, seed=1)
+    store = TrajectoryStore(tempfile.mkdtemp(prefix="gyre-bench-flat-"), fsync_every=0)
+    sess = TitoSession("flat", r, append=store.append)
+    out = r.encode(TOOL_REPLY) + [r.eos_id]
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": words.text(800)}, {"role": "user", "content": "Task"}]
+    rows = []
+    turn = 0
+    while True:
+        raw = json.dumps({"model": "bench", "messages": msgs, "tools": TOOLS}).encode()
+        t: dict[str, list[float]] = {k: [] for k in STAGES}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            body = json.loads(raw)
+            t1 = time.perf_counter()
+            req = normalize_chat(body)
+            t2 = time.perf_counter()
+            prep = sess.prepare(req)
+            t["parse_s"].append(t1 - t0)
+            t["normalize_s"].append(t2 - t1)
+            t["match_s"].append(prep.timings["match_s"])
+            t["render_s"].append(prep.timings["render_s"])
+        call = f"call_{turn}"
+        msg = Message("assistant", "", None, (ToolCall(call, "bash", '{"command": "cat src/module.py"}'),))
+        t3 = time.perf_counter()
+        sess.commit(prep, output_ids=out, output_logprobs=np.full(len(out), -0.1), finish_reason="stop",
+                    output_message=msg, role="main")
+        t["record_s"].append(time.perf_counter() - t3)
+        row = {k: statistics.median(v) for k, v in t.items()}
+        row["input_tokens"] = int(prep.input_ids.shape[0])
+        row["reused_tokens"] = prep.reused_tokens
+        row["rendered_tokens"] = prep.rendered_tokens
+        rows.append(row)
+        if row["input_tokens"] >= max_context:
+            break
+        msgs.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": call, "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat src/module.py"}'}}]})
+        msgs.append({"role": "tool", "tool_call_id": call, "content": words.text(turn_tokens)})
+        turn += 1
+    store.close()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve", choices=("engine", "forwarder", "gyre"), help=argparse.SUPPRESS)
@@ -320,6 +378,8 @@ def main() -> int:
     ap.add_argument("--tokenizer", choices=("local", "qwen"), default="local")
     ap.add_argument("--durability", choices=("flush", "fsync"), default="flush",
                     help="Gyre's record durability before a response (ProxyConfig.durability)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: concurrency 1,8, contexts to 20k tokens (the full run takes 20-40 min on 2 cores)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.serve == "engine":
@@ -332,6 +392,8 @@ def main() -> int:
         serve_gyre(args.port, args.upstream, args.tokenizer, args.store_dir, args.durability)
         return 0
 
+    if args.quick:
+        args.concurrency, args.max_context, args.turn_tokens, args.flat_turn_tokens = "1,8", 20_000, 4_000, 1_000
     _, tok = _tokenizer(args.tokenizer)
     words = Words(tok)
     procs = []
@@ -370,17 +432,11 @@ def main() -> int:
                 row[f"added_gyre_{q}"] = b
                 row[f"added_gyre_vs_generate_{q}"] = row["gyre"][q] - row["direct-generate"][q]
             results["latency"][conc] = row
-        # flatness sweep: one execution, small constant new content per turn
-        flat_args = argparse.Namespace(**{**vars(args), "turn_tokens": args.flat_turn_tokens})
-        keys = _register(gy_url, 1)
-        before = len(_stats(gy_url))
-        asyncio.run(run_phase("gyre", gy_url, 1, flat_args, words, keys))
-        st = _stats(gy_url)[before:]
-        results["flat"] = st
     finally:
         for p in procs:
             p.kill()
             p.wait()
+    results["flat"] = flatness(args.tokenizer, args.max_context, args.flat_turn_tokens)
     # ------------------------------------------------------------------ report
     print("\nAdded latency over calling the engine directly (ms); (a) forwarder, (b) Gyre")
     print(f"{'C':>4} | {'(a) p50':>8} {'(a) p99':>8} | {'(b) p50':>8} {'(b) p99':>8} | {'b/a p50':>7} {'b/a p99':>7}"
@@ -395,7 +451,8 @@ def main() -> int:
     print("\nGyre CPU per call (ms, mean): " + " ".join(f"{s[:-2]:>10}" for s in STAGES))
     for conc, c in results["cpu"].items():
         print(f"  C={conc:<4} {'':>19}" + " ".join(f"{c[s]:>10.3f}" for s in STAGES))
-    print(f"\nFlatness (one execution, {args.flat_turn_tokens} new tokens per turn): mean ms per call by context length")
+    print(f"\nFlatness (in-process, one execution, {args.flat_turn_tokens} new tokens per turn; median of 5 per call, "
+          f"mean per bucket, ms)")
     print(f"{'context tokens':>16} {'calls':>5} " + " ".join(f"{s[:-2]:>10}" for s in STAGES) + f" {'match+render':>12}")
     buckets = [(0, 2_000), (2_000, 5_000), (5_000, 15_000), (15_000, 35_000), (35_000, 65_000), (65_000, 1 << 30)]
     for lo, hi in buckets:
