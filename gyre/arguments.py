@@ -407,6 +407,24 @@ def build_parser(
     return parser
 
 
+def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                      validate: Callable[[argparse.Namespace], argparse.Namespace]) -> argparse.Namespace:
+    """Parse ``argv`` with ``parser``, taking defaults from ``--config FILE.yaml`` first, then ``validate``.
+
+    Any :class:`ArgumentError` (from the file, a value or ``validate``) exits with status 2 and one line.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", type=str, default=None)
+    known, _ = pre.parse_known_args(argv)
+    try:
+        if known.config is not None:
+            parser.set_defaults(**load_config_defaults(parser, known.config))
+        return validate(parser.parse_args(argv))
+    except ArgumentError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
 def parse_args(
     argv: Sequence[str] | None = None,
     extra_args_provider: Callable[[argparse.ArgumentParser], argparse.ArgumentParser] | None = None,
@@ -416,15 +434,4 @@ def parse_args(
 
     Exits with status 2 and one line on stderr for any error.
     """
-    parser = build_parser(extra_args_provider, prog=prog)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", type=str, default=None)
-    known, _ = pre.parse_known_args(argv)
-    try:
-        if known.config is not None:
-            parser.set_defaults(**load_config_defaults(parser, known.config))
-        args = parser.parse_args(argv)
-        return validate_args(args)
-    except ArgumentError as exc:
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return parse_with_config(build_parser(extra_args_provider, prog=prog), argv, validate_args)
