@@ -161,9 +161,11 @@ def _add_objective_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--token-clip-high", type=float, default=0.2,
                        help="ppo/grpo only: upper token-level clip range (ratio <= 1 + this).")
     group.add_argument("--packing", choices=("pack", "pad"), default="pad",
-                       help="Micro-step layout: pack rows into one sequence (block-diagonal mask) or pad a batch.")
+                       help="Micro-step layout: pad a batch of rows (default; faster on CPU, bench/train.py) "
+                            "or pack rows into one sequence (block-diagonal mask).")
     group.add_argument("--tree-packed-forward", action="store_true",
-                       help="Compute a prefix shared by rows of one execution once (trie attention mask).")
+                       help="Compute a prefix shared by rows of one execution once (trie attention mask); "
+                            "off by default: slower than per-row on CPU for real trace replays (bench/train.py).")
     group.add_argument("--logprob-chunk-size", type=_positive_int, default=1024,
                        help="Targets per chunk when computing target log-probs (memory: chunk x vocab floats).")
     return parser

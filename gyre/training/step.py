@@ -62,6 +62,7 @@ __all__ = [
     "apply_log_ratio_sums",
     "build_hf_optimizer",
     "build_megatron_train_step",
+    "build_train_step",
     "micro_step_loss",
     "precompute_log_ratio_sums",
 ]
@@ -588,3 +589,19 @@ def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveCon
     opt = build_optimizer(ddp, lr=adam.lr, weight_decay=adam.weight_decay, adam_beta1=adam.adam_beta1,
                           adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, clip_grad=adam.clip_grad, bf16=bf16)
     return MegatronTrainStep(ddp, opt, objective, chunk_size)
+
+
+def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> HFTrainStep | MegatronTrainStep:
+    """The training step the arguments ask for, holding ``hf_model``'s weights.
+
+    Reads ``--training-backend`` (``hf``: trains ``hf_model`` in place; ``megatron``: a converted
+    ``GPTModel``, call ``initialize_megatron_cpu`` first), the objective flags
+    (:meth:`ObjectiveConfig.from_args`), the optimizer flags (:meth:`AdamConfig.from_args`),
+    ``--logprob-chunk-size`` and ``--bf16`` (Megatron only; not exercised on CPU).
+    """
+    objective = ObjectiveConfig.from_args(args)
+    adam = AdamConfig.from_args(args)
+    chunk = int(getattr(args, "logprob_chunk_size", DEFAULT_CHUNK_SIZE))
+    if getattr(args, "training_backend", "megatron") == "hf":
+        return HFTrainStep(hf_model, objective, adam, chunk)
+    return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(getattr(args, "bf16", False)))

@@ -253,3 +253,19 @@ def test_negative_control_per_micro_step_mean_is_caught(hf, shared_dir):
         (out.loss_sum / max(out.normaliser, 1) / 3).backward()
     bad = grads_of(bad_step.model)
     assert max(float((bad[n] - good[n]).abs().max()) for n in good) > 1e-3 * max(float(g.abs().max()) for g in good.values())
+
+
+def test_build_train_step_from_args(hf):
+    from gyre.arguments import parse_args
+    from gyre.training.step import build_train_step
+
+    args = parse_args(["--training-backend", "hf", "--lr", "2e-6", "--clip-grad", "0.5", "--loss-type", "grpo",
+                       "--logprob-chunk-size", "64"])
+    step = build_train_step(args, copy.deepcopy(hf))
+    assert isinstance(step, HFTrainStep)
+    assert step.objective.loss_type == "grpo" and step.adam.clip_grad == 0.5 and step.policy.chunk_size == 64
+    groups = step.optimizer.param_groups
+    assert groups[0]["lr"] == 2e-6 and groups[0]["betas"] == (0.9, 0.95) and groups[0]["eps"] == 1e-15
+    assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in groups[0]["params"]) and all(p.ndim == 1 for p in groups[1]["params"])
+
