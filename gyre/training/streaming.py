@@ -233,6 +233,10 @@ class MicroStepStream:
         return int(self.store.get(f"s/{step}/window"))
 
     # -- the core's coordinator
+    def coordinator(self, step: int) -> "StepCoordinator":
+        """An incremental coordinator of step ``step`` (see :class:`StepCoordinator`)."""
+        return StepCoordinator(self, step)
+
     def coordinate(self, step: int, payloads: Sequence[Any], stop: threading.Event | None = None) -> "StreamLedger":
         """Queue ``payloads`` (micro-step ids 0..n-1), watch claims, completions and heartbeats,
         re-queue the work of dead participants, finalize once drained, close the join window.
@@ -240,38 +244,79 @@ class MicroStepStream:
         Runs on the core (a thread beside its own consumer loop).  Returns the ledger, whose
         ``window`` result is stored under ``s/{step}/window``.
         """
-        ledger = StreamLedger(self.num_cells)
-        for m, payload in enumerate(payloads):
-            ledger.add(m)
-            self.put(step, m, payload)
-        ledger.close()
-        by_id = dict(enumerate(payloads))
-        while not ledger.drained():
+        coord = self.coordinator(step)
+        for payload in payloads:
+            coord.add(payload)
+        coord.ledger.close()
+        while not coord.ledger.drained():
             if stop is not None and stop.is_set():
                 break
-            for m, g in list(ledger.generation.items()):
-                if (m, g) not in ledger.claimed_by and self._has(f"s/{step}/c/{m}/{g}"):
-                    ledger.on_claim(m, g, int(self.store.get(f"s/{step}/c/{m}/{g}")))
-                if (m, g) not in ledger.finished_by and self._has(f"s/{step}/d/{m}/{g}"):
-                    ledger.on_finish(m, g, int(self.store.get(f"s/{step}/d/{m}/{g}")))
-            joined = [c for c in range(1, self.num_cells) if self._has(f"s/{step}/joined/{c}")]
-            beats = {c: float(self.store.get(f"s/{step}/hb/{c}")) for c in joined
-                     if ledger.valid_cell(c) and self._has(f"s/{step}/hb/{c}")}
-            dead = dead_cells(beats, self.clock(), self.lease_s)
-            if dead:
-                requeue = ledger.exclude(dead[0])
-                self.store.set(f"s/{step}/excluded", str(ledger.excluded_from).encode())
-                logger.warning("step %d: cell %d is dead (heartbeat older than %.1fs); excluding cells >= %d "
-                               "and re-queueing %d micro-steps", step, dead[0], self.lease_s,
-                               ledger.excluded_from, len(requeue))
-                for m, g in requeue:
-                    self.put(step, m, by_id[m], generation=g)
+            coord.poll()
             time.sleep(self.poll_s)
-        self.finalize(step)
-        joined = [c for c in range(1, self.num_cells) if self._has(f"s/{step}/joined/{c}")]
-        k = ledger.window(joined)
-        self.store.set(f"s/{step}/window", str(k).encode())
-        return ledger
+        coord.close()
+        return coord.ledger
+
+
+class StepCoordinator:
+    """Core-side coordinator of one step whose micro-steps arrive over time (DESIGN.md §4.4).
+
+    ``add`` queues a micro-step as soon as its group is enqueued; ``poll`` (call it regularly)
+    reads claims, completions and heartbeats, re-queues the work of dead participants and returns
+    the micro-steps newly done, as ``(m, cell)``; ``close`` finalizes the drained stream and closes
+    the join window, returning the highest participating cell ``k``.
+    """
+
+    def __init__(self, stream: MicroStepStream, step: int):
+        self.stream = stream
+        self.step = step
+        self.ledger = StreamLedger(stream.num_cells)
+        self.payloads: dict[int, Any] = {}
+        self._reported: set[int] = set()
+        self.window: int | None = None
+
+    def add(self, payload: Any) -> int:
+        """Queue one micro-step; returns its id ``m``."""
+        m = len(self.payloads)
+        self.ledger.add(m)
+        self.payloads[m] = payload
+        self.stream.put(self.step, m, payload)
+        return m
+
+    def poll(self) -> list[tuple[int, int]]:
+        """One round of bookkeeping; returns ``(m, cell)`` for micro-steps newly done."""
+        st, step, ledger = self.stream, self.step, self.ledger
+        for m, g in list(ledger.generation.items()):
+            if (m, g) not in ledger.claimed_by and st._has(f"s/{step}/c/{m}/{g}"):
+                ledger.on_claim(m, g, int(st.store.get(f"s/{step}/c/{m}/{g}")))
+            if (m, g) not in ledger.finished_by and st._has(f"s/{step}/d/{m}/{g}"):
+                ledger.on_finish(m, g, int(st.store.get(f"s/{step}/d/{m}/{g}")))
+        joined = [c for c in range(1, st.num_cells) if st._has(f"s/{step}/joined/{c}")]
+        beats = {c: float(st.store.get(f"s/{step}/hb/{c}")) for c in joined
+                 if ledger.valid_cell(c) and st._has(f"s/{step}/hb/{c}")}
+        dead = dead_cells(beats, st.clock(), st.lease_s)
+        if dead:
+            requeue = ledger.exclude(dead[0])
+            st.store.set(f"s/{step}/excluded", str(ledger.excluded_from).encode())
+            logger.warning("step %d: cell %d is dead (heartbeat older than %.1fs); excluding cells >= %d "
+                           "and re-queueing %d micro-steps", step, dead[0], st.lease_s,
+                           ledger.excluded_from, len(requeue))
+            for m, g in requeue:
+                st.put(step, m, self.payloads[m], generation=g)
+                self._reported.discard(m)
+        done = ledger.done()
+        new = sorted(done - self._reported)
+        self._reported |= set(new)
+        return [(m, ledger.finished_by[(m, ledger.generation[m])]) for m in new]
+
+    def close(self) -> int:
+        """Finalize the stream and store the window ``k`` (call once drained); returns ``k``."""
+        st = self.stream
+        self.ledger.close()
+        st.finalize(self.step)
+        joined = [c for c in range(1, st.num_cells) if st._has(f"s/{self.step}/joined/{c}")]
+        self.window = self.ledger.window(joined)
+        st.store.set(f"s/{self.step}/window", str(self.window).encode())
+        return self.window
 
 
 @dataclass
@@ -320,26 +365,30 @@ def _flat_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
 
-def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, num_executions: int,
-                      optimizer: torch.optim.Optimizer | None, clip_grad: float, is_core: bool) -> float | None:
-    """Sum gradients over participants ``{0..k}``; on the core ``/ |E|``, clip and one optimizer
-    update; then broadcast the core's parameters to the participants.  Returns the grad norm (core).
+def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, stats: Sequence[float],
+                      update: Callable[[Sequence[float]], float | None] | None) -> tuple[float | None, list[float]]:
+    """Sum gradients and the additive ``stats`` (e.g. the normaliser ``|E|``, loss sums) over the
+    participants ``{0..k}``; the core (``update`` given) then runs ``update(summed_stats)`` -- which
+    normalises, clips and performs the one optimizer update, returning the grad norm -- and its
+    parameters are broadcast to the participants.
+
+    Returns ``(grad norm or None, summed stats)``; every participant receives the summed stats.
     """
     import torch.distributed as dist
 
     group = groups.group(k) if k > 0 else None
-    flat = _flat_grads(params)
+    flat = torch.cat([_flat_grads(params), torch.tensor(list(stats), dtype=torch.float32)])
     if group is not None:
         dist.all_reduce(flat, group=group)
+    n = len(flat) - len(stats)
+    summed = [float(x) for x in flat[n:]]
     norm = None
-    if is_core:
-        flat /= max(num_executions, 1)
+    if update is not None:
         offset = 0
         for p in params:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip_grad)) if clip_grad > 0 else None
-        optimizer.step()
+        norm = update(summed)
     if group is not None:
         core_rank = groups.members(k)[0]
         with torch.no_grad():
@@ -347,4 +396,4 @@ def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, num_execut
                 dist.broadcast(p.data, src=core_rank, group=group)
     for p in params:
         p.grad = None
-    return norm
+    return norm, summed

@@ -115,7 +115,15 @@ def main() -> None:
             th.join()
             ledger = box["ledger"]
             k = stream.wait_window(step)
-            norm = reduce_and_update(params, k, groups, EXECUTIONS, opt, 1.0, is_core=True)
+
+            def update(_stats):
+                for p_ in params:
+                    p_.grad /= EXECUTIONS
+                n = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+                opt.step()
+                return n
+
+            norm, _ = reduce_and_update(params, k, groups, [float(count)], update)
             by = [ledger.finished_by[(m, g)] for m, g in sorted(ledger.generation.items())]
             report["steps"].append({"k": k, "processed_here": count, "by": by, "grad_norm": norm,
                                     "requeued": len(ledger.requeued), "excluded_from": ledger.excluded_from})
@@ -138,7 +146,7 @@ def main() -> None:
                 count, _ = consume_stream(stream, step, rank, fn, on_processed=die_after_one, heartbeat_s=0.2)
             k = stream.wait_window(step)
             if joined and rank <= k:
-                reduce_and_update(params, k, groups, EXECUTIONS, None, 1.0, is_core=False)
+                reduce_and_update(params, k, groups, [float(count)], None)
             else:
                 for p_ in params:
                     p_.grad = None
