@@ -1,80 +1,50 @@
-"""Gyre entry point, in the shape of Megatron-LM's ``pretrain_gpt.py``.
+"""Gyre's main job, in the shape of Megatron-LM's ``pretrain_gpt.py``.
 
     torchrun --nproc-per-node K pretrain_gyre.py --config examples/cpu_tiny.yaml [--flag value ...]
 
-Holds only the model-specific pieces (``model_provider``, ``forward_step``, ``loss_func``) and hands
-them to one library call.  Until the RL main job lands (issue 11) that call is the foundation smoke
-job (``gyre/training/smoke.py``): the embedded model trained data-parallel across every rank.
+Parse the arguments (Megatron-style groups, ``--config`` YAML), check them before anything starts
+(exit 2 and one line), then hand over to :func:`gyre.runtime.pretrain.pretrain`: every rank
+becomes a cell (engine + training replica), rank 0 also runs the scheduler, proxy, harness
+launcher and evaluator; training runs for ``--train-steps`` optimizer steps with ``--placement
+elastic|async|colocate``.  Everything lands under ``--run-dir``; rank 0 prints ``summary.json``.
+
+``python pretrain_gyre.py --config F --check-config`` only checks the configuration (for a
+WORLD_SIZE given in the environment) and exits 0 or 2.
 """
 
 import json
 import logging
+import os
 import sys
-from functools import partial
 
-import torch
-
-from gyre.arguments import parse_args
+from gyre.arguments import ArgumentError, parse_args
 
 
-def model_provider(args):
-    """Build this rank's Megatron GPTModel from the HF checkpoint (``--model-dir`` or the embedded default).
-
-    Returns ``(model, transformer_config, model_dir)``.
-    """
-    from megatron.core import parallel_state as ps
-
-    from gyre.embedded_model import ensure_tiny_model, load_hf_model
-    from gyre.training.checkpoint_conversion import hf_to_megatron, load_into_megatron
-    from gyre.training.megatron_model import build_gpt_model, transformer_config_from_hf
-
-    model_dir = args.model_dir or ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir)
-    hf = load_hf_model(model_dir)
-    config = transformer_config_from_hf(hf.config, bf16=args.bf16)
-    model = build_gpt_model(hf.config, config)
-    load_into_megatron(model, hf_to_megatron(
-        hf.state_dict(), hf.config, ps.get_tensor_model_parallel_rank(), args.tensor_model_parallel_size,
-        ps.get_pipeline_model_parallel_rank(), args.pipeline_model_parallel_size))
-    return model, config, model_dir
-
-
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Masked mean of per-token losses ``[b, s]``; returns ``(loss, {"lm loss": loss})``."""
-    loss = (output_tensor.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
-    return loss, {"lm loss": loss.detach().clone()}
-
-
-def forward_step(data_iterator, model):
-    """One micro-batch: ``(tokens [s+1], loss_mask [s])`` -> per-token loss and its reduction."""
-    from gyre.training.megatron_model import causal_attention_mask
-
-    tokens, loss_mask = next(data_iterator)
-    tokens, loss_mask = tokens[None], loss_mask[None]
-    seq = tokens.shape[1] - 1
-    position_ids = torch.arange(seq)[None]
-    output = model(tokens[:, :-1], position_ids, causal_attention_mask(seq), labels=tokens[:, 1:])
-    return output, partial(loss_func, loss_mask)
+def extra_args_provider(parser):
+    group = parser.add_argument_group(title="main job")
+    group.add_argument("--check-config", action="store_true", help="Check the configuration and exit.")
+    group.add_argument("--no-progress", action="store_true", help="No progress bar on the console.")
+    return parser
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv, prog="pretrain_gyre.py")
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.log_level != "DEBUG":
-        logging.getLogger("megatron").setLevel(logging.WARNING)
-    if args.backend != "cpu":
-        print("pretrain_gyre.py: error: --backend gpu needs requirements-gpu.txt and lands with the SGLang cells",
-              file=sys.stderr)
+    args = parse_args(argv, extra_args_provider=extra_args_provider, prog="pretrain_gyre.py")
+    from gyre.runtime.pretrain import check_main_job_args, pretrain
+
+    try:
+        check_main_job_args(args)
+    except ArgumentError as exc:
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
+            print(f"pretrain_gyre.py: error: {exc}", file=sys.stderr)
         return 2
-    from gyre.training.megatron_model import initialize_megatron_cpu
-    from gyre.training.smoke import run_smoke
-
-    initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
-    summary = run_smoke(args, model_provider, forward_step)
-    import torch.distributed as dist
-
-    if dist.get_rank() == 0:
+    if args.check_config:
+        return 0
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("megatron", "httpx", "uvicorn", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    summary = pretrain(args)
+    if summary is not None:
         print(json.dumps(summary))
-    dist.destroy_process_group()
     return 0
 
 

@@ -5,6 +5,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$(bash "$ROOT/tools/setup.sh" | tail -n 1)"
 cd "$ROOT"
+NPROC="${GYRE_NPROC:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node 3 \
+export GLOG_minloglevel="${GLOG_minloglevel:-2}" TRANSFORMERS_VERBOSITY="${TRANSFORMERS_VERBOSITY:-error}"
+# check the configuration once, in one process (exit 2 and one line), before starting the ranks
+WORLD_SIZE="$NPROC" "$PY" pretrain_gyre.py --config examples/cpu_tiny.yaml "$@" --check-config
+exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
   pretrain_gyre.py --config examples/cpu_tiny.yaml "$@"

@@ -189,7 +189,7 @@ def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group = parser.add_argument_group(title="harness")
     group.add_argument("--harness", choices=("reference", "claude-code", "codex", "mini-swe-agent"),
                        default="reference", help="Black-box harness each execution runs.")
-    group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory.")
+    group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory; several, comma-separated.")
     group.add_argument("--execution-timeout-s", type=float, default=600.0,
                        help="Wall-clock budget of one execution (s); timed-out work is still scored.")
     group.add_argument("--harness-isolation", choices=("auto", "require", "off"), default="auto",
@@ -350,7 +350,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.rollout_temperature > 0, "rollout-temperature", "must be > 0")
     need(0 < args.rollout_top_p <= 1, "rollout-top-p", "must be in (0, 1]")
     need(args.execution_timeout_s > 0, "execution-timeout-s", "must be > 0")
-    need(args.tasks is None or Path(args.tasks).exists(), "tasks", f"task file or directory not found: {args.tasks}")
+    missing = [t for t in (args.tasks or "").split(",") if t and not Path(t).exists()]
+    need(not missing, "tasks", f"task file or directory not found: {','.join(missing)}")
     need(args.reference_compact_threshold_tokens is None or args.reference_compact_threshold_tokens >= 0,
          "reference-compact-threshold-tokens", "must be >= 0")
     if args.reference_tools is not None:

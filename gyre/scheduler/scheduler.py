@@ -128,6 +128,22 @@ class Scheduler:
         q = self.queue
         return q.stream_open or q.pending_micro_steps > busy_cells
 
+    def resume_at(self, step: int) -> None:
+        """Before :class:`Start`: continue a run whose steps ``0..step-1`` are done and whose
+        published policy version is ``step`` (checkpoint resume).  Group and execution ids count
+        from 0 again; the shell keeps them apart from the first run's.
+
+        Raises:
+            ValueError: after Start, or ``step`` outside ``[0, max_steps)``.
+        """
+        if self.started:
+            raise ValueError("resume_at() after Start")
+        if step < 0 or (self.config.max_steps is not None and step >= self.config.max_steps):
+            raise ValueError(f"cannot resume at step {step} of {self.config.max_steps}")
+        self.steps_done = step
+        self.queue.stream = type(self.queue.stream)(step=step)
+        self.queue.published_version = step
+
     # ------------------------------------------------------------------ the API
 
     def handle(self, event: Event) -> list[Command]:

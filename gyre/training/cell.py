@@ -110,13 +110,13 @@ class CellRoles:
         cell: cell index.
         engine_id: the proxy's id of this cell's engine.
         engine: control client of this cell's engine.
-        proxy: route control.
+        proxy: route control (``None`` when another process moves the routes).
         training: the cell's :class:`TrainingState` (``None``: nothing to restore).
         clock: ``time.perf_counter``-like, injectable.
         on_transition: callback receiving each :class:`Transition` (metrics, timeline).
     """
 
-    def __init__(self, cell: int, engine_id: str, engine: EngineControl, proxy: RouteControl,
+    def __init__(self, cell: int, engine_id: str, engine: EngineControl, proxy: RouteControl | None,
                  training: TrainingState | None = None, clock: Callable[[], float] = time.perf_counter,
                  on_transition: Callable[[Transition], None] | None = None):
         self.cell = cell
@@ -137,8 +137,9 @@ class CellRoles:
             self.on_transition(tr)
         return tr
 
-    def to_train(self, destination: str) -> Transition:
-        """Rollout -> training; ``destination`` is the engine id that takes over this cell's executions.
+    def to_train(self, destination: str | None) -> Transition:
+        """Rollout -> training; ``destination`` is the engine id that takes over this cell's executions
+        (``None``, or no ``proxy``: the routes were already moved, e.g. by rank 0 in a distributed run).
 
         Raises:
             RuntimeError: the cell is not serving rollouts.
@@ -146,8 +147,10 @@ class CellRoles:
         if self.role != "rollout":
             raise RuntimeError(f"cell {self.cell} is {self.role}, not rollout")
         t0, wall = self.clock(), time.time()
-        moved = self.proxy.reroute_engine(self.engine_id, destination)
-        aborted = self.proxy.abort_engine(self.engine_id)
+        moved, aborted = [], 0
+        if self.proxy is not None and destination is not None:
+            moved = self.proxy.reroute_engine(self.engine_id, destination)
+            aborted = self.proxy.abort_engine(self.engine_id)
         t1 = self.clock()
         self.engine.release_memory_occupation(["weights", "kv_cache"])
         t2 = self.clock()

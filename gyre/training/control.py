@@ -62,6 +62,14 @@ class Publish(ControlMessage):
 
 
 @dataclass(slots=True)
+class SaveCheckpoint(ControlMessage):
+    """The core writes its policy and optimizer state to ``directory`` (between steps)."""
+
+    kind: ClassVar[str] = "save"
+    directory: str
+
+
+@dataclass(slots=True)
 class Shutdown(ControlMessage):
     kind: ClassVar[str] = "shutdown"
     reason: str = ""
@@ -80,7 +88,7 @@ class Ack(ControlMessage):
 
 
 MESSAGE_TYPES: dict[str, type[ControlMessage]] = {
-    cls.kind: cls for cls in (ToTrain, ToRollout, JoinBatch, Publish, Shutdown, Ack)
+    cls.kind: cls for cls in (ToTrain, ToRollout, JoinBatch, Publish, SaveCheckpoint, Shutdown, Ack)
 }
 
 

@@ -154,6 +154,15 @@ class MooncakeSnapshotClient:
         if rc != 0:
             raise SnapshotError(f"transfer_sync_read from {self.handle.session_id} failed: rc={rc}")
 
+    def peek_version(self) -> int:
+        """The snapshot's current version (``-1`` while the core writes it).
+
+        Raises:
+            SnapshotError: the transfer failed.
+        """
+        self._read(self.header, self.handle.header_addr)
+        return int(self.header[0])
+
     def pull(self, params: Iterable[torch.Tensor], expected_version: int) -> int:
         """Read the snapshot into ``params`` and return its version.
 

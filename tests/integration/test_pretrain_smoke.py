@@ -1,4 +1,4 @@
-"""`torchrun pretrain_gyre.py --config examples/cpu_tiny.yaml` runs end to end on the CPU default."""
+"""`torchrun tools/megatron_smoke.py` (the Megatron-core path on CPU) and pretrain_gyre.py's CLI checks."""
 
 import json
 import os
@@ -12,13 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_pretrain_gyre_smoke_two_cells(tmp_path, tiny_model_dir):
+def test_megatron_smoke_two_cells(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"),
-         "--num-cells", "2", "--train-steps", "3", "--run-dir", str(run_dir)],
+         str(ROOT / "tools" / "megatron_smoke.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"),
+         "--num-cells", "2", "--training-backend", "megatron", "--train-steps", "3", "--run-dir", str(run_dir)],
         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
