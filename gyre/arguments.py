@@ -217,6 +217,11 @@ def _add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--load", type=str, default=None, help="Resume from this run directory or checkpoint.")
     group.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     group.add_argument("--tensorboard-dir", type=str, default=None, help="Also write TensorBoard scalars here.")
+    group.add_argument("--wandb-project", type=str, default=None, help="Also log to Weights & Biases (this project).")
+    group.add_argument("--wandb-exp-name", type=str, default=None, help="W&B run name.")
+    group.add_argument("--wandb-save-dir", type=str, default=None, help="W&B files (default: the run directory).")
+    group.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
+                       help="W&B mode (default: online with WANDB_API_KEY set, else offline: no network).")
     return parser
 
 

@@ -8,6 +8,9 @@ Each line is flushed as written, so a killed run keeps everything logged before 
 
 With ``tensorboard_dir`` set, every numeric scalar of :meth:`log` is also written as a
 TensorBoard scalar (``torch.utils.tensorboard``; tag = metric name, global step = ``step``).
+With ``wandb`` settings (``--wandb-project``), the same scalars go to Weights & Biases; mode
+``offline`` (the default without ``WANDB_API_KEY``) writes ``wandb/offline-run-*`` under the
+save directory with no network, to ``wandb sync`` later.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ class MetricsSink:
         run_dir: the run directory (created); the file is ``run_dir/metrics.jsonl``, appended to.
         tensorboard_dir: also write TensorBoard events here (``None``: off).
         clock: wall clock in seconds (``time.time``), injectable for tests.
+        wandb: ``{"project", "name", "dir", "mode", "config"}`` for ``wandb.init`` (``None``: off);
+            ``mode`` ``None`` means ``online`` with ``WANDB_API_KEY`` set, else ``offline``.
 
     Raises:
         ImportError: ``tensorboard_dir`` set but the ``tensorboard`` package is missing.
     """
 
     def __init__(self, run_dir: str | Path, tensorboard_dir: str | Path | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, wandb: Mapping[str, Any] | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", buffering=1)
@@ -52,6 +57,17 @@ class MetricsSink:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
+        self._wandb = None
+        if wandb is not None:
+            import os
+
+            import wandb as wb
+
+            mode = wandb.get("mode") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+            save = Path(wandb.get("dir") or self.path.parent)
+            save.mkdir(parents=True, exist_ok=True)
+            self._wandb = wb.init(project=wandb["project"], name=wandb.get("name"), dir=str(save), mode=mode,
+                                  config=dict(wandb.get("config") or {}), reinit="finish_previous")
 
     def _write(self, obj: Mapping[str, Any]) -> None:
         line = json.dumps(obj, sort_keys=True, default=str, allow_nan=False)
@@ -68,6 +84,8 @@ class MetricsSink:
                 s = _scalar(v)
                 if s is not None:
                     self._tb.add_scalar(k, s, global_step=int(step))
+        if self._wandb is not None:
+            self._wandb.log({k: s for k, v in metrics.items() if (s := _scalar(v)) is not None}, step=int(step))
 
     def event(self, name: str, **fields: Any) -> None:
         """Record a timeline event (``role_change``, ``publish``, ``cell_dead``, ...)."""
@@ -80,6 +98,9 @@ class MetricsSink:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> "MetricsSink":
         return self

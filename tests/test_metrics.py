@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from gyre.metrics import MetricsSink, read_metrics
 
 
@@ -32,3 +34,17 @@ def test_tensorboard_scalars(tmp_path):
     assert sorted(acc.Tags()["scalars"]) == ["clipped", "reward_mean"]
     vals = [(e.step, round(e.value, 6)) for e in acc.Scalars("reward_mean")]
     assert vals == [(0, 0.1), (1, 0.4), (2, 0.7)]
+
+
+def test_wandb_offline_mode_writes_a_local_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sink = MetricsSink(tmp_path / "run", wandb={"project": "gyre-test", "name": "t", "config": {"lr": 1e-3}})
+    sink.log(1, {"reward_mean": 0.25, "note": "text is skipped"})
+    sink.log(2, {"reward_mean": 0.5})
+    sink.close()
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the offline run's data file, no network used
+    rows, _ = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["reward_mean"] for r in rows] == [0.25, 0.5]

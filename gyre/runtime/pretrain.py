@@ -50,6 +50,12 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError("argument --standalone-engines: the main job serves rollouts from cells only")
     if args.rollout_engine != "embedded" and args.backend == "cpu":
         raise ArgumentError("argument --rollout-engine: --backend cpu serves from the embedded engine")
+    if args.wandb_project:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ArgumentError("argument --wandb-project: the wandb package is not installed "
+                                "(bash tools/setup.sh installs it)") from None
     if args.load is not None and find_checkpoint(args.load) is None:
         raise ArgumentError(f"argument --load: no checkpoint under {args.load}")
     from gyre.tasks import load_tasks
@@ -188,7 +194,11 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, s
     for c, url in enumerate(urls):
         proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}"))
     proxy.start(args.proxy_host, args.proxy_port)
-    sink = MetricsSink(run_dir, tensorboard_dir=args.tensorboard_dir)
+    wandb = None
+    if args.wandb_project:
+        wandb = {"project": args.wandb_project, "name": args.wandb_exp_name, "dir": args.wandb_save_dir or str(run_dir),
+                 "mode": args.wandb_mode, "config": json.loads((run_dir / "args.json").read_text())}
+    sink = MetricsSink(run_dir, tensorboard_dir=args.tensorboard_dir, wandb=wandb)
     sink.event("run_start", start_step=start_step, placement=args.placement, proxy=proxy.url,
                resumed_from=str(ckpt) if ckpt else None)
     cell0 = threading.Thread(target=worker.run, name="gyre-cell0", daemon=True)

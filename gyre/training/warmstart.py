@@ -136,4 +136,36 @@ def tool_loop_examples(max_prior_turns: int = 6) -> list[Example]:
     return out
 
 
-BUILTIN_EXAMPLES = {"tool-loop": tool_loop_examples}
+TOY_SUM_RE = r"What is (\d+)\+(\d+)\? Write the result to answer\.txt"
+
+
+def toy_sum_examples(exclude: Sequence[str] = ()) -> list[Example]:
+    """Built-in set ``toy-sums``: "What is a+b? Write the result to answer.txt" (``a, b`` in 1..9)
+    answered by one ``write_file`` call, with no system prompt and only the ``write_file`` tool --
+    what the reference agent sends with ``--reference-tools write_file --reference-system-prompt ''``
+    on ``examples/tasks/toy/tasks.jsonl``.
+
+    ``exclude``: instructions to leave out (the RL training queries: the warm-start teaches the
+    format on *other* sums, so RL starts above 0 but below 1).
+    """
+    import re
+
+    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
+
+    skip = {(int(m.group(1)), int(m.group(2))) for t in exclude if (m := re.fullmatch(TOY_SUM_RE, t.strip()))}
+    tools = [TOOL_SCHEMAS["write_file"]]
+    out = []
+    for a in range(1, 10):
+        for b in range(1, 10):
+            if (a, b) in skip:
+                continue
+            msgs = [{"role": "user", "content": f"What is {a}+{b}? Write the result to answer.txt"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "call_0", "type": "function",
+                         "function": {"name": "write_file", "arguments": {"path": "answer.txt",
+                                                                          "content": str(a + b)}}}]}]
+            out.append(Example(msgs, tools))
+    return out
+
+
+BUILTIN_EXAMPLES = {"tool-loop": tool_loop_examples, "toy-sums": toy_sum_examples}

@@ -1,0 +1,167 @@
+"""The main job end to end (issue #11): `torchrun pretrain_gyre.py` on the embedded CPU default.
+
+Real ranks (torchrun, gloo), real engines, the real proxy, the reference harness as child
+processes, executable evaluators; placements elastic / async / colocate; SIGKILL and resume.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minloglevel="2",
+           TRANSFORMERS_VERBOSITY="error")
+
+
+def torchrun(run_dir: Path, *extra: str, nproc: int = 3, config: str = "cpu_tiny.yaml"):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / config), "--run-dir", str(run_dir),
+            "--no-progress", *extra]
+
+
+def run_job(run_dir: Path, *extra: str, timeout: float = 600):
+    r = subprocess.run(torchrun(run_dir, *extra), capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-5000:]
+    return json.loads((run_dir / "summary.json").read_text()), r
+
+
+def executions_log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "executions.jsonl").read_text().splitlines()]
+
+
+def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    summary, r = run_job(run, "--tensorboard-dir", str(tmp_path / "tb"))
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == summary
+    assert summary["placement"] == "elastic" and summary["steps"] == 3
+    assert summary["executions"] >= 24 and summary["executions_trained"] == 24  # N * B per step
+    assert sorted(summary["reward_mean_by_step"]) == ["0", "1", "2"]
+    assert summary["role_changes"] >= 1 and summary["switch_latency_s"]["rollout_to_training"]
+    assert summary["train_rollout_overlap_s"] > 0  # training overlapped with rollout
+    assert summary["tokens_trained"] > 0 and summary["trajectories_admitted"] >= 24
+    # records and trees, inspectable
+    records = sorted((run / "records").glob("*.jsonl"))
+    assert len(records) == summary["executions"]
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "inspect_tree.py"), "--json", str(records[0])],
+                         capture_output=True, text=True, cwd=ROOT, env=ENV)
+    assert out.returncode == 0, out.stderr
+    tree = json.loads(out.stdout)
+    assert tree["records"] >= 1 and tree["leaves"] >= 1 and tree["trainable_tokens"] > 0
+    # evaluations: one designated assessment per scored execution
+    assessed = {json.loads(line)["execution_id"] for line in
+                (run / "evaluations" / "assessments.jsonl").read_text().splitlines()}
+    assert len(assessed) == summary["executions"]
+    # every execution trained exactly once, in one step
+    trained = [e["execution_id"] for e in executions_log(run) if e["event"] == "trained"]
+    assert len(trained) == len(set(trained)) == 24
+    # metrics: one row per step with the reward and training statistics; role changes as events
+    rows, events = read_metrics(run / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    for key in ("reward_mean", "loss", "grad_norm", "staleness_mean", "waterlevel", "cells_training",
+                "train_inference_mismatch", "tokens_per_s"):
+        assert key in rows[0], key
+    assert rows[0]["train_inference_mismatch"] < 1e-3  # the engine's log-probs match the trainer's
+    assert sum(e["event"] == "role_change" for e in events) == summary["role_changes"]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    # checkpoints, timeline
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
+    ck = run / "checkpoints" / "iter_0000003"
+    assert (ck / "hf" / "config.json").exists() and (ck / "optimizer.pt").exists()
+    assert json.loads((ck / "controller.json").read_text())["iteration"] == 3
+    assert (run / "timeline.png").stat().st_size > 1000
+    timeline = json.loads((run / "timeline.json").read_text())["timeline"]
+    assert len(timeline) == 3 and any(state == "training" for cell in timeline for _, _, state in cell)
+
+
+def test_async_and_colocate_run_the_same_config(tmp_path, tiny_model_dir):
+    walls = {}
+    for placement in ("async", "colocate"):
+        summary, _ = run_job(tmp_path / placement, "--placement", placement, "--train-steps", "2")
+        assert summary["placement"] == placement and summary["steps"] == 2
+        walls[placement] = summary["wall_s"]
+        if placement == "async":  # cell 0 trains all along, cells 1-2 serve: no role change
+            assert summary["role_changes"] == 0 and summary["train_rollout_overlap_s"] > 0
+        else:  # the whole pool switches together: training never overlaps rollout
+            assert summary["role_changes"] >= 3 and summary["train_rollout_overlap_s"] == 0
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "compare_runs.py"), str(tmp_path / "async"),
+                          str(tmp_path / "colocate")], capture_output=True, text=True, cwd=ROOT, env=ENV)
+    assert out.returncode == 0, out.stderr
+    assert "async" in out.stdout and "colocate" in out.stdout and "wall_s" in out.stdout
+
+
+def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    proc = subprocess.Popen(torchrun(run, "--train-steps", "4", "--save-interval", "1"), cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while not (tracker.exists() and tracker.read_text().strip() == "1"):
+        assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+        time.sleep(0.2)
+    # SIGKILL one rank (rank 1): torchrun tears the job down
+    try:
+        ranks = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "pretrain_gyre.py"], capture_output=True, text=True)
+        pids = sorted(int(p) for p in ranks.stdout.split())
+        assert len(pids) == 3, ranks
+        os.kill(pids[1], signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    before = executions_log(run)
+    closed_before = {e["execution_id"] for e in before if e["event"] == "closed"}
+    ck = json.loads((run / "checkpoints" / f"iter_{int(tracker.read_text()):07d}" / "controller.json").read_text())
+    done = ck["iteration"]
+    assert done >= 1
+
+    summary, _ = run_job(run, "--train-steps", "4", "--save-interval", "1", "--load", str(run))
+    assert summary["steps"] == 4 and summary["first_step"] == done
+    after = executions_log(run)
+    # nothing recorded before the kill was lost: records and assessments are still there
+    assessed = {json.loads(line)["execution_id"] for line in
+                (run / "evaluations" / "assessments.jsonl").read_text().splitlines()}
+    for sid in closed_before:
+        assert (run / "records" / f"{sid}.jsonl").exists() and sid in assessed
+    # no execution trained twice; the resumed run trains only its own, from step `done` on
+    trained_ck = set(ck["trained"])
+    resumed = [e for e in after[len(before):] if e["event"] == "trained"]
+    assert {e["step"] for e in resumed} == set(range(done, 4))
+    assert not trained_ck & {e["execution_id"] for e in resumed}
+    assert len({e["execution_id"] for e in resumed}) == len(resumed) == 8 * (4 - done)
+    # optimizer steps: the resumed run logged exactly the steps after the checkpoint
+    rows, events = read_metrics(run / "metrics.jsonl")
+    start = max(i for i, e in enumerate(events) if e["event"] == "run_start")
+    resumed_steps = [r["step"] for r in rows if r["time"] >= events[start]["time"]]
+    assert resumed_steps == list(range(done + 1, 5))
+    assert json.loads((run / "checkpoints" / "iter_0000004" / "controller.json").read_text())["iteration"] == 4
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "/nonexistent/tasks.jsonl"], "argument --tasks: task file or directory not found: /nonexistent/tasks.jsonl"),
+    (["--num-cells", "2"], "argument --num-cells: WORLD_SIZE=3 is not divisible into 2 cells"),
+    (["--placement", "bogus"], "argument --placement: invalid choice: 'bogus' (choose from 'elastic', 'async', 'colocate')"),
+    (["--train-steps", "0"], "argument --train-steps: must be >= 1"),
+])
+def test_bad_configuration_exits_2_with_one_line(tmp_path, extra, message):
+    r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(tmp_path / "run"), *extra],
+                       capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [f"pretrain_gyre.py: error: {message}"]
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_placements_compare_table_needs_run_dirs(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "compare_runs.py"), str(tmp_path)],
+                       capture_output=True, text=True, cwd=ROOT, env=ENV)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"compare_runs: error: {tmp_path}: no summary.json (not a finished Gyre run)"]
