@@ -327,6 +327,9 @@ class Controller:
         self._exec_log.flush()
         if self.sched.done:
             return
+        gs = self.group_stats.get(self._group_of(sid))
+        if gs is not None and outcome.reward is not None and status is not ev.ExecutionStatus.SURPLUS:
+            gs.setdefault("closed_rewards", []).append(float(outcome.reward))
         self.handle(ev.ExecutionFinished(eid, status))
         for out in self.buffer.record_outcome(outcome, tree):
             if isinstance(out, ReadyGroup):
@@ -366,8 +369,9 @@ class Controller:
         gid = int(gd.group_id)
         logger.warning("group %d dropped (%s): it fills its slot with no micro-steps", gid, gd.reason.value)
         self.group_items[gid] = []
-        self.group_stats[gid].update(dropped=gd.reason.value, designated=[], rewards=[],
-                                     excluded=len(gd.excluded_execution_ids))
+        gs = self.group_stats[gid]
+        gs.update(dropped=gd.reason.value, designated=[], excluded=len(gd.excluded_execution_ids),
+                  rewards=gs.get("closed_rewards", [])[: self.args.n_samples_per_prompt])
         self._cancel(gd.open_execution_ids)
         self.handle(ev.GroupReady(gid, 0))
 
@@ -434,6 +438,7 @@ class Controller:
 
     def _log_step(self, step: int) -> None:
         info = self.steps[step]
+        # the training reward: the N designated rewards of every group of the step, dropped ones included
         rewards = [r for g in info.group_ids for r in self.group_stats[g].get("rewards", [])]
         designated = sum(len(self.group_stats[g].get("designated", [])) for g in info.group_ids)
         m: dict[str, float] = {
@@ -441,6 +446,7 @@ class Controller:
             "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
             "groups": len(info.group_ids),
+            "groups_dropped": sum("dropped" in self.group_stats[g] for g in info.group_ids),
             "executions_trained": designated,
             "timeouts": sum(self.group_stats[g].get("timeouts", 0) for g in info.group_ids),
             "excluded_executions": sum(self.group_stats[g].get("excluded", 0) for g in info.group_ids),
@@ -573,8 +579,13 @@ class Controller:
             "switch_latency_s": {"rollout_to_training": to_t, "training_to_rollout": to_r,
                                  "mean": statistics.fmean(to_t + to_r) if to_t + to_r else None},
             "train_rollout_overlap_s": round(self.overlap_s, 3),
-            "training_s": round(self.training_busy_s, 3),
-            "rollout_s": round(self.rollout_busy_s, 3),
+            "time_per_phase_s": {
+                "rollout": round(self.rollout_busy_s, 3),          # some execution running
+                "training": round(self.training_busy_s, 3),        # some cell in the training role
+                "overlap": round(self.overlap_s, 3),
+                "micro_steps": round(sum(s.train.get("consume_s", 0.0) for s in trained), 3),
+                "update": round(sum(s.train.get("update_s", 0.0) for s in trained), 3),
+                "switching": round(sum(t["latency_s"] or 0.0 for t in self.transitions), 3)},
             "trajectories_admitted": sum(self.group_stats[g].get("trajectories", 0) for s in trained for g in s.group_ids),
             "tokens_trained": sum(s.train.get("row_tokens", 0.0) for s in trained),
             "staleness_mean": self.sched.mean_staleness,

@@ -36,6 +36,9 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     Raises:
         ArgumentError: one line naming the flag.
     """
+    if args.backend != "cpu":
+        raise ArgumentError("argument --backend: the GPU main job needs the SGLang cell adapter and the Megatron "
+                            "streaming cell (issue #8); this build runs --backend cpu")
     if args.tasks is None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
     if args.tensor_model_parallel_size * args.pipeline_model_parallel_size != 1 or \

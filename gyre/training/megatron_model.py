@@ -185,11 +185,31 @@ def causal_attention_mask(seq_len: int, device: torch.device | str = "cpu") -> t
 def build_optimizer(ddp_model, lr: float = 1e-6, weight_decay: float = 0.01, adam_beta1: float = 0.9,
                     adam_beta2: float = 0.95, adam_eps: float = 1e-15, clip_grad: float = 1.0,
                     bf16: bool = False):
-    """Megatron Adam (``get_megatron_optimizer``) with DESIGN.md §3.5 defaults; fp32 main params."""
+    """Megatron Adam (``get_megatron_optimizer``) with DESIGN.md §3.5 defaults; fp32 main params.
+
+    Norms and biases get no weight decay (:func:`apply_wd_mult`), as in Megatron-LM.
+    """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     cfg = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=adam_beta1,
                           adam_beta2=adam_beta2, adam_eps=adam_eps, clip_grad=clip_grad, bf16=bf16,
                           params_dtype=torch.bfloat16 if bf16 else torch.float32,
                           use_distributed_optimizer=False)
-    return get_megatron_optimizer(cfg, [ddp_model])
+    optimizer = get_megatron_optimizer(cfg, [ddp_model])
+    apply_wd_mult(optimizer)
+    return optimizer
+
+
+def apply_wd_mult(optimizer) -> None:
+    """Give each Megatron parameter group ``weight_decay * wd_mult`` (once).
+
+    megatron-core puts 1-D parameters (norms, biases) in groups with ``wd_mult = 0`` but leaves
+    ``weight_decay`` at the global value; Megatron-LM's ``OptimizerParamScheduler.step`` is what
+    multiplies them in (``megatron/core/optimizer_param_scheduler.py``). Without that scheduler
+    (constant lr here) norms would be decayed, unlike the HF path and Megatron-LM.
+    """
+    for group in optimizer.param_groups:
+        if "wd_mult" in group and not group.get("_gyre_wd_mult_applied"):
+            group["weight_decay"] = group["weight_decay"] * group["wd_mult"]
+            group["_gyre_wd_mult_applied"] = True
+

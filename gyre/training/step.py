@@ -467,7 +467,9 @@ class MegatronTrainStep:
         self.model, self.optimizer, self.config = model, optimizer, config
         self.objective = objective or ObjectiveConfig()
         self.policy = MegatronPolicy(model, chunk_size)
-        _apply_wd_mult(optimizer)
+        from gyre.training.megatron_model import apply_wd_mult
+
+        apply_wd_mult(optimizer)  # idempotent; build_optimizer already applied it
 
     def forward_step(self, data_iterator, model):
         """Megatron ``forward_step_func`` for one micro-step (the separable per-micro-step part).
@@ -549,20 +551,6 @@ class MegatronTrainStep:
         _, stats = self.forward_backward(micro_steps)
         grad_norm = self.optimizer_step()
         return _result(stats, grad_norm, micro_steps, pass_tokens, time.perf_counter() - t0)
-
-
-def _apply_wd_mult(optimizer) -> None:
-    """Give each Megatron parameter group ``weight_decay * wd_mult`` (once).
-
-    megatron-core puts 1-D parameters (norms, biases) in groups with ``wd_mult = 0`` but leaves
-    ``weight_decay`` at the global value; Megatron-LM's ``OptimizerParamScheduler.step`` is what
-    multiplies them in (``megatron/core/optimizer_param_scheduler.py``). Without that scheduler
-    (constant lr here) norms would be decayed, unlike the HF path and Megatron-LM.
-    """
-    for group in optimizer.param_groups:
-        if "wd_mult" in group and not group.get("_gyre_wd_mult_applied"):
-            group["weight_decay"] = group["weight_decay"] * group["wd_mult"]
-            group["_gyre_wd_mult_applied"] = True
 
 
 def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveConfig | None = None,
