@@ -1,0 +1,97 @@
+"""Pure pieces of the main job's runtime: work items, the incremental step coordinator, resume."""
+
+import numpy as np
+import pytest
+import torch
+
+from gyre.runtime.cell_worker import decode_work_item, encode_work_item
+from gyre.runtime.controller import work_items
+from gyre.scheduler import events as ev
+from gyre.scheduler.config import SchedulerConfig
+from gyre.scheduler.scheduler import Scheduler
+from gyre.training.streaming import MicroStepStream
+
+
+class MS:
+    def __init__(self, name, execs, split):
+        self.name, self.execution_ids, self.split = name, execs, np.array(split, dtype=bool)
+
+
+def brute_force_items(mss):
+    """Reference: connected components by shared split execution, by repeated merging."""
+    groups = [{i} for i in range(len(mss))]
+    changed = True
+    while changed:
+        changed = False
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                ea = {e for i in groups[a] for e, s in zip(mss[i].execution_ids, mss[i].split) if s}
+                eb = {e for i in groups[b] for e, s in zip(mss[i].execution_ids, mss[i].split) if s}
+                if ea & eb:
+                    groups[a] |= groups.pop(b)
+                    changed = True
+                    break
+            if changed:
+                break
+    return sorted(sorted(g) for g in groups)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_work_items_keep_split_executions_together(seed):
+    rng = np.random.default_rng(seed)
+    mss = []
+    for i in range(int(rng.integers(1, 9))):
+        execs = [f"e{int(x)}" for x in rng.choice(6, size=int(rng.integers(1, 4)), replace=False)]
+        mss.append(MS(f"m{i}", execs, rng.random(len(execs)) < 0.4))
+    items = work_items(mss)
+    got = sorted(sorted(int(ms.name[1:]) for ms in item) for item in items)
+    assert got == brute_force_items(mss)
+    assert sum(len(i) for i in items) == len(mss)  # every micro-step exactly once
+    for item in items:  # order inside an item follows the packer's order
+        idx = [int(ms.name[1:]) for ms in item]
+        assert idx == sorted(idx)
+
+
+def test_work_item_payload_round_trip():
+    item = [{"ids": np.arange(5), "w": 0.5}, {"ids": np.arange(3)}]
+    payload = encode_work_item(item)
+    assert payload.dtype == torch.uint8
+    back = decode_work_item(payload)
+    assert np.array_equal(back[0]["ids"], np.arange(5)) and back[0]["w"] == 0.5 and len(back) == 2
+
+
+def test_step_coordinator_reports_each_micro_step_once_and_closes_the_window():
+    store = torch.distributed.HashStore()
+    stream = MicroStepStream(store, num_cells=3, poll_s=0.001)
+    coord = stream.coordinator(step=0)
+    assert coord.add("a") == 0 and coord.add("b") == 1
+    assert coord.poll() == []
+    m, g, payload = stream.claim(0, cell=0, timeout_s=1)
+    assert (m, g, payload) == (0, 0, "a")
+    stream.finish(0, m, g, cell=0)
+    assert coord.poll() == [(0, 0)]
+    assert coord.poll() == []  # reported once
+    coord.add("c")  # groups keep arriving while the stream is open
+    stream.register_joined(0, 1)
+    for _ in range(2):
+        m, g, _ = stream.claim(0, cell=1, timeout_s=1)
+        stream.finish(0, m, g, cell=1)
+    assert sorted(coord.poll()) == [(1, 1), (2, 1)]
+    coord.ledger.close()
+    assert coord.ledger.drained()
+    assert coord.close() == 1  # cells 0..1 take part; cell 2 never joined
+    assert stream.claim(0, cell=1, timeout_s=1) is None  # the stream is final
+
+
+def test_scheduler_resume_at_continues_step_and_version():
+    cfg = SchedulerConfig(N=2, B=1, num_cells=2, rollout_concurrency_per_cell=2, max_steps=4)
+    s = Scheduler(cfg)
+    s.resume_at(2)
+    cmds = s.handle(ev.Start(now=0.0))
+    dispatch = [c for c in cmds if isinstance(c, ev.Dispatch)]
+    assert dispatch and dispatch[0].policy_version == 2 and dispatch[0].group_id == 0
+    assert s.steps_done == 2 and s.queue.stream.step == 2
+    with pytest.raises(ValueError, match="after Start"):
+        s.resume_at(3)
+    with pytest.raises(ValueError, match="cannot resume at step 4"):
+        Scheduler(cfg).resume_at(4)
