@@ -29,7 +29,7 @@ def extra_args_provider(parser):
 
 def main(argv=None) -> int:
     args = parse_args(argv, extra_args_provider=extra_args_provider, prog="pretrain_gyre.py")
-    from gyre.runtime.pretrain import check_main_job_args, pretrain
+    from gyre.runtime.pretrain import check_main_job_args, format_summary, pretrain
 
     try:
         check_main_job_args(args)
@@ -44,6 +44,7 @@ def main(argv=None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     summary = pretrain(args)
     if summary is not None:
+        print(format_summary(summary), file=sys.stderr)
         print(json.dumps(summary))
     return 0
 

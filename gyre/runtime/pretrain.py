@@ -227,6 +227,26 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, s
     return summary
 
 
+def format_summary(s: dict[str, Any]) -> str:
+    """A few human-readable lines of ``summary.json`` for the console."""
+    rewards = ", ".join(f"{float(v):.3f}" if v is not None else "-"
+                        for _, v in sorted(s["reward_mean_by_step"].items(), key=lambda kv: int(kv[0])))
+    sw = s["switch_latency_s"]
+    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
+    ph = s["time_per_phase_s"]
+    return "\n".join([
+        f"gyre: {s['steps']} steps ({s['placement']}) in {s['wall_s']:.1f} s; executions {s['executions']} "
+        f"(closed {s['executions_closed']}), trained {s['executions_trained']}",
+        f"gyre: reward by step [{rewards}]",
+        f"gyre: trajectories admitted {s['trajectories_admitted']}, tokens trained {int(s['tokens_trained'])}, "
+        f"mean staleness {s['staleness_mean']:.2f}",
+        f"gyre: role changes {s['role_changes']}, switch median R->T {med(sw['rollout_to_training']):.3f} s, "
+        f"T->R {med(sw['training_to_rollout']):.3f} s",
+        f"gyre: time per phase: rollout {ph['rollout']:.1f} s, training {ph['training']:.1f} s, overlap "
+        f"{ph['overlap']:.1f} s, micro-steps {ph['micro_steps']:.1f} s, updates {ph['update']:.1f} s, "
+        f"switching {ph['switching']:.1f} s"])
+
+
 class _Progress:
     """A tqdm bar over optimizer steps with executions running and the waterlevel."""
 

@@ -42,6 +42,7 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     summary, r = run_job(run, "--tensorboard-dir", str(tmp_path / "tb"))
     assert json.loads(r.stdout.strip().splitlines()[-1]) == summary
+    assert "gyre: reward by step [" in r.stderr and "gyre: time per phase: rollout" in r.stderr
     assert summary["placement"] == "elastic" and summary["steps"] == 3
     assert summary["executions"] >= 24 and summary["executions_trained"] == 24  # N * B per step
     assert sorted(summary["reward_mean_by_step"]) == ["0", "1", "2"]
