@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args()
     steps = len(a.join1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))  # rank 0 recomputes the reference while the others wait
     rank = dist.get_rank()
     num_cells = dist.get_world_size()
     groups = PrefixGroups.build(num_cells, 1)
