@@ -386,11 +386,7 @@ class TitoSession:
             gyre.proxy.render.RenderError: the template cannot render the messages at all.
         """
         t0 = time.perf_counter()
-        messages, ident, restored = self.restore(request.messages)
-        keys, path = self._walk(request, messages, ident)
-        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
-        t1 = time.perf_counter()
-        plan = self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning)
+        plan, t1 = self._plan_request(request)
         prep = plan.finish(self._encode_texts(plan.texts))
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
         return prep
@@ -404,11 +400,7 @@ class TitoSession:
         import asyncio
 
         t0 = time.perf_counter()
-        messages, ident, restored = self.restore(request.messages)
-        keys, path = self._walk(request, messages, ident)
-        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
-        t1 = time.perf_counter()
-        plan = self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning)
+        plan, t1 = self._plan_request(request)
         t2 = time.perf_counter()
         if plan.texts and sum(len(t) for t in plan.texts) > 4096:
             enc = await asyncio.get_running_loop().run_in_executor(executor, self._encode_texts, plan.texts)
@@ -418,6 +410,14 @@ class TitoSession:
         prep = plan.finish(enc)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": t3 - t2}
         return prep
+
+    def _plan_request(self, request: ChatRequest):
+        """Restore, match and render ``request``: ``(plan, time after matching)``."""
+        messages, ident, restored = self.restore(request.messages)
+        keys, path = self._walk(request, messages, ident)
+        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
+        t1 = time.perf_counter()
+        return self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning), t1
 
     def _walk(self, request: ChatRequest, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
         keys: list[Hashable] = [("out", ci) if ci is not None else m.key() for m, ci in zip(messages, ident)]
