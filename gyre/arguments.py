@@ -250,6 +250,8 @@ def add_megatron_core_args(parser: argparse.ArgumentParser) -> argparse.Argument
     group.add_argument("--adam-eps", type=float, default=1e-15)
     group.add_argument("--weight-decay", type=float, default=0.01)
     group.add_argument("--clip-grad", type=float, default=1.0)
+    group.add_argument("--lr-warmup-iters", type=int, default=0,
+                       help="Linear learning-rate warm-up from 0 over this many optimizer updates.")
     group.add_argument("--bf16", action="store_true")
     return parser
 
@@ -380,6 +382,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         need(0 <= args.adam_beta1 < 1, "adam-beta1", "must be in [0, 1)")
         need(0 <= args.adam_beta2 < 1, "adam-beta2", "must be in [0, 1)")
         need(args.adam_eps > 0, "adam-eps", "must be > 0")
+        need(getattr(args, "lr_warmup_iters", 0) >= 0, "lr-warmup-iters", "must be >= 0")
         need(args.clip_grad >= 0, "clip-grad", "must be >= 0")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size

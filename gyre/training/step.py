@@ -79,7 +79,10 @@ class AdamConfig:
 
     ``lr`` (``--lr``), ``adam_beta1``/``adam_beta2`` (``--adam-beta1/2``), ``adam_eps``
     (``--adam-eps``), ``weight_decay`` (``--weight-decay``, decoupled, matrices only),
-    ``clip_grad`` (``--clip-grad``: max global L2 norm; 0 = no clipping).
+    ``clip_grad`` (``--clip-grad``: max global L2 norm; 0 = no clipping), ``lr_warmup_iters``
+    (``--lr-warmup-iters``: linear warm-up from 0 over that many updates, Megatron's
+    ``OptimizerParamScheduler``: the update after ``k`` earlier ones uses ``lr * min(1, k / iters)``,
+    so the first one only fills Adam's moments).
     """
 
     lr: float = 1e-6
@@ -88,12 +91,20 @@ class AdamConfig:
     adam_eps: float = 1e-15
     weight_decay: float = 0.01
     clip_grad: float = 1.0
+    lr_warmup_iters: int = 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "AdamConfig":
-        """From parsed arguments (``--lr``, ``--adam-beta1/2``, ``--adam-eps``, ``--weight-decay``, ``--clip-grad``)."""
+        """From parsed arguments (``--lr``, ``--adam-beta1/2``, ``--adam-eps``, ``--weight-decay``,
+        ``--clip-grad``, ``--lr-warmup-iters``)."""
         d = cls()
-        return cls(**{k: float(getattr(args, k, getattr(d, k))) for k in cls.__slots__})
+        return cls(**{k: type(getattr(d, k))(getattr(args, k, getattr(d, k))) for k in cls.__slots__})
+
+    def lr_at(self, num_updates: int) -> float:
+        """Learning rate of the update that follows ``num_updates`` earlier ones (warm-up, then constant)."""
+        if self.lr_warmup_iters > 0 and num_updates < self.lr_warmup_iters:
+            return self.lr * num_updates / self.lr_warmup_iters
+        return self.lr
 
 
 @dataclass(slots=True)
@@ -411,8 +422,17 @@ class HFTrainStep:
             norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.adam.clip_grad))
         else:
             norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+        lr = self.adam.lr_at(self.num_updates())
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         return norm
+
+    def num_updates(self) -> int:
+        """Optimizer updates so far (AdamW's per-parameter ``step``; survives a checkpoint of the
+        optimizer's ``state_dict``)."""
+        steps = [st["step"] for st in self.optimizer.state.values() if "step" in st]
+        return int(max(float(x) for x in steps)) if steps else 0
 
     def __call__(self, micro_steps: Sequence[MicroStep]) -> StepResult:
         """One step: forward-only pass for split executions, accumulate, one update."""
@@ -448,6 +468,8 @@ class MegatronTrainStep:
         optimizer: Megatron optimizer (:func:`gyre.training.megatron_model.build_optimizer`).
         objective: :class:`~gyre.rl.objective.ObjectiveConfig`.
         chunk_size: targets per log-prob chunk.
+        adam: :class:`AdamConfig` whose ``lr`` / ``lr_warmup_iters`` set each update's learning
+            rate (default: leave the optimizer's learning rate alone).
 
     Raises:
         ValueError: ``calculate_per_token_loss`` is off or ``finalize_model_grads_func`` is unset.
@@ -455,7 +477,7 @@ class MegatronTrainStep:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, objective: ObjectiveConfig | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE):
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, adam: AdamConfig | None = None):
         from megatron.core.utils import get_model_config
 
         config = get_model_config(model)
@@ -467,6 +489,8 @@ class MegatronTrainStep:
         self.model, self.optimizer, self.config = model, optimizer, config
         self.objective = objective or ObjectiveConfig()
         self.policy = MegatronPolicy(model, chunk_size)
+        self.adam = adam
+        self.updates = 0
         from gyre.training.megatron_model import apply_wd_mult
 
         apply_wd_mult(optimizer)  # idempotent; build_optimizer already applied it
@@ -537,7 +561,12 @@ class MegatronTrainStep:
 
     def optimizer_step(self) -> float:
         """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping."""
+        if self.adam is not None:
+            lr = self.adam.lr_at(self.updates)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         _ok, grad_norm, _zeros = self.optimizer.step()
+        self.updates += 1
         return float(grad_norm) if grad_norm is not None else math.nan
 
     def __call__(self, micro_steps: Sequence[MicroStep]) -> StepResult:
@@ -576,7 +605,7 @@ def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveCon
     ddp = wrap_ddp(model, tcfg)
     opt = build_optimizer(ddp, lr=adam.lr, weight_decay=adam.weight_decay, adam_beta1=adam.adam_beta1,
                           adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, clip_grad=adam.clip_grad, bf16=bf16)
-    return MegatronTrainStep(ddp, opt, objective, chunk_size)
+    return MegatronTrainStep(ddp, opt, objective, chunk_size, adam)
 
 
 def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> HFTrainStep | MegatronTrainStep:

@@ -269,3 +269,31 @@ def test_build_train_step_from_args(hf):
     assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
     assert all(p.ndim >= 2 for p in groups[0]["params"]) and all(p.ndim == 1 for p in groups[1]["params"])
 
+
+
+def test_lr_warmup_follows_megatron_schedule_and_survives_a_checkpoint(hf):
+    """``--lr-warmup-iters 4``: the update after k earlier ones uses lr * min(1, k/4) (Megatron's
+    OptimizerParamScheduler); the count comes back with the optimizer's state_dict."""
+    from gyre.arguments import parse_args
+    from gyre.training.step import build_train_step
+
+    args = parse_args(["--training-backend", "hf", "--lr", "1e-3", "--lr-warmup-iters", "4", "--weight-decay", "0"])
+    step = build_train_step(args, copy.deepcopy(hf))
+    assert step.adam.lr_warmup_iters == 4 and step.num_updates() == 0
+    assert [step.adam.lr_at(k) for k in range(6)] == [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3]
+    seen = []
+    for k in range(3):
+        before = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+        for p in step.params:
+            p.grad = torch.ones_like(p)
+        step.optimizer_step(1)
+        seen.append(step.optimizer.param_groups[0]["lr"])
+        moved = max(float((p - before[n]).abs().max()) for n, p in step.model.named_parameters())
+        # constant gradients: every Adam update is lr * sign(g) -- exactly 0 at lr 0
+        assert (moved == 0.0) if k == 0 else abs(moved - seen[-1]) < 1e-3 * seen[-1], (k, moved)  # fp32 rounding of the weights
+    assert seen == [0.0, 2.5e-4, 5e-4] and step.num_updates() == 3
+    resumed = build_train_step(args, copy.deepcopy(step.model))
+    resumed.optimizer.load_state_dict(step.optimizer.state_dict())
+    assert resumed.num_updates() == 3 and resumed.adam.lr_at(resumed.num_updates()) == 7.5e-4
+    with pytest.raises(SystemExit):
+        parse_args(["--lr-warmup-iters", "-1"])
