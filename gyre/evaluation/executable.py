@@ -13,7 +13,8 @@ One attempt of :class:`ExecutableCheck`:
    the time limit (:func:`~gyre.evaluation.process.run_command`: ``SIGTERM`` then
    ``SIGKILL`` to the whole group);
 4. score the result with the task's scoring rule: ``"junit"`` (fraction of tests passed in
-   the JUnit XML report, default), ``"exit_code"`` (0 -> 1.0, else 0.0), or a custom rule
+   the JUnit XML report, default), ``"exit_code"`` (0 -> 1.0, else 0.0), ``"stdout_score"``
+   (the number on the last line of the command's stdout), or a custom rule
    given as a callable or a dotted path (``pkg.mod:fn`` or ``pkg.mod.fn``);
 5. digest the preserved workspace again; a change makes the attempt unresolved (and is
    logged as an error);
@@ -131,11 +132,27 @@ def exit_code_rule(result: CheckResult) -> float:
     return 1.0 if rc == 0 else 0.0
 
 
+def stdout_score_rule(result: CheckResult) -> tuple[float, dict[str, Any]]:
+    """The number the command printed as the last non-empty line of its stdout
+    (``"stdout_score"``; a reward script that grades partial credit, e.g. 1.0 right, 0.1 well
+    formed but wrong); no such number, or exit 126/127 or a signal, is unresolved."""
+    rc = result.returncode
+    if rc in (126, 127) or rc < 0:
+        raise Unresolved(f"test command not executable, not found or killed (exit {rc})")
+    lines = [ln.strip() for ln in result.stdout_tail.splitlines() if ln.strip()]
+    try:
+        score = float(lines[-1])
+    except (IndexError, ValueError):
+        raise Unresolved(f"the last line of stdout is not a number: {lines[-1][:80] if lines else '(empty)'!r}") from None
+    return score, {"exit_code": rc}
+
+
 #: Built-in rules by name.
 BUILTIN_RULES: dict[str, ScoringRule] = {
     "junit": fraction_passed_rule,
     "fraction_passed": fraction_passed_rule,
     "exit_code": exit_code_rule,
+    "stdout_score": stdout_score_rule,
 }
 
 

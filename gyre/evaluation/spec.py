@@ -3,7 +3,7 @@
 Spec shapes (YAML/JSON mappings)::
 
     {type: executable, command: "pytest -q --junitxml={junit_xml}" | [argv...],
-     scoring: junit | exit_code | "pkg.mod:fn",     # default: --custom-rm-path, else junit
+     scoring: junit | exit_code | stdout_score | "pkg.mod:fn",     # default: --custom-rm-path, else junit
      timeout_s: 300, env: {..}, junit_skipped: fail | exclude, name: tests}
     {type: judge, rubric: "...", model: policy, score_scale: 10, max_turns: 8, name: judge}
     {type: composite, components: [{weight: 0.7, <spec>}, {weight: 0.3, <spec>}]}

@@ -11,7 +11,7 @@ A task is plain data -- a mapping read from YAML or JSONL (:mod:`gyre.tasks.load
     evaluator:                           # gyre.evaluation.evaluator_from_spec's spec
       type: executable                   #   executable | judge | composite
       command: ["{python}", "-m", "pytest", "-q", "--junitxml={junit_xml}", "{task_dir}/hidden_tests"]
-      scoring: junit                     #   junit | exit_code | pkg.mod:fn
+      scoring: junit                     #   junit | exit_code | stdout_score | pkg.mod:fn
     timeout_s: 300                       # optional execution budget (s); default --execution-timeout-s
     hidden: [hidden_tests]               # optional paths (relative to the task file) the harness must
                                          #   never see (evaluator-only tests, solutions)
@@ -60,7 +60,7 @@ _EVALUATOR_TYPES = ("executable", "judge", "composite")
 _EXECUTABLE_FIELDS = ("type", "command", "scoring", "timeout_s", "env", "junit_skipped", "readonly_source", "name")
 _JUDGE_FIELDS = ("type", "rubric", "model", "timeout_s", "max_turns", "score_scale", "name", "base_url")
 _COMPOSITE_FIELDS = ("type", "components", "name")
-_BUILTIN_RULES = ("junit", "fraction_passed", "exit_code")
+_BUILTIN_RULES = ("junit", "fraction_passed", "exit_code", "stdout_score")
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{4,64}$")
 
 
@@ -238,7 +238,7 @@ def _check_evaluator(spec: Any, where: str, c: _Collector, task_dir: Path, check
         scoring = spec.get("scoring")
         if scoring is not None:
             if not isinstance(scoring, str) or not scoring.strip():
-                c.add(f"{where}.scoring", "must be junit, exit_code or a dotted path 'pkg.mod:fn'")
+                c.add(f"{where}.scoring", "must be junit, exit_code, stdout_score or a dotted path 'pkg.mod:fn'")
             elif scoring not in _BUILTIN_RULES and check_imports:
                 from gyre.evaluation import load_callable
 

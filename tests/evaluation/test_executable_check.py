@@ -74,6 +74,18 @@ def test_exit_code_rule(preserved):
     assert a.status is AssessmentStatus.UNRESOLVED  # 127 from the read-only wrapper, or could not start
 
 
+def test_stdout_score_rule(preserved):
+    def run(script):
+        return check(command=["sh", "-c", script], scoring="stdout_score").evaluate(target_for(preserved))
+
+    a = run("echo grading; echo; echo 0.1; echo")  # last non-empty line, whatever the exit status
+    assert a.status is AssessmentStatus.VALID and a.score == 0.1
+    assert run("echo 1.0; exit 1").score == 1.0
+    for bad in ("echo not-a-number", "true", "echo 1.0; exit 127", "echo inf"):
+        a = run(bad)
+        assert a.status is AssessmentStatus.UNRESOLVED and math.isnan(a.score), bad
+
+
 RULES = """
 from gyre.evaluation import Unresolved
 
