@@ -17,29 +17,91 @@ The interface and the execution lifecycle are in :mod:`gyre.harness.base`; the c
 (process group, time limit, isolation) in :mod:`gyre.harness.process`; role declarations in
 :mod:`gyre.harness.roles`; installs from the registries in :mod:`gyre.harness.install`; Gyre's
 own agent in :mod:`gyre.harness.reference_agent`.
+
+Names are imported lazily (PEP 562), so a harness child such as ``python -m
+gyre.harness.reference_agent`` does not pay for the adapters, evaluation and proxy imports it
+never uses (about a second per execution on the 2-core machine).
 """
 
-from gyre.harness.base import (
-    FINAL_MESSAGE_KEY,
-    ExecutionDir,
-    Harness,
-    HarnessResult,
-    HarnessUnavailable,
-    LaunchContext,
-    LaunchSpec,
-    ProxyEndpoint,
-    RunningExecution,
-    executions_root,
-)
-from gyre.harness.claude_code import CLAUDE_CODE_PACKAGE, CLAUDE_CODE_ROLES, ClaudeCodeHarness
-from gyre.harness.codex import CODEX_PACKAGE, CODEX_ROLES, CodexHarness, codex_config_toml
-from gyre.harness.command import CommandHarness
-from gyre.harness.install import HarnessInstallError, HarnessPackage, ensure_package, harness_cache_dir
-from gyre.harness.mini_swe_agent import MINI_SWE_AGENT_PACKAGE, MINI_SWE_AGENT_ROLES, MiniSweAgentHarness
-from gyre.harness.process import HarnessProcess, ProcessExit, isolation_supported
-from gyre.harness.reference import REFERENCE_ROLES, ReferenceHarness
-from gyre.harness.registry import HARNESSES, harness_from_args, make_harness
-from gyre.harness.roles import RoleRule, RoleRules, classify_role, request_texts
+import importlib
+from typing import TYPE_CHECKING
+
+_LAZY = {
+    "CLAUDE_CODE_PACKAGE": "gyre.harness.claude_code",
+    "CLAUDE_CODE_ROLES": "gyre.harness.claude_code",
+    "CODEX_PACKAGE": "gyre.harness.codex",
+    "CODEX_ROLES": "gyre.harness.codex",
+    "ClaudeCodeHarness": "gyre.harness.claude_code",
+    "CodexHarness": "gyre.harness.codex",
+    "CommandHarness": "gyre.harness.command",
+    "ExecutionDir": "gyre.harness.base",
+    "FINAL_MESSAGE_KEY": "gyre.harness.base",
+    "HARNESSES": "gyre.harness.registry",
+    "Harness": "gyre.harness.base",
+    "HarnessInstallError": "gyre.harness.install",
+    "HarnessPackage": "gyre.harness.install",
+    "HarnessProcess": "gyre.harness.process",
+    "HarnessResult": "gyre.harness.base",
+    "HarnessUnavailable": "gyre.harness.base",
+    "LaunchContext": "gyre.harness.base",
+    "LaunchSpec": "gyre.harness.base",
+    "MINI_SWE_AGENT_PACKAGE": "gyre.harness.mini_swe_agent",
+    "MINI_SWE_AGENT_ROLES": "gyre.harness.mini_swe_agent",
+    "MiniSweAgentHarness": "gyre.harness.mini_swe_agent",
+    "ProcessExit": "gyre.harness.process",
+    "ProxyEndpoint": "gyre.harness.base",
+    "REFERENCE_ROLES": "gyre.harness.reference",
+    "ReferenceHarness": "gyre.harness.reference",
+    "RoleRule": "gyre.harness.roles",
+    "RoleRules": "gyre.harness.roles",
+    "RunningExecution": "gyre.harness.base",
+    "classify_role": "gyre.harness.roles",
+    "codex_config_toml": "gyre.harness.codex",
+    "ensure_package": "gyre.harness.install",
+    "executions_root": "gyre.harness.base",
+    "harness_cache_dir": "gyre.harness.install",
+    "harness_from_args": "gyre.harness.registry",
+    "isolation_supported": "gyre.harness.process",
+    "make_harness": "gyre.harness.registry",
+    "request_texts": "gyre.harness.roles",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gyre.harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs
+    from gyre.harness.base import (
+        FINAL_MESSAGE_KEY,
+        ExecutionDir,
+        Harness,
+        HarnessResult,
+        HarnessUnavailable,
+        LaunchContext,
+        LaunchSpec,
+        ProxyEndpoint,
+        RunningExecution,
+        executions_root,
+    )
+    from gyre.harness.claude_code import CLAUDE_CODE_PACKAGE, CLAUDE_CODE_ROLES, ClaudeCodeHarness
+    from gyre.harness.codex import CODEX_PACKAGE, CODEX_ROLES, CodexHarness, codex_config_toml
+    from gyre.harness.command import CommandHarness
+    from gyre.harness.install import HarnessInstallError, HarnessPackage, ensure_package, harness_cache_dir
+    from gyre.harness.mini_swe_agent import MINI_SWE_AGENT_PACKAGE, MINI_SWE_AGENT_ROLES, MiniSweAgentHarness
+    from gyre.harness.process import HarnessProcess, ProcessExit, isolation_supported
+    from gyre.harness.reference import REFERENCE_ROLES, ReferenceHarness
+    from gyre.harness.registry import HARNESSES, harness_from_args, make_harness
+    from gyre.harness.roles import RoleRule, RoleRules, classify_role, request_texts
 
 __all__ = [
     "CLAUDE_CODE_PACKAGE",
