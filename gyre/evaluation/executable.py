@@ -124,21 +124,24 @@ def fraction_passed_rule(result: CheckResult) -> tuple[float, dict[str, Any]]:
 def exit_code_rule(result: CheckResult) -> float:
     """1.0 when the command exited 0, else 0.0 (``"exit_code"``); not-found/not-executable
     (126, 127) and death by a signal are unresolved."""
+    return 1.0 if _command_ran(result) == 0 else 0.0
+
+
+def _command_ran(result: CheckResult) -> int:
+    """The exit status, or :class:`Unresolved` when the command never ran (126/127) or died by a signal."""
     rc = result.returncode
     if rc in (126, 127):
         raise Unresolved(f"test command not executable or not found (exit {rc})")
     if rc < 0:
         raise Unresolved(f"test command killed by signal {-rc}")
-    return 1.0 if rc == 0 else 0.0
+    return rc
 
 
 def stdout_score_rule(result: CheckResult) -> tuple[float, dict[str, Any]]:
     """The number the command printed as the last non-empty line of its stdout
     (``"stdout_score"``; a reward script that grades partial credit, e.g. 1.0 right, 0.1 well
     formed but wrong); no such number, or exit 126/127 or a signal, is unresolved."""
-    rc = result.returncode
-    if rc in (126, 127) or rc < 0:
-        raise Unresolved(f"test command not executable, not found or killed (exit {rc})")
+    rc = _command_ran(result)
     lines = [ln.strip() for ln in result.stdout_tail.splitlines() if ln.strip()]
     try:
         score = float(lines[-1])

@@ -24,7 +24,6 @@ never uses (about a second per execution on the 2-core machine).
 """
 
 import importlib
-from typing import TYPE_CHECKING
 
 _LAZY = {
     "CLAUDE_CODE_PACKAGE": "gyre.harness.claude_code",
@@ -80,65 +79,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-if TYPE_CHECKING:  # for type checkers and IDEs
-    from gyre.harness.base import (
-        FINAL_MESSAGE_KEY,
-        ExecutionDir,
-        Harness,
-        HarnessResult,
-        HarnessUnavailable,
-        LaunchContext,
-        LaunchSpec,
-        ProxyEndpoint,
-        RunningExecution,
-        executions_root,
-    )
-    from gyre.harness.claude_code import CLAUDE_CODE_PACKAGE, CLAUDE_CODE_ROLES, ClaudeCodeHarness
-    from gyre.harness.codex import CODEX_PACKAGE, CODEX_ROLES, CodexHarness, codex_config_toml
-    from gyre.harness.command import CommandHarness
-    from gyre.harness.install import HarnessInstallError, HarnessPackage, ensure_package, harness_cache_dir
-    from gyre.harness.mini_swe_agent import MINI_SWE_AGENT_PACKAGE, MINI_SWE_AGENT_ROLES, MiniSweAgentHarness
-    from gyre.harness.process import HarnessProcess, ProcessExit, isolation_supported
-    from gyre.harness.reference import REFERENCE_ROLES, ReferenceHarness
-    from gyre.harness.registry import HARNESSES, harness_from_args, make_harness
-    from gyre.harness.roles import RoleRule, RoleRules, classify_role, request_texts
-
-__all__ = [
-    "CLAUDE_CODE_PACKAGE",
-    "CLAUDE_CODE_ROLES",
-    "CODEX_PACKAGE",
-    "CODEX_ROLES",
-    "ClaudeCodeHarness",
-    "CodexHarness",
-    "CommandHarness",
-    "ExecutionDir",
-    "FINAL_MESSAGE_KEY",
-    "HARNESSES",
-    "Harness",
-    "HarnessInstallError",
-    "HarnessPackage",
-    "HarnessProcess",
-    "HarnessResult",
-    "HarnessUnavailable",
-    "LaunchContext",
-    "LaunchSpec",
-    "MINI_SWE_AGENT_PACKAGE",
-    "MINI_SWE_AGENT_ROLES",
-    "MiniSweAgentHarness",
-    "ProcessExit",
-    "ProxyEndpoint",
-    "REFERENCE_ROLES",
-    "ReferenceHarness",
-    "RoleRule",
-    "RoleRules",
-    "RunningExecution",
-    "classify_role",
-    "codex_config_toml",
-    "ensure_package",
-    "executions_root",
-    "harness_cache_dir",
-    "harness_from_args",
-    "isolation_supported",
-    "make_harness",
-    "request_texts",
-]
+__all__ = sorted(_LAZY)

@@ -106,6 +106,12 @@ class AdamConfig:
             return self.lr * num_updates / self.lr_warmup_iters
         return self.lr
 
+    def set_lr(self, optimizer, num_updates: int) -> None:
+        """Set every parameter group of ``optimizer`` to :meth:`lr_at` ``(num_updates)``."""
+        lr = self.lr_at(num_updates)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
 
 @dataclass(slots=True)
 class StepResult:
@@ -422,9 +428,7 @@ class HFTrainStep:
             norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.adam.clip_grad))
         else:
             norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
-        lr = self.adam.lr_at(self.num_updates())
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.adam.set_lr(self.optimizer, self.num_updates())
         self.optimizer.step()
         return norm
 
@@ -562,9 +566,7 @@ class MegatronTrainStep:
     def optimizer_step(self) -> float:
         """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping."""
         if self.adam is not None:
-            lr = self.adam.lr_at(self.updates)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            self.adam.set_lr(self.optimizer, self.updates)
         _ok, grad_norm, _zeros = self.optimizer.step()
         self.updates += 1
         return float(grad_norm) if grad_norm is not None else math.nan
