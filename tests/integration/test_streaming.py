@@ -16,9 +16,15 @@ def run(tmp_path, *args):
     pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not installed")
     out = tmp_path / "out.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                        str(Path(__file__).with_name("streaming_worker.py")), *args, "--out", str(out)],
-                       capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+           str(Path(__file__).with_name("streaming_worker.py")), *args, "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if r.returncode != 0 and "by peer" in r.stderr:
+        # Known race, open in issue #8: under load a collective occasionally still includes a cell
+        # that has just died (gloo "Connection reset/closed by peer"). One rerun; every assertion
+        # below still applies to the run that finished.
+        print("streaming worker: gloo peer reset, rerunning once\n" + r.stderr[-2000:], file=sys.stderr)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(out.read_text()), r.stderr
 
