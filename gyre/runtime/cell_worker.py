@@ -5,9 +5,13 @@ A cell owns two copies of the policy in its process:
 * its **engine** -- an embedded engine speaking SGLang's native HTTP API (``--rollout-engine
   embedded``), serving rollouts while the cell is in the rollout role; the proxy on rank 0
   routes model calls to it as ``engine-{cell}``;
-* its **training replica** -- a ``transformers`` model, its AdamW optimizer and the objective
-  (:class:`gyre.training.step.HFTrainStep`); offloaded (:class:`~gyre.training.cell.TrainingState`)
-  while the cell serves rollouts.
+* its **training replica** -- ``--training-backend megatron``: a megatron-core ``GPTModel`` in
+  Megatron DDP with Megatron's optimizer (:class:`gyre.training.step.MegatronTrainStep`; gradients
+  accumulate in ``main_grad`` without ``finalize_model_grads``, the prefix group sums them);
+  ``hf``: a ``transformers`` model with AdamW (:class:`gyre.training.step.HFTrainStep`).  Either
+  way the weight snapshot carries the replica's own tensors and rollout engines receive them
+  converted to HF names.  Offloaded (:class:`~gyre.training.cell.TrainingState`) while the cell
+  serves rollouts.
 
 The cell carries out typed control messages from rank 0 (:mod:`gyre.training.control`), in order:
 
@@ -132,9 +136,9 @@ class CellWorker:
         model = load_hf_model(model_dir)
         model.train()
         self.train_step = build_train_step(args, model)
+        if self.train_step.model is not model:  # Megatron holds converted copies of the weights
+            del model
         self.params = self.train_step.params
-        names = {id(p): n for n, p in model.named_parameters()}
-        self.names = [names[id(p)] for p in self.params]
         self.shapes = [(p.shape, p.dtype) for p in self.params]
         self.model_dir = str(model_dir)
         self.training = TrainingState(self.params, self.train_step.optimizer)
@@ -163,7 +167,8 @@ class CellWorker:
         return [torch.empty(shape, dtype=dtype) for shape, dtype in self.shapes]
 
     def _named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-        return dict(zip(self.names, tensors))
+        """Snapshot-layout tensors under the engine's (HF) names."""
+        return self.train_step.hf_named(tensors)
 
     # ------------------------------------------------------------------ commands
 
@@ -210,14 +215,15 @@ class CellWorker:
         t_join = time.perf_counter()
         stats = ObjectiveStats()
         tokens = {"row": 0, "forward": 0, "pass": 0}
+        self.train_step.zero_grad()
 
         def run_item(payload) -> float:
-            from gyre.training.step import apply_log_ratio_sums, precompute_log_ratio_sums
+            from gyre.training.step import apply_log_ratio_sums
 
             items = decode_work_item(payload)
-            sums, pass_tokens = precompute_log_ratio_sums(self.train_step.policy, items)
+            sums, pass_tokens = self.train_step.precompute_log_ratio_sums(items)
             apply_log_ratio_sums(items, sums)
-            _, s = self.train_step.forward_backward(items)
+            _, s = self.train_step.accumulate(items)
             stats.merge(s)
             tokens["row"] += sum(m.row_tokens for m in items)
             tokens["forward"] += sum(m.forward_tokens for m in items)
@@ -232,10 +238,9 @@ class CellWorker:
         if cell <= k:
             vec = [float(getattr(stats, f)) for f in ADDITIVE_STATS] + [float(v) for v in tokens.values()]
             update = self._core_update if cell == 0 else None
-            norm, summed = reduce_and_update(self.params, k, self.groups, vec, update)
-        else:
-            for p in self.params:
-                p.grad = None
+            norm, summed = reduce_and_update(self.params, k, self.groups, vec, update,
+                                             grads=self.train_step.grad_tensors())
+        self.train_step.zero_grad()
         t_reduced = time.perf_counter()
         if cell == 0:
             self.snapshot.server.publish(self.params, version=step + 1)
@@ -256,8 +261,6 @@ class CellWorker:
     def _core_update(self, summed: Sequence[float]) -> float | None:
         normaliser = summed[ADDITIVE_STATS.index("normaliser")]
         if normaliser <= 0:  # nothing counted: no update, no decay, no momentum
-            for p in self.params:
-                p.grad = None
             return None
         return self.train_step.optimizer_step(int(round(normaliser)))
 
@@ -289,8 +292,9 @@ class CellWorker:
     def save(self, directory: str) -> str:
         """Core only: write the policy (HF format, servable) and the optimizer state to ``directory``.
 
-        Layout: ``directory/hf/`` (``save_pretrained`` + the tokenizer files), ``directory/optimizer.pt``
-        (AdamW state dict).  Returns ``directory``.
+        Layout: ``directory/hf/`` (HF weights + ``config.json`` + the tokenizer files, servable and
+        loadable by either backend), ``directory/optimizer.pt`` (the optimizer's ``state_dict``: torch
+        AdamW, or Megatron's optimizer).  Returns ``directory``.
         """
         import shutil
         from pathlib import Path
@@ -300,7 +304,7 @@ class CellWorker:
         resident = self.training.resident
         self.training.restore()
         try:
-            self.train_step.model.save_pretrained(out / "hf")
+            self.train_step.save_hf(out / "hf")
             torch.save(self.train_step.optimizer.state_dict(), out / "optimizer.pt")
         finally:
             if not resident:

@@ -70,7 +70,7 @@ class TrainingState:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         self._saved_opt = []
         if self.optimizer is not None:
-            for state in self.optimizer.state.values():
+            for _, state in self.optimizer.state.items():  # Megatron's optimizers: a ProxyDict (no values())
                 for k, v in list(state.items()):
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         self._saved_opt.append((state, k, v.to("cpu", copy=True)))

@@ -19,6 +19,13 @@ streaming, multi-cell version reuses these pieces unchanged:
   gives ``s_i`` to executions split over several micro-steps.
 * :class:`HFTrainStep` -- ``forward_backward(micro_steps)`` (accumulate, no update) then
   ``optimizer_step(normaliser)`` (divide by ``|E|`` once, clip, AdamW); ``__call__`` does both.
+* The streaming interface both train steps share (what a cell of DESIGN.md §4.4 calls, so the
+  cell does not care which backend it trains): ``params`` / ``param_names`` (the tensors the core's
+  weight snapshot and the prefix-group broadcast carry, in a fixed order), ``zero_grad()``,
+  ``precompute_log_ratio_sums(micro_steps)``, ``accumulate(micro_steps)`` (un-normalised gradients,
+  no cross-replica reduction), ``grad_tensors()`` (where those gradients live: ``.grad`` or
+  Megatron's ``.main_grad``), ``optimizer_step(normaliser)``, ``hf_named(tensors)`` (HF names for
+  the rollout engine) and ``save_hf(directory)``.
 * :class:`MegatronTrainStep` -- the same through Megatron's ``get_forward_backward_func``
   (``forward_step`` is the Megatron ``forward_step_func`` of one micro-step; ``forward_backward``
   then ``optimizer_step``); the loss function returns the 3-tuple ``(loss_sum, normaliser, stats)`` with
@@ -64,6 +71,7 @@ __all__ = [
     "build_megatron_train_step",
     "build_train_step",
     "micro_step_loss",
+    "optimizer_updates",
     "precompute_log_ratio_sums",
 ]
 
@@ -363,6 +371,13 @@ def _token_metrics(micro_steps: Sequence[MicroStep]) -> dict[str, float]:
 # --------------------------------------------------------------------------- HF path
 
 
+def optimizer_updates(optimizer) -> int:
+    """Updates an Adam(W) optimizer has made: the largest per-parameter ``step`` in its state, so the
+    count survives a checkpoint of the optimizer's ``state_dict`` (torch and Megatron optimizers)."""
+    steps = [st["step"] for _, st in optimizer.state.items() if "step" in st]  # Megatron's: a ProxyDict
+    return int(max(float(x) for x in steps)) if steps else 0
+
+
 def build_hf_optimizer(model: torch.nn.Module, adam: AdamConfig | None = None) -> torch.optim.AdamW:
     """``torch.optim.AdamW`` with Megatron's parameter groups: weight decay on parameters with
     ``ndim >= 2``, none on 1-D ones (norms, biases) -- ``megatron/core/optimizer/__init__.py``
@@ -400,6 +415,31 @@ class HFTrainStep:
         self.policy = HFPolicy(model, chunk_size)
         self.optimizer = optimizer or build_hf_optimizer(model, self.adam)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.param_names = [names[id(p)] for p in self.params]
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def precompute_log_ratio_sums(self, micro_steps: Sequence[MicroStep]) -> tuple[dict[str, float], int]:
+        """:func:`precompute_log_ratio_sums` with this step's policy."""
+        return precompute_log_ratio_sums(self.policy, micro_steps)
+
+    def accumulate(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
+        """:meth:`forward_backward` (a ``transformers`` model never reduces across replicas)."""
+        return self.forward_backward(micro_steps)
+
+    def grad_tensors(self) -> list[torch.Tensor | None]:
+        """Each parameter's accumulated gradient (``None`` where nothing flowed)."""
+        return [p.grad for p in self.params]
+
+    def hf_named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` (shaped like :attr:`params`) under their HF names."""
+        return dict(zip(self.param_names, tensors))
+
+    def save_hf(self, directory) -> None:
+        """``save_pretrained`` of the model (weights and ``config.json``)."""
+        self.model.save_pretrained(directory)
 
     def forward_backward(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
         """Accumulate un-normalised gradients of ``micro_steps`` into ``.grad`` (no update).
@@ -433,10 +473,8 @@ class HFTrainStep:
         return norm
 
     def num_updates(self) -> int:
-        """Optimizer updates so far (AdamW's per-parameter ``step``; survives a checkpoint of the
-        optimizer's ``state_dict``)."""
-        steps = [st["step"] for st in self.optimizer.state.values() if "step" in st]
-        return int(max(float(x) for x in steps)) if steps else 0
+        """Optimizer updates so far (:func:`optimizer_updates`)."""
+        return optimizer_updates(self.optimizer)
 
     def __call__(self, micro_steps: Sequence[MicroStep]) -> StepResult:
         """One step: forward-only pass for split executions, accumulate, one update."""
@@ -474,6 +512,8 @@ class MegatronTrainStep:
         chunk_size: targets per log-prob chunk.
         adam: :class:`AdamConfig` whose ``lr`` / ``lr_warmup_iters`` set each update's learning
             rate (default: leave the optimizer's learning rate alone).
+        hf_config: the HF config the model was converted from (needed by :meth:`hf_named` and
+            :meth:`save_hf`, i.e. for serving and saving the weights).
 
     Raises:
         ValueError: ``calculate_per_token_loss`` is off or ``finalize_model_grads_func`` is unset.
@@ -481,7 +521,7 @@ class MegatronTrainStep:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, objective: ObjectiveConfig | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE, adam: AdamConfig | None = None):
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, adam: AdamConfig | None = None, hf_config=None):
         from megatron.core.utils import get_model_config
 
         config = get_model_config(model)
@@ -494,10 +534,60 @@ class MegatronTrainStep:
         self.objective = objective or ObjectiveConfig()
         self.policy = MegatronPolicy(model, chunk_size)
         self.adam = adam
-        self.updates = 0
+        self.hf_config = hf_config
+        module = getattr(model, "module", model)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
         from gyre.training.megatron_model import apply_wd_mult
 
         apply_wd_mult(optimizer)  # idempotent; build_optimizer already applied it
+
+    def num_updates(self) -> int:
+        """Optimizer updates so far (:func:`optimizer_updates`; survives a checkpoint)."""
+        return optimizer_updates(self.optimizer)
+
+    def zero_grad(self) -> None:
+        """Zero DDP's gradient buffers (``main_grad``) and drop the optimizer's ``.grad`` aliases."""
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def grad_tensors(self) -> list[torch.Tensor]:
+        """Each parameter's accumulated gradient: DDP's ``main_grad`` (a view of its fp32 buffer)."""
+        return [p.main_grad for p in self.params]
+
+    def hf_named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` (shaped like :attr:`params`) converted to HF names and layout
+        (:func:`gyre.training.checkpoint_conversion.megatron_to_hf`; a tied ``lm_head`` is left out).
+
+        Raises:
+            NotImplementedError: TP or PP > 1 inside the cell (the shards live on other ranks).
+            ValueError: the step was built without ``hf_config``.
+        """
+        from megatron.core import parallel_state as ps
+
+        from gyre.training.checkpoint_conversion import megatron_to_hf
+
+        if self.hf_config is None:
+            raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
+        if ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size() != 1:
+            raise NotImplementedError("hf_named gathers one shard only: TP = PP = 1 inside a cell")
+        out = megatron_to_hf({(0, 0): dict(zip(self.param_names, tensors))}, self.hf_config)
+        if self.hf_config.tie_word_embeddings:
+            out.pop("lm_head.weight", None)
+        return out
+
+    def save_hf(self, directory) -> None:
+        """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``)."""
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.hf_config.save_pretrained(directory)
+        named = self.hf_named([p.detach() for p in self.params])
+        save_file({k: v.contiguous() for k, v in named.items()}, str(Path(directory) / "model.safetensors"),
+                  metadata={"format": "pt"})
 
     def forward_step(self, data_iterator, model):
         """Megatron ``forward_step_func`` for one micro-step (the separable per-micro-step part).
@@ -552,31 +642,50 @@ class MegatronTrainStep:
                 sums[ms.execution_ids[e]] = sums.get(ms.execution_ids[e], 0.0) + float(per[e])
         return sums, sum(ms.forward_tokens for ms in todo)
 
-    def forward_backward(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
+    def forward_backward(self, micro_steps: Sequence[MicroStep], finalize: bool = True) -> tuple[int, ObjectiveStats]:
         """Forward/backward of ``micro_steps`` through the schedule; ``finalize_model_grads`` then
         all-reduces the gradients and the normaliser over data parallelism and divides the gradients
         by it (``1/|E|`` once). No optimizer update. Returns ``(normaliser, stats)`` of these
-        micro-steps (this rank's share). Split executions need ``log_ratio_sum`` first."""
+        micro-steps (this rank's share). Split executions need ``log_ratio_sum`` first.
+
+        ``finalize=False`` skips ``finalize_model_grads``: the un-normalised per-token-weighted
+        gradients stay in ``main_grad`` and nothing is reduced (a streaming cell sums them over its
+        prefix group itself, DESIGN.md §4.4)."""
         stats = ObjectiveStats()
         if micro_steps:
-            for rec in self._run(self.forward_step, micro_steps, forward_only=False):
-                stats.merge(rec["stats"])
+            saved = self.config.finalize_model_grads_func
+            if not finalize:
+                self.config.finalize_model_grads_func = None
+            try:
+                for rec in self._run(self.forward_step, micro_steps, forward_only=False):
+                    stats.merge(rec["stats"])
+            finally:
+                self.config.finalize_model_grads_func = saved
         return stats.normaliser, stats
 
-    def optimizer_step(self) -> float:
-        """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping."""
+    def accumulate(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
+        """:meth:`forward_backward` with ``finalize=False`` (the streaming cell's micro-step)."""
+        return self.forward_backward(micro_steps, finalize=False)
+
+    def optimizer_step(self, normaliser: int | None = None) -> float:
+        """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping.
+
+        ``normaliser``: divide ``main_grad`` by it first (``|E|``, when the gradients were
+        accumulated with ``finalize=False``); ``None``: ``finalize_model_grads`` already did."""
+        if normaliser is not None and normaliser > 0:
+            with torch.no_grad():
+                for g in self.grad_tensors():
+                    g.div_(normaliser)
         if self.adam is not None:
-            self.adam.set_lr(self.optimizer, self.updates)
+            self.adam.set_lr(self.optimizer, self.num_updates())
         _ok, grad_norm, _zeros = self.optimizer.step()
-        self.updates += 1
         return float(grad_norm) if grad_norm is not None else math.nan
 
     def __call__(self, micro_steps: Sequence[MicroStep]) -> StepResult:
         """One step: forward-only pass for split executions, forward/backward of every
         micro-step (gradients divided by ``|E|`` in ``finalize_model_grads``), one update."""
         t0 = time.perf_counter()
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
+        self.zero_grad()
         sums, pass_tokens = self.precompute_log_ratio_sums(micro_steps)
         apply_log_ratio_sums(micro_steps, sums)
         _, stats = self.forward_backward(micro_steps)
@@ -607,7 +716,7 @@ def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveCon
     ddp = wrap_ddp(model, tcfg)
     opt = build_optimizer(ddp, lr=adam.lr, weight_decay=adam.weight_decay, adam_beta1=adam.adam_beta1,
                           adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, clip_grad=adam.clip_grad, bf16=bf16)
-    return MegatronTrainStep(ddp, opt, objective, chunk_size, adam)
+    return MegatronTrainStep(ddp, opt, objective, chunk_size, adam, hf_config=cfg)
 
 
 def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> HFTrainStep | MegatronTrainStep:

@@ -361,23 +361,30 @@ def consume_stream(stream: MicroStepStream, step: int, cell: int, fn: MicroStepF
     return count, loss_sum
 
 
-def _flat_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+def _flat_grads(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for p, g in zip(params, grads)])
 
 
 def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, stats: Sequence[float],
-                      update: Callable[[Sequence[float]], float | None] | None) -> tuple[float | None, list[float]]:
+                      update: Callable[[Sequence[float]], float | None] | None,
+                      grads: Sequence[torch.Tensor] | None = None) -> tuple[float | None, list[float]]:
     """Sum gradients and the additive ``stats`` (e.g. the normaliser ``|E|``, loss sums) over the
     participants ``{0..k}``; the core (``update`` given) then runs ``update(summed_stats)`` -- which
     normalises, clips and performs the one optimizer update, returning the grad norm -- and its
     parameters are broadcast to the participants.
+
+    ``grads``: where each parameter's gradient lives when it is not ``p.grad`` (Megatron DDP's
+    ``main_grad`` buffers); the core's summed gradients are written back into them in place.
+    With ``grads=None`` the summed gradients become ``p.grad`` on the core and every ``p.grad`` is
+    cleared afterwards; with ``grads`` given the caller zeroes its buffers before the next step.
 
     Returns ``(grad norm or None, summed stats)``; every participant receives the summed stats.
     """
     import torch.distributed as dist
 
     group = groups.group(k) if k > 0 else None
-    flat = torch.cat([_flat_grads(params), torch.tensor(list(stats), dtype=torch.float32)])
+    src = list(grads) if grads is not None else [p.grad for p in params]
+    flat = torch.cat([_flat_grads(params, src), torch.tensor(list(stats), dtype=torch.float32)])
     if group is not None:
         dist.all_reduce(flat, group=group)
     n = len(flat) - len(stats)
@@ -385,15 +392,21 @@ def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, stats: Seq
     norm = None
     if update is not None:
         offset = 0
-        for p in params:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                chunk = flat[offset:offset + p.numel()].view_as(p)
+                if grads is not None and grads[i] is not None:
+                    grads[i].copy_(chunk)
+                else:
+                    p.grad = chunk.clone()
+                offset += p.numel()
         norm = update(summed)
     if group is not None:
         core_rank = groups.members(k)[0]
         with torch.no_grad():
             for p in params:
                 dist.broadcast(p.data, src=core_rank, group=group)
-    for p in params:
-        p.grad = None
+    if grads is None:
+        for p in params:
+            p.grad = None
     return norm, summed

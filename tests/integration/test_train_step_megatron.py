@@ -92,3 +92,44 @@ def test_megatron_tree_packed_equals_per_row(megatron, shared_dir):
     for n, g in out[False][1].items():
         torch.testing.assert_close(out[True][1][n], g, rtol=0, atol=1e-5)
     assert out[True][2].real_tokens < out[False][2].real_tokens
+
+
+def test_megatron_streaming_interface_equals_one_step(megatron, shared_dir, tmp_path):
+    """What a streaming cell does (DESIGN.md §4.4): accumulate without ``finalize_model_grads``
+    (un-normalised gradients in ``main_grad``), divide by ``|E|`` in ``optimizer_step`` -- the same
+    update as one Megatron step that finalizes; weights come out under HF names and save as a
+    loadable HF checkpoint."""
+    from gyre.embedded_model import load_hf_model
+    from gyre.training.step import apply_log_ratio_sums
+
+    hf = megatron
+    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=4), seed=4)
+    one = mg_step(hf)
+    r1 = one(pack_into(rows, 3).micro_steps)
+    g1, p1 = hf_named(one, "grad"), hf_named(one, "param")
+
+    st = mg_step(hf)
+    st.zero_grad()
+    ms = pack_into(rows, 3).micro_steps
+    sums, _ = st.precompute_log_ratio_sums(ms)
+    apply_log_ratio_sums(ms, sums)
+    normaliser = 0
+    for m in ms:  # one micro-step at a time, as claimed from the stream
+        n, _ = st.accumulate([m])
+        normaliser += n
+    assert normaliser == r1.metrics["normaliser"] == len(TRACES)
+    # not yet divided by |E| (one's gradients are already clipped in place, so compare norms)
+    raw_norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in st.grad_tensors()])))
+    assert abs(raw_norm / normaliser - r1.metrics["grad_norm"]) < 1e-4 * r1.metrics["grad_norm"]
+    norm = st.optimizer_step(normaliser)
+    assert abs(norm - r1.metrics["grad_norm"]) < 1e-5 * r1.metrics["grad_norm"]
+    assert st.num_updates() == one.num_updates() == 1
+    assert_same_update(g1, hf_named(st, "grad"), p1, hf_named(st, "param"))
+    # HF names for the rollout engine: every HF parameter but the tied lm_head, same values
+    named = st.hf_named([p.detach() for p in st.params])
+    assert set(named) == {n for n, _ in hf.named_parameters()} - {"lm_head.weight"}
+    st.save_hf(tmp_path / "hf")
+    back = load_hf_model(tmp_path / "hf")
+    for n, p in back.named_parameters():
+        if n != "lm_head.weight":
+            torch.testing.assert_close(p.detach(), named[n], rtol=0, atol=0)
