@@ -482,7 +482,7 @@ class Controller:
     def _controller_state(self, iteration: int) -> dict[str, Any]:
         return {"iteration": iteration, "attempt": self.attempt, "trained": sorted(self.trained),
                 "rng_state": self.rng.bit_generator.state, "history": self.history,
-                "saved_at": time.time()}
+                "training_backend": self.args.training_backend, "saved_at": time.time()}
 
     def _finish_save(self, directory: str) -> None:
         for it, pending in list(self.pending_save.items()):

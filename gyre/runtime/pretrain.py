@@ -1,6 +1,7 @@
 """The main job behind ``pretrain_gyre.py`` (DESIGN.md §2): cells, controller, shutdown, resume.
 
-Every rank is one cell (the CPU default: ``--tensor/pipeline-model-parallel-size 1``, gloo).
+Every rank is one cell (the CPU default: ``--tensor/pipeline-model-parallel-size 1``, gloo); its
+training replica is megatron-core (``--training-backend megatron``) or ``transformers`` (``hf``).
 Start-up, in order: the torch.distributed group and a TCPStore (control plane and micro-step
 streams) -> the prefix groups -> each cell's training replica and engine -> the core's weight
 snapshot (Mooncake over TCP) -> on rank 0 the proxy (routes ``engine-{c}`` to every cell's
@@ -37,8 +38,8 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         ArgumentError: one line naming the flag.
     """
     if args.backend != "cpu":
-        raise ArgumentError("argument --backend: the GPU main job needs the SGLang cell adapter and the Megatron "
-                            "streaming cell (issue #8); this build runs --backend cpu")
+        raise ArgumentError("argument --backend: the GPU main job needs the SGLang cell adapter (issue #8); "
+                            "this build runs --backend cpu")
     if args.tasks is None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
     if args.tensor_model_parallel_size * args.pipeline_model_parallel_size != 1 or \
@@ -46,9 +47,6 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"argument --num-cells: the CPU main job runs one rank per cell; "
                             f"WORLD_SIZE={getattr(args, 'world_size', '?')} with --num-cells {args.num_cells} "
                             f"and TP*PP={args.tensor_model_parallel_size * args.pipeline_model_parallel_size}")
-    if args.training_backend != "hf":
-        raise ArgumentError("argument --training-backend: streaming cells train the HF replica on CPU "
-                            "(set training-backend: hf; the Megatron streaming cell is issue #8)")
     if args.standalone_engines:
         raise ArgumentError("argument --standalone-engines: the main job serves rollouts from cells only")
     if args.rollout_engine != "embedded" and args.backend == "cpu":
@@ -59,8 +57,14 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         except ImportError:
             raise ArgumentError("argument --wandb-project: the wandb package is not installed "
                                 "(bash tools/setup.sh installs it)") from None
-    if args.load is not None and find_checkpoint(args.load) is None:
-        raise ArgumentError(f"argument --load: no checkpoint under {args.load}")
+    if args.load is not None:
+        ckpt = find_checkpoint(args.load)
+        if ckpt is None:
+            raise ArgumentError(f"argument --load: no checkpoint under {args.load}")
+        saved = json.loads((ckpt / "controller.json").read_text()).get("training_backend", "hf")
+        if saved != args.training_backend:
+            raise ArgumentError(f"argument --load: {ckpt} holds a --training-backend {saved} optimizer state; "
+                                f"this run asks for {args.training_backend}")
     from gyre.tasks import load_tasks
 
     try:
@@ -138,6 +142,12 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         dist.barrier()
         model_dir = str(ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir))
     store, connect = _store(rank, world)
+    if args.training_backend == "megatron":
+        # Megatron's parallel state over every rank (TP = PP = 1: each rank its own model-parallel
+        # group); its data-parallel group is never used -- cells sum gradients over prefix groups
+        from gyre.training.megatron_model import initialize_megatron_cpu
+
+        initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, seed=args.seed)
     groups = PrefixGroups.build(args.num_cells, 1)
     initial = "training" if args.placement == "async" and rank < args.train_cells else "rollout"
     worker = CellWorker(args, rank, connect() if rank == 0 else store, groups, model_dir, None, initial_role=initial,
