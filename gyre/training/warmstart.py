@@ -10,6 +10,7 @@ messages only (mean next-token cross-entropy over those tokens).  Optimizer: Ada
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,24 @@ def render_example(tokenizer, ex: Example) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
+def sft_lr_factor(i: int, steps: int, warmup_steps: int, min_lr_ratio: float = 0.1) -> float:
+    """Multiplier of the peak lr for optimizer step ``i`` (0-based) of ``steps``: linear warm-up
+    ``(i + 1) / warmup_steps`` for ``i < warmup_steps``, then cosine decay from 1 to
+    ``min_lr_ratio`` at ``i = steps`` (Megatron's ``--lr-decay-style cosine`` with ``--min-lr``)."""
+    if i < warmup_steps:
+        return (i + 1) / warmup_steps
+    frac = min((i - warmup_steps) / max(1, steps - warmup_steps), 1.0)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
 def sft(model, tokenizer, examples: Sequence[Example], *, steps: int = 200, lr: float = 1e-3,
-        batch_size: int = 4, seed: int = 0, weight_decay: float = 0.0) -> list[float]:
+        batch_size: int = 4, seed: int = 0, weight_decay: float = 0.0, warmup_steps: int | None = None,
+        min_lr_ratio: float = 0.1) -> list[float]:
     """Train ``model`` in place; returns the loss of every step.
+
+    AdamW with Megatron's schedule: linear warm-up over ``warmup_steps`` (default: 5% of
+    ``steps``), then cosine decay to ``min_lr_ratio * lr`` at the last step (a constant lr keeps
+    kicking a tiny model out of the minimum it found: loss 0.10 at 200 steps, 0.51 at 1000).
 
     Raises:
         ValueError: no example has an assistant token.
@@ -65,6 +81,8 @@ def sft(model, tokenizer, examples: Sequence[Example], *, steps: int = 200, lr: 
     rng = random.Random(seed)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    warm = max(1, steps // 20) if warmup_steps is None else max(1, warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: sft_lr_factor(i, steps, warm, min_lr_ratio))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model.train()
     losses = []
@@ -85,6 +103,7 @@ def sft(model, tokenizer, examples: Sequence[Example], *, steps: int = 200, lr: 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
     model.eval()
     return losses

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gyre.embedded_model import load_tokenizer
-from gyre.training.warmstart import Example, load_examples, render_example, tool_loop_examples
+from gyre.training.warmstart import Example, load_examples, render_example, sft_lr_factor, tool_loop_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,3 +49,14 @@ def test_cli_trains_and_saves(tmp_path, tiny_model_dir):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(tmp_path / "m2"),
                         "--examples", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sft_lr_schedule_warmup_then_cosine():
+    steps, warm, floor = 110, 10, 0.1
+    f = [sft_lr_factor(i, steps, warm, floor) for i in range(steps + 1)]
+    assert f[0] == pytest.approx(0.1) and f[4] == pytest.approx(0.5) and f[9] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(1.0)                       # decay starts at the peak
+    assert f[60] == pytest.approx((1 + floor) / 2)           # half-way through the decay: cos(pi/2) = 0
+    assert f[110] == pytest.approx(floor)                    # ends at min_lr_ratio
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))       # monotone after warm-up
+    assert sft_lr_factor(500, steps, warm, floor) == pytest.approx(floor)  # clamped past the end
