@@ -479,8 +479,8 @@ class HFTrainStep:
     def __call__(self, micro_steps: Sequence[MicroStep]) -> StepResult:
         """One step: forward-only pass for split executions, accumulate, one update."""
         t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums, pass_tokens = precompute_log_ratio_sums(self.policy, micro_steps)
+        self.zero_grad()
+        sums, pass_tokens = self.precompute_log_ratio_sums(micro_steps)
         apply_log_ratio_sums(micro_steps, sums)
         normaliser, stats = self.forward_backward(micro_steps)
         grad_norm = self.optimizer_step(normaliser)
