@@ -3,6 +3,7 @@
 
     python tools/warmstart.py --out DIR [--model-dir SRC] [--examples FILE.jsonl | --builtin tool-loop]
                               [--builtin toy-sums --exclude-tasks examples/tasks/toy/tasks.jsonl]
+                              [--builtin toy-largest --exclude-tasks examples/tasks/toy/largest.tasks.jsonl]
                               [--steps 200] [--lr 1e-3] [--seed 0]
 
 Without --model-dir the embedded tiny Qwen3 (local tokenizer) is the start.  Examples are JSONL
@@ -25,9 +26,9 @@ def main(argv=None) -> int:
     p.add_argument("--model-dir", default=None)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--examples", default=None, help="JSONL file of conversations")
-    src.add_argument("--builtin", choices=("tool-loop", "toy-sums"), default=None)
+    src.add_argument("--builtin", choices=("tool-loop", "toy-sums", "toy-largest"), default=None)
     p.add_argument("--exclude-tasks", default=None,
-                   help="Task file whose instructions the examples leave out (toy-sums: the RL queries).")
+                   help="Task file whose instructions the examples leave out (toy-sums, toy-largest: the RL queries).")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=4)
@@ -40,11 +41,15 @@ def main(argv=None) -> int:
     from gyre.training.warmstart import BUILTIN_EXAMPLES, load_examples, sft
 
     try:
-        if a.builtin == "toy-sums" and a.exclude_tasks:
+        exclude = []
+        if a.exclude_tasks:
             from gyre.tasks import load_tasks
 
             exclude = [t.instruction for t in load_tasks(a.exclude_tasks).tasks]
+        if a.builtin == "toy-sums":
             examples = BUILTIN_EXAMPLES[a.builtin](exclude)
+        elif a.builtin == "toy-largest":
+            examples = BUILTIN_EXAMPLES[a.builtin](exclude, seed=a.seed)
         else:
             examples = BUILTIN_EXAMPLES[a.builtin]() if a.builtin else load_examples(a.examples)
         src_dir = Path(a.model_dir) if a.model_dir else ensure_tiny_model("local")

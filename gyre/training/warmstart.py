@@ -187,4 +187,44 @@ def toy_sum_examples(exclude: Sequence[str] = ()) -> list[Example]:
     return out
 
 
-BUILTIN_EXAMPLES = {"tool-loop": tool_loop_examples, "toy-sums": toy_sum_examples}
+TOY_LARGEST_RE = r"What is the largest of ([1-9](?: [1-9])*)\? Write the result to answer\.txt"
+
+
+def toy_largest_examples(exclude: Sequence[str] = (), n: int = 400, seed: int = 0) -> list[Example]:
+    """Built-in set ``toy-largest``: ``n`` conversations "What is the largest of d1 d2 d3 d4 d5?
+    Write the result to answer.txt" (random digits 1..9, seeded) answered by one ``write_file`` call
+    whose content is a *randomly chosen listed digit* -- a format-only warm-start: the policy
+    learns the tool call and to answer with one of the digits, not which one (RL's job on
+    ``examples/tasks/toy/largest.tasks.jsonl``, whose lists each hold a 9: a start near 1/5).
+
+    ``exclude``: instructions to leave out (the RL queries).
+
+    Raises:
+        ValueError: ``n < 1``.
+    """
+    import re
+
+    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    skip = {m.group(1) for t in exclude if (m := re.fullmatch(TOY_LARGEST_RE, t.strip()))}
+    rng = random.Random(seed)
+    tools = [TOOL_SCHEMAS["write_file"]]
+    out = []
+    while len(out) < n:
+        digits = [rng.randint(1, 9) for _ in range(5)]
+        listed = " ".join(map(str, digits))
+        if listed in skip:
+            continue
+        msgs = [{"role": "user", "content": f"What is the largest of {listed}? Write the result to answer.txt"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_0", "type": "function",
+                     "function": {"name": "write_file", "arguments": {"path": "answer.txt",
+                                                                      "content": str(rng.choice(digits))}}}]}]
+        out.append(Example(msgs, tools))
+    return out
+
+
+BUILTIN_EXAMPLES = {"tool-loop": tool_loop_examples, "toy-sums": toy_sum_examples,
+                    "toy-largest": toy_largest_examples}

@@ -38,7 +38,7 @@ def test_sets_and_counts(tasks):
     sets = {}
     for t in tasks.values():
         sets.setdefault(t.metadata["set"], []).append(t.id)
-    assert {k: len(v) for k, v in sets.items()} == {"bugfix": 4, "nl2repo": 1, "terminal": 4, "toy": 12}
+    assert {k: len(v) for k, v in sets.items()} == {"bugfix": 4, "nl2repo": 1, "terminal": 4, "toy": 20}
     for t in tasks.values():
         assert t.hidden, f"{t.id} hides nothing from the harness"
         assert t.evaluator["type"] == "executable"
@@ -61,6 +61,18 @@ def test_toy_sum_task(tasks, tmp_path):
     assert score(t, tmp_path / "a", lambda ws: (ws / "answer.txt").write_text("13\n")) == 1.0
     assert score(t, tmp_path / "b", lambda ws: (ws / "answer.txt").write_text("12")) == 0.0
     assert score(t, tmp_path / "c") == 0.0
+
+
+def test_toy_largest_tasks(tasks, tmp_path):
+    largest = sorted(t for t in tasks if t.startswith("toy-largest-"))
+    assert len(largest) == 8
+    for tid in largest:  # every RL list holds one 9 among four digits in 1..8
+        digits = tid.removeprefix("toy-largest-")
+        assert len(digits) == 5 and digits.count("9") == 1 and "0" not in digits
+        assert tasks[tid].instruction == f"What is the largest of {' '.join(digits)}? Write the result to answer.txt"
+    t = tasks[largest[0]]
+    assert score(t, tmp_path / "a", lambda ws: (ws / "answer.txt").write_text("9\n")) == 1.0
+    assert score(t, tmp_path / "b", lambda ws: (ws / "answer.txt").write_text("8")) == 0.0
 
 
 def test_toy_reply_task(tasks, tmp_path):

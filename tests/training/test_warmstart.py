@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from gyre.embedded_model import load_tokenizer
-from gyre.training.warmstart import Example, load_examples, render_example, sft_lr_factor, tool_loop_examples
+from gyre.training.warmstart import (Example, load_examples, render_example, sft_lr_factor, tool_loop_examples,
+                                     toy_largest_examples)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +29,32 @@ def test_tool_loop_examples_are_rendered_calls(tiny_model_dir):
     ids, labels = render_example(tok, exs[2])
     text = tok.decode([t for t in labels if t != -100])
     assert text.count('<tool_call>\n{"name": "bash", "arguments": {"command": "echo step"}}\n</tool_call>') == 3
+
+
+def test_toy_largest_examples_answer_a_listed_digit_and_skip_the_rl_lists(tiny_model_dir):
+    from gyre.tasks import load_tasks
+
+    rl = [t.instruction for t in load_tasks(ROOT / "examples" / "tasks" / "toy" / "largest.tasks.jsonl").tasks]
+    exs = toy_largest_examples(rl, n=400, seed=3)
+    assert len(exs) == 400
+    prompts, answers = [], []
+    for ex in exs:
+        prompt, call = ex.messages[0]["content"], ex.messages[1]["tool_calls"][0]["function"]
+        digits = prompt.removeprefix("What is the largest of ").removesuffix("? Write the result to answer.txt")
+        assert call["name"] == "write_file" and call["arguments"]["path"] == "answer.txt"
+        assert call["arguments"]["content"] in digits.split()
+        prompts.append(prompt)
+        answers.append(call["arguments"]["content"] == max(digits.split()))
+    assert not set(prompts) & set(rl)
+    assert 0.15 < sum(answers) / len(answers) < 0.45   # a random listed digit, not the largest
+    assert [e.messages for e in toy_largest_examples(rl, n=5, seed=3)] == [e.messages for e in exs[:5]]
+    skipped = toy_largest_examples([prompts[0]], n=400, seed=3)   # exclusion by instruction
+    assert prompts[0] not in {e.messages[0]["content"] for e in skipped} and len(skipped) == 400
+    tok = load_tokenizer(tiny_model_dir)
+    ids, labels = render_example(tok, exs[0])
+    assert tok.decode([t for t in labels if t != -100]).startswith('<tool_call>\n{"name": "write_file"')
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        toy_largest_examples(n=0)
 
 
 def test_load_examples_errors_name_the_line(tmp_path):
