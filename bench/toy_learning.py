@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Does the tiny model learn the toy task through the whole pipeline?  (issue #11)
 
-    python bench/toy_learning.py [--seeds 0 1 2] [--warmstart-steps 200] [--out runs/toy-bench]
+    python bench/toy_learning.py [--seeds 0 1 2] [--warmstart-steps 300] [--out runs/toy-bench]
 
-Per seed: a supervised format warm-start on *other* sums (``tools/warmstart.py --builtin
-toy-sums --exclude-tasks examples/tasks/toy/tasks.jsonl``), then the main job
+Per seed: a supervised format warm-start on *other* digit lists answered with a random listed
+digit (``tools/warmstart.py --builtin toy-largest --exclude-tasks
+examples/tasks/toy/largest.tasks.jsonl``), then the main job
 (``torchrun --nproc-per-node 3 pretrain_gyre.py --config examples/cpu_toy_learning.yaml``:
 reference harness -> proxy -> trajectory tree -> executable evaluator -> GSPO objective ->
 streaming cells).  Prints each seed's reward curve (mean training reward per step), the mean of
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--warmstart-steps", type=int, default=200)
+    p.add_argument("--warmstart-steps", type=int, default=300)
     p.add_argument("--out", default=str(ROOT / "runs" / "toy-bench"))
     p.add_argument("--min-rise", type=float, default=0.4)
     p.add_argument("--max-minutes", type=float, default=15.0)
@@ -39,9 +40,9 @@ def main(argv=None) -> int:
     for seed in a.seeds:
         t0 = time.monotonic()
         warm = out / f"warm-{seed}"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(warm), "--builtin", "toy-sums",
-                        "--exclude-tasks", str(ROOT / "examples" / "tasks" / "toy" / "tasks.jsonl"),
-                        "--steps", str(a.warmstart_steps), "--lr", "1e-3", "--seed", str(seed)],
+        subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(warm), "--builtin", "toy-largest",
+                        "--exclude-tasks", str(ROOT / "examples" / "tasks" / "toy" / "largest.tasks.jsonl"),
+                        "--steps", str(a.warmstart_steps), "--batch-size", "8", "--lr", "1e-3", "--seed", str(seed)],
                        check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         t_warm = time.monotonic() - t0
         run = out / f"seed-{seed}"
