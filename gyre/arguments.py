@@ -96,7 +96,8 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--rollout-engine", choices=("embedded", "sglang"), default="embedded",
                        help="Engine each rollout cell serves from.")
     group.add_argument("--rollout-temperature", type=float, default=1.0,
-                       help="Sampling temperature of rollouts.")
+                       help="Sampling temperature of rollouts; training log-probs use the same "
+                            "softmax(logits / T) (the engine returns tempered log-probs).")
     group.add_argument("--rollout-top-p", type=float, default=1.0, help="Nucleus sampling threshold.")
     group.add_argument("--rollout-max-new-tokens", type=_positive_int, default=512,
                        help="Cap on output tokens per model call.")

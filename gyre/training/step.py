@@ -199,12 +199,24 @@ class HFPolicy:
     given), then
     :func:`~gyre.training.logprobs.target_logprobs_from_hidden` with the output embedding.
     Assumes no logit soft-capping or scaling (true for Qwen2/Qwen3).
+
+    ``temperature``: log-probs (and entropy) of ``softmax(logits / temperature)``, the
+    distribution the rollout engine sampled from and whose log-probs it returned (SGLang and the
+    embedded engine return tempered log-probs; slime and verl divide the logits the same way).
+    Applied as ``hidden / temperature`` (exact: the output projection is linear, no bias).
+
+    Raises:
+        ValueError: ``temperature <= 0``.
     """
 
-    def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True):
+    def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True,
+                 temperature: float = 1.0):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.model = model
         self.chunk_size = chunk_size
         self.with_entropy = with_entropy
+        self.temperature = float(temperature)
 
     def __call__(self, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logprobs [N], entropy [N] or None)`` of the batch's targets."""
@@ -220,6 +232,8 @@ class HFPolicy:
         out = body(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
                    use_cache=False)
         hidden = out.last_hidden_state
+        if self.temperature != 1.0:
+            hidden = hidden / self.temperature
         return target_logprobs_from_hidden(hidden.reshape(-1, hidden.shape[-1]), weight, batch.target_index,
                                            batch.target_ids, self.chunk_size, self.with_entropy)
 
@@ -264,14 +278,21 @@ class MegatronPolicy:
     ``logits(model, batch)`` runs the model (``[b, s, V]`` logits, no labels) with the
     micro-step's mask (complement of ``attention_allowed``) and RoPE at the micro-step's
     position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by chunk.
-    TP = 1 only (logits would be vocabulary shards).
+    TP = 1 only (logits would be vocabulary shards). ``temperature``: as :class:`HFPolicy`
+    (the logits are divided by it before the log-softmax).
 
     Raises:
         NotImplementedError: tensor parallelism > 1.
+        ValueError: ``temperature <= 0``.
     """
 
-    def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True):
+    def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True,
+                 temperature: float = 1.0):
         from megatron.core import parallel_state as ps
+
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
 
         if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
             raise NotImplementedError("MegatronPolicy: vocab-parallel target log-probs (TP > 1) are not implemented")
@@ -295,6 +316,8 @@ class MegatronPolicy:
 
     def target_logprobs(self, logits: torch.Tensor, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logprobs [N], entropy [N] or None)`` from ``logits [b, s, V]``."""
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         return target_logprobs_from_logits(logits.reshape(-1, logits.shape[-1]), batch.target_index,
                                            batch.target_ids, self.chunk_size, self.with_entropy)
 
@@ -404,15 +427,16 @@ class HFTrainStep:
         adam: :class:`AdamConfig` (ignored when ``optimizer`` is given).
         chunk_size: targets per log-prob chunk.
         optimizer: an existing optimizer (default :func:`build_hf_optimizer`).
+        temperature: the rollout sampling temperature (:class:`HFPolicy`).
     """
 
     def __init__(self, model: torch.nn.Module, objective: ObjectiveConfig | None = None,
                  adam: AdamConfig | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 optimizer: torch.optim.Optimizer | None = None):
+                 optimizer: torch.optim.Optimizer | None = None, temperature: float = 1.0):
         self.model = model
         self.objective = objective or ObjectiveConfig()
         self.adam = adam or AdamConfig()
-        self.policy = HFPolicy(model, chunk_size)
+        self.policy = HFPolicy(model, chunk_size, temperature=temperature)
         self.optimizer = optimizer or build_hf_optimizer(model, self.adam)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         names = {id(p): n for n, p in model.named_parameters()}
@@ -521,7 +545,8 @@ class MegatronTrainStep:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, objective: ObjectiveConfig | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE, adam: AdamConfig | None = None, hf_config=None):
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, adam: AdamConfig | None = None, hf_config=None,
+                 temperature: float = 1.0):
         from megatron.core.utils import get_model_config
 
         config = get_model_config(model)
@@ -532,7 +557,7 @@ class MegatronTrainStep:
             raise ValueError("config.finalize_model_grads_func is unset (use wrap_ddp)")
         self.model, self.optimizer, self.config = model, optimizer, config
         self.objective = objective or ObjectiveConfig()
-        self.policy = MegatronPolicy(model, chunk_size)
+        self.policy = MegatronPolicy(model, chunk_size, temperature=temperature)
         self.adam = adam
         self.hf_config = hf_config
         module = getattr(model, "module", model)
@@ -695,7 +720,7 @@ class MegatronTrainStep:
 
 def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveConfig | None = None,
                               adam: AdamConfig | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                              bf16: bool = False) -> MegatronTrainStep:
+                              bf16: bool = False, temperature: float = 1.0) -> MegatronTrainStep:
     """Megatron ``GPTModel`` holding ``hf_model``'s weights, DDP, optimizer -> :class:`MegatronTrainStep`.
 
     Call :func:`gyre.training.megatron_model.initialize_megatron_cpu` (or the GPU equivalent)
@@ -716,7 +741,7 @@ def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveCon
     ddp = wrap_ddp(model, tcfg)
     opt = build_optimizer(ddp, lr=adam.lr, weight_decay=adam.weight_decay, adam_beta1=adam.adam_beta1,
                           adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, clip_grad=adam.clip_grad, bf16=bf16)
-    return MegatronTrainStep(ddp, opt, objective, chunk_size, adam, hf_config=cfg)
+    return MegatronTrainStep(ddp, opt, objective, chunk_size, adam, hf_config=cfg, temperature=temperature)
 
 
 def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> HFTrainStep | MegatronTrainStep:
@@ -725,11 +750,15 @@ def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> HFT
     Reads ``--training-backend`` (``hf``: trains ``hf_model`` in place; ``megatron``: a converted
     ``GPTModel``, call ``initialize_megatron_cpu`` first), the objective flags
     (:meth:`ObjectiveConfig.from_args`), the optimizer flags (:meth:`AdamConfig.from_args`),
-    ``--logprob-chunk-size`` and ``--bf16`` (Megatron only; not exercised on CPU).
+    ``--logprob-chunk-size``, ``--rollout-temperature`` (the trained log-probs are those of the
+    tempered distribution the engine sampled from) and ``--bf16`` (Megatron only; not exercised
+    on CPU).
     """
     objective = ObjectiveConfig.from_args(args)
     adam = AdamConfig.from_args(args)
     chunk = int(getattr(args, "logprob_chunk_size", DEFAULT_CHUNK_SIZE))
+    temperature = float(getattr(args, "rollout_temperature", 1.0))
     if getattr(args, "training_backend", "megatron") == "hf":
-        return HFTrainStep(hf_model, objective, adam, chunk)
-    return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(getattr(args, "bf16", False)))
+        return HFTrainStep(hf_model, objective, adam, chunk, temperature=temperature)
+    return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(getattr(args, "bf16", False)),
+                                     temperature=temperature)

@@ -94,6 +94,19 @@ def test_megatron_tree_packed_equals_per_row(megatron, shared_dir):
     assert out[True][2].real_tokens < out[False][2].real_tokens
 
 
+def test_megatron_logprobs_are_of_the_tempered_distribution(megatron, shared_dir):
+    from tests.training.test_step import tempered_batch, tempered_reference
+
+    hf = megatron
+    batch = tempered_batch(shared_dir)
+    adam = AdamConfig(lr=0.0)
+    for temperature in (1.0, 0.7):
+        step = build_megatron_train_step(hf, adam=adam, temperature=temperature)
+        with torch.no_grad():
+            lp, _ = step.policy(batch)
+        torch.testing.assert_close(lp, tempered_reference(hf, batch, temperature), rtol=0, atol=2e-5)
+
+
 def test_megatron_streaming_interface_equals_one_step(megatron, shared_dir, tmp_path):
     """What a streaming cell does (DESIGN.md §4.4): accumulate without ``finalize_model_grads``
     (un-normalised gradients in ``main_grad``), divide by ``|E|`` in ``optimizer_step`` -- the same

@@ -255,6 +255,40 @@ def test_negative_control_per_micro_step_mean_is_caught(hf, shared_dir):
     assert max(float((bad[n] - good[n]).abs().max()) for n in good) > 1e-3 * max(float(g.abs().max()) for g in good.values())
 
 
+def tempered_batch(shared_dir):
+    """One execution's rows, one padded batch row each (own positions, causal mask)."""
+    from gyre.training.step import MicroStepBatch
+
+    rows = [r for r in trace_batch(shared_dir, scale=1 / 96) if r.execution_id == "ex-0"]
+    (ms,) = pack_rows(rows, PackingConfig(100_000, "pad", False)).micro_steps
+    batch = MicroStepBatch.from_micro_step(ms)
+    assert batch.input_ids.shape[0] == len(rows) > 1
+    return batch
+
+
+def tempered_reference(model, batch, temperature):
+    """Brute force: each padded row's full logits / temperature -> log_softmax -> the targets."""
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=batch.input_ids[i:i + 1]).logits[0].float()
+                            for i in range(batch.input_ids.shape[0])])
+    return torch.log_softmax(logits / temperature, -1)[batch.target_index, batch.target_ids]
+
+
+def test_policy_logprobs_are_of_the_tempered_distribution(hf, shared_dir):
+    """``--rollout-temperature T``: the engine returns log-probs of softmax(z / T) (SGLang does), so
+    the trainer's log-probs must be of the same distribution, not of softmax(z)."""
+    from gyre.training.step import HFPolicy
+
+    batch = tempered_batch(shared_dir)
+    with torch.no_grad():
+        for temperature in (1.0, 0.7, 1.3):
+            lp, _ = HFPolicy(hf, temperature=temperature)(batch)
+            torch.testing.assert_close(lp, tempered_reference(hf, batch, temperature), rtol=0, atol=2e-5)
+        assert float((HFPolicy(hf, temperature=0.7)(batch)[0] - HFPolicy(hf)(batch)[0]).abs().max()) > 1e-2
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        HFPolicy(hf, temperature=0.0)
+
+
 def test_build_train_step_from_args(hf):
     from gyre.arguments import parse_args
     from gyre.training.step import build_train_step
@@ -264,6 +298,9 @@ def test_build_train_step_from_args(hf):
     step = build_train_step(args, copy.deepcopy(hf))
     assert isinstance(step, HFTrainStep)
     assert step.objective.loss_type == "grpo" and step.adam.clip_grad == 0.5 and step.policy.chunk_size == 64
+    assert step.policy.temperature == 1.0
+    assert build_train_step(parse_args(["--training-backend", "hf", "--rollout-temperature", "0.7"]),
+                            copy.deepcopy(hf)).policy.temperature == 0.7
     groups = step.optimizer.param_groups
     assert groups[0]["lr"] == 2e-6 and groups[0]["betas"] == (0.9, 0.95) and groups[0]["eps"] == 1e-15
     assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
