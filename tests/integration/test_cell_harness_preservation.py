@@ -2,7 +2,7 @@
 
 Two embedded engines behind the proxy: cell 1 (the execution's route) and cell 0.  The reference
 agent (a real child process) works a 12-turn task with a policy warm-started to call ``bash`` every
-turn, while cell 1 switches rollout <-> training every 0.3 s: reroute + abort on the way into
+turn, while cell 1 switches rollout <-> training every 0.1 s (the agent's 12 turns take ~1-2 s): reroute + abort on the way into
 training (the proxy retries at cell 0), release/resume memory and a versioned weight load on the
 way back.  The harness must see no error, its tree must have no gap or duplicate, and the
 reroutes must reach the metrics.
@@ -66,7 +66,7 @@ def test_harness_survives_repeated_role_changes(tmp_path, tool_loop_model):
         version = 0
         deadline = time.monotonic() + 240
         while agent.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.3)
+            time.sleep(0.1)
             if cell.role == "rollout":
                 cell.to_train("engine-0")
             else:
