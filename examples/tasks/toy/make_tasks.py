@@ -8,7 +8,8 @@ write_file tool call; reward 1 when answer.txt holds the sum (check_answer.py, e
 largest.tasks.jsonl: "What is the largest of d1 d2 d3 d4 d5? Write the result to answer.txt" for
 five digits of which one is 9 (the toy-learning set of examples/cpu_toy_learning.yaml); the
 warm-start (``tools/warmstart.py --builtin toy-largest``) answers with a random listed digit, so
-RL starts near 1/5 and the reward rises as the policy learns to prefer the largest digit.
+RL starts near 1/5; the reward rises as the tiny policy learns to answer 9 (what it learns, in
+examples/cpu_toy_learning.yaml's header).
 reply.tasks.jsonl: "Reply with exactly the word: W" -- the correct answer is a short fixed
 final reply; reward 1 when the harness's final message is W (gyre.tasks.rules).
 --warmstart N prints N {"a", "b", "answer", "instruction"} sums disjoint from tasks.jsonl.
