@@ -185,6 +185,13 @@ class MicroStepBatch:
 # --------------------------------------------------------------------------- policies
 
 
+def _checked_temperature(temperature: float) -> float:
+    """``temperature`` as a float; raises ``ValueError`` unless ``> 0``."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return float(temperature)
+
+
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     while hasattr(model, "module"):
         model = model.module
@@ -211,12 +218,10 @@ class HFPolicy:
 
     def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True,
                  temperature: float = 1.0):
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.model = model
         self.chunk_size = chunk_size
         self.with_entropy = with_entropy
-        self.temperature = float(temperature)
+        self.temperature = _checked_temperature(temperature)
 
     def __call__(self, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logprobs [N], entropy [N] or None)`` of the batch's targets."""
@@ -278,8 +283,9 @@ class MegatronPolicy:
     ``logits(model, batch)`` runs the model (``[b, s, V]`` logits, no labels) with the
     micro-step's mask (complement of ``attention_allowed``) and RoPE at the micro-step's
     position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by chunk.
-    TP = 1 only (logits would be vocabulary shards). ``temperature``: as :class:`HFPolicy`
-    (the logits are divided by it before the log-softmax).
+    TP = 1 only (logits would be vocabulary shards). ``temperature``: as :class:`HFPolicy`;
+    the logits are divided by it in place (a ``[b, s, V]`` copy would double the largest tensor
+    of the step; the output layer's backward does not need its output).
 
     Raises:
         NotImplementedError: tensor parallelism > 1.
@@ -290,10 +296,7 @@ class MegatronPolicy:
                  temperature: float = 1.0):
         from megatron.core import parallel_state as ps
 
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
-
+        self.temperature = _checked_temperature(temperature)
         if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
             raise NotImplementedError("MegatronPolicy: vocab-parallel target log-probs (TP > 1) are not implemented")
         self.model = model
@@ -317,7 +320,7 @@ class MegatronPolicy:
     def target_logprobs(self, logits: torch.Tensor, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logprobs [N], entropy [N] or None)`` from ``logits [b, s, V]``."""
         if self.temperature != 1.0:
-            logits = logits / self.temperature
+            logits = logits.div_(self.temperature)
         return target_logprobs_from_logits(logits.reshape(-1, logits.shape[-1]), batch.target_index,
                                            batch.target_ids, self.chunk_size, self.with_entropy)
 

@@ -158,6 +158,18 @@ def tool_loop_examples(max_prior_turns: int = 6) -> list[Example]:
 TOY_SUM_RE = r"What is (\d+)\+(\d+)\? Write the result to answer\.txt"
 
 
+def _answer_file_example(question: str, content: str) -> Example:
+    """``question`` answered by one ``write_file`` call that writes ``content`` to answer.txt, with
+    only the ``write_file`` tool offered (the toy sets' prompt shape)."""
+    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
+
+    return Example([{"role": "user", "content": question},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "call_0", "type": "function",
+                         "function": {"name": "write_file", "arguments": {"path": "answer.txt", "content": content}}}]}],
+                   [TOOL_SCHEMAS["write_file"]])
+
+
 def toy_sum_examples(exclude: Sequence[str] = ()) -> list[Example]:
     """Built-in set ``toy-sums``: "What is a+b? Write the result to answer.txt" (``a, b`` in 1..9)
     answered by one ``write_file`` call, with no system prompt and only the ``write_file`` tool --
@@ -169,22 +181,9 @@ def toy_sum_examples(exclude: Sequence[str] = ()) -> list[Example]:
     """
     import re
 
-    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
-
     skip = {(int(m.group(1)), int(m.group(2))) for t in exclude if (m := re.fullmatch(TOY_SUM_RE, t.strip()))}
-    tools = [TOOL_SCHEMAS["write_file"]]
-    out = []
-    for a in range(1, 10):
-        for b in range(1, 10):
-            if (a, b) in skip:
-                continue
-            msgs = [{"role": "user", "content": f"What is {a}+{b}? Write the result to answer.txt"},
-                    {"role": "assistant", "content": "", "tool_calls": [
-                        {"id": "call_0", "type": "function",
-                         "function": {"name": "write_file", "arguments": {"path": "answer.txt",
-                                                                          "content": str(a + b)}}}]}]
-            out.append(Example(msgs, tools))
-    return out
+    return [_answer_file_example(f"What is {a}+{b}? Write the result to answer.txt", str(a + b))
+            for a in range(1, 10) for b in range(1, 10) if (a, b) not in skip]
 
 
 TOY_LARGEST_RE = r"What is the largest of ([1-9](?: [1-9])*)\? Write the result to answer\.txt"
@@ -204,25 +203,17 @@ def toy_largest_examples(exclude: Sequence[str] = (), n: int = 400, seed: int = 
     """
     import re
 
-    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
-
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     skip = {m.group(1) for t in exclude if (m := re.fullmatch(TOY_LARGEST_RE, t.strip()))}
     rng = random.Random(seed)
-    tools = [TOOL_SCHEMAS["write_file"]]
     out = []
     while len(out) < n:
         digits = [rng.randint(1, 9) for _ in range(5)]
         listed = " ".join(map(str, digits))
-        if listed in skip:
-            continue
-        msgs = [{"role": "user", "content": f"What is the largest of {listed}? Write the result to answer.txt"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": "call_0", "type": "function",
-                     "function": {"name": "write_file", "arguments": {"path": "answer.txt",
-                                                                      "content": str(rng.choice(digits))}}}]}]
-        out.append(Example(msgs, tools))
+        if listed not in skip:
+            out.append(_answer_file_example(f"What is the largest of {listed}? Write the result to answer.txt",
+                                            str(rng.choice(digits))))
     return out
 
 

@@ -107,6 +107,26 @@ def test_megatron_logprobs_are_of_the_tempered_distribution(megatron, shared_dir
         torch.testing.assert_close(lp, tempered_reference(hf, batch, temperature), rtol=0, atol=2e-5)
 
 
+def test_megatron_tempered_step_equals_hf_tempered_step(megatron, shared_dir):
+    """At T = 0.7 the gradients through Megatron's in-place ``logits / T`` equal the HF path's
+    (``hidden / T``), and both differ from the T = 1 step."""
+    hf = megatron
+    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=5), seed=5)
+    grads = {}
+    for t in (1.0, 0.7):
+        h = HFTrainStep(copy.deepcopy(hf), temperature=t)
+        rh = h(pack_rows(rows, PackingConfig(100_000, "pack", tree=True)).micro_steps)
+        m = build_megatron_train_step(hf, temperature=t)
+        m.policy.gpt.config_hf = hf.config
+        rm = m(pack_rows(rows, PackingConfig(100_000, "pack", tree=True)).micro_steps)
+        assert abs(rm.metrics["loss"] - rh.metrics["loss"]) < 1e-5
+        gh = {n: p.grad for n, p in h.model.named_parameters()}
+        ph = {n: p.detach() for n, p in h.model.named_parameters()}
+        assert_same_update(gh, hf_named(m, "grad"), ph, hf_named(m, "param"))
+        grads[t] = hf_named(m, "grad")
+    assert max(float((grads[0.7][n] - grads[1.0][n]).abs().max()) for n in grads[1.0]) > 1e-4
+
+
 def test_megatron_streaming_interface_equals_one_step(megatron, shared_dir, tmp_path):
     """What a streaming cell does (DESIGN.md §4.4): accumulate without ``finalize_model_grads``
     (un-normalised gradients in ``main_grad``), divide by ``|E|`` in ``optimizer_step`` -- the same
