@@ -3,13 +3,20 @@
     torchrun --nproc-per-node K pretrain_gyre.py --config examples/cpu_tiny.yaml [--flag value ...]
 
 Parse the arguments (Megatron-style groups, ``--config`` YAML), check them before anything starts
-(exit 2 and one line), then hand over to :func:`gyre.runtime.pretrain.pretrain`: every rank
-becomes a cell (engine + training replica), rank 0 also runs the scheduler, proxy, harness
-launcher and evaluator; training runs for ``--train-steps`` optimizer steps with ``--placement
-elastic|async|colocate``.  Everything lands under ``--run-dir``; rank 0 prints ``summary.json``.
+(exit 2 and one line), then hand over to :func:`gyre.runtime.pretrain.pretrain`: every rank becomes
+a cell (engine + training replica); rank 0 also runs the scheduler, proxy, harness launcher and
+evaluators.  The pipeline's arrows are the functions of :mod:`gyre.runtime.pipeline`:
 
-``python pretrain_gyre.py --config F --check-config`` only checks the configuration (for a
-WORLD_SIZE given in the environment) and exits 0 or 2.
+* ``run_execution``   -- harness -> proxy -> trajectory tree -> evaluation (one execution);
+* ``assemble_group``  -- buffer -> advantages -> admission -> materialise -> pack (one ready group);
+* ``train_on_stream`` -- claim -> accumulate -> reduce -> one core update (one cell, one step);
+* ``publish_weights`` -- core snapshot -> rollout engines.
+
+Extension points: the harness (``--harness NAME``, :class:`gyre.harness.Harness`), the task's
+evaluator or reward function (a task's ``scoring``, :mod:`gyre.evaluation`) and the loss
+(``--loss-type`` and the objective flags, :mod:`gyre.rl.objective`).  Everything lands under
+``--run-dir``; rank 0 prints the summary.  ``--check-config`` only checks (for the WORLD_SIZE in
+the environment) and exits 0 or 2.
 """
 
 import json
@@ -29,7 +36,8 @@ def extra_args_provider(parser):
 
 def main(argv=None) -> int:
     args = parse_args(argv, extra_args_provider=extra_args_provider, prog="pretrain_gyre.py")
-    from gyre.runtime.pretrain import check_main_job_args, format_summary, pretrain
+    from gyre.runtime.accounting import format_summary
+    from gyre.runtime.pretrain import check_main_job_args, pretrain
 
     try:
         check_main_job_args(args)

@@ -128,6 +128,9 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                        help="Engines that only ever serve rollouts.")
     group.add_argument("--standalone-concurrency", type=int, default=0,
                        help="c_s: concurrent executions the standalone pool serves in total.")
+    group.add_argument("--cell-lease-s", type=float, default=60.0,
+                       help="A training cell whose stream heartbeat is older than this (seconds) is dead; "
+                            "its micro-steps are queued again.")
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The main job behind ``pretrain_gyre.py`` (DESIGN.md §2): cells, controller, shutdown, resume.
+"""The main job behind ``pretrain_gyre.py``: start-up of the cells and of rank 0's controller.
 
 Every rank is one cell (the CPU default: ``--tensor/pipeline-model-parallel-size 1``, gloo); its
 training replica is megatron-core (``--training-backend megatron``) or ``transformers`` (``hf``).
@@ -7,10 +7,8 @@ streams) -> the prefix groups -> each cell's training replica and engine -> the 
 snapshot (Mooncake over TCP) -> on rank 0 the proxy (routes ``engine-{c}`` to every cell's
 engine), the harness and the tasks, the core's cell loop in a thread and the controller
 (:class:`gyre.runtime.controller.Controller`) in the main thread.  Other ranks run their cell loop.
-
-Resume (``--load DIR``): the newest ``DIR/checkpoints/iter_N`` (``latest_checkpointed_iteration.txt``,
-Megatron's name) gives the policy (``hf/``, every cell starts from it), the core's optimizer state,
-the controller's state (executions already trained, RNG, reward history) and ``N`` steps done.
+Resume (``--load DIR``, :mod:`gyre.runtime.checkpointing`): the newest checkpoint gives the policy
+(every cell starts from it), the core's optimizer state, the controller's state and the steps done.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from typing import Any
 import torch
 
 from gyre.arguments import ArgumentError
+from gyre.runtime.checkpointing import ControllerState, find_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +37,14 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         ArgumentError: one line naming the flag.
     """
     if args.backend != "cpu":
-        raise ArgumentError("argument --backend: the GPU main job needs the SGLang cell adapter (issue #8); "
+        raise ArgumentError("argument --backend: the GPU main job (SGLang cells) is not built yet; "
                             "this build runs --backend cpu")
     if args.tasks is None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
-    if args.tensor_model_parallel_size * args.pipeline_model_parallel_size != 1 or \
-            getattr(args, "ranks_per_cell", 1) != 1:
+    world = int(os.environ.get("WORLD_SIZE", args.num_cells))
+    if args.tensor_model_parallel_size * args.pipeline_model_parallel_size != 1 or world != args.num_cells:
         raise ArgumentError(f"argument --num-cells: the CPU main job runs one rank per cell; "
-                            f"WORLD_SIZE={getattr(args, 'world_size', '?')} with --num-cells {args.num_cells} "
+                            f"WORLD_SIZE={world} with --num-cells {args.num_cells} "
                             f"and TP*PP={args.tensor_model_parallel_size * args.pipeline_model_parallel_size}")
     if args.standalone_engines:
         raise ArgumentError("argument --standalone-engines: the main job serves rollouts from cells only")
@@ -61,7 +60,7 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         ckpt = find_checkpoint(args.load)
         if ckpt is None:
             raise ArgumentError(f"argument --load: no checkpoint under {args.load}")
-        saved = json.loads((ckpt / "controller.json").read_text()).get("training_backend", "hf")
+        saved = ControllerState.load(ckpt).training_backend
         if saved != args.training_backend:
             raise ArgumentError(f"argument --load: {ckpt} holds a --training-backend {saved} optimizer state; "
                                 f"this run asks for {args.training_backend}")
@@ -74,21 +73,6 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if not res.tasks:
         raise ArgumentError(f"argument --tasks: no valid task in {args.tasks}"
                             + (f" ({res.problems[0]})" if res.problems else ""))
-
-
-def find_checkpoint(path: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint under ``path`` (a run dir, its ``checkpoints/`` or an
-    ``iter_N`` dir), or ``None``."""
-    p = Path(path)
-    if (p / "controller.json").exists():
-        return p
-    for root in (p / "checkpoints", p):
-        tracker = root / "latest_checkpointed_iteration.txt"
-        if tracker.exists():
-            d = root / f"iter_{int(tracker.read_text().strip()):07d}"
-            if (d / "controller.json").exists():
-                return d
-    return None
 
 
 def _store(rank: int, world: int):
@@ -115,18 +99,19 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
 
     import torch.distributed as dist
 
-    from gyre.embedded_model import ensure_tiny_model
+    from gyre.embedded_model import ensure_tiny_model, load_hf_model
     from gyre.runtime.cell_worker import CellWorker, Snapshot
+    from gyre.runtime.config import CellConfig
     from gyre.training.prefix_groups import PrefixGroups
+    from gyre.training.step import build_train_step
     from gyre.training.weight_snapshot import MooncakeSnapshotClient, MooncakeSnapshotServer, flat_numel
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=1800))
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(args.run_dir)
     ckpt = find_checkpoint(args.load) if args.load else None
-    ctrl_state: dict[str, Any] = json.loads((ckpt / "controller.json").read_text()) if ckpt else {}
-    start_step = int(ctrl_state.get("iteration", 0))
-    args.start_version = start_step
+    resume = ControllerState.load(ckpt) if ckpt else None
+    start_step = resume.iteration if resume else 0
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "args.json").write_text(json.dumps({k: v for k, v in vars(args).items()
@@ -150,14 +135,20 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, seed=args.seed)
     groups = PrefixGroups.build(args.num_cells, 1)
     initial = "training" if args.placement == "async" and rank < args.train_cells else "rollout"
-    worker = CellWorker(args, rank, connect() if rank == 0 else store, groups, model_dir, None, initial_role=initial,
-                        optimizer_state=str(ckpt / "optimizer.pt") if (ckpt and rank == 0) else None)
+    torch.manual_seed(args.seed)
+    model = load_hf_model(model_dir)
+    model.train()
+    train_step = build_train_step(args, model)
+    del model  # the Megatron replica holds converted copies; the HF replica keeps its own reference
+    if ckpt is not None and rank == 0:
+        train_step.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    worker = CellWorker(CellConfig.from_args(args), rank, connect() if rank == 0 else store, groups, model_dir,
+                        train_step, start_version=start_step, initial_role=initial)
     server = None
     box: list[Any] = [None]
     if rank == 0:
-        server = MooncakeSnapshotServer(flat_numel(worker.params) if worker.training.resident
-                                        else sum(s.numel() for s in worker.training._saved))
-        tensors = worker.params if worker.training.resident else worker.training._saved
+        tensors = worker.training.host_tensors()
+        server = MooncakeSnapshotServer(flat_numel(tensors))
         server.publish(tensors, version=start_step)
         worker.snapshot = Snapshot(server=server)
         box = [server.handle]
@@ -171,13 +162,13 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         dist.barrier()
         return None
     try:
-        summary = _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, start_step)
+        summary = _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume)
     finally:
         dist.barrier()
     return summary
 
 
-def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, start_step) -> dict[str, Any]:
+def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> dict[str, Any]:
     from gyre.embedded_model import load_tokenizer
     from gyre.harness import harness_from_args
     from gyre.metrics import MetricsSink
@@ -185,6 +176,7 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, s
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
     from gyre.rollout.engine import AsyncEngineClient
+    from gyre.runtime.config import ControllerConfig
     from gyre.runtime.controller import Controller
     from gyre.runtime.plot import plot_run
     from gyre.tasks import load_tasks
@@ -212,15 +204,13 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, s
         wandb = {"project": args.wandb_project, "name": args.wandb_exp_name, "dir": args.wandb_save_dir or str(run_dir),
                  "mode": args.wandb_mode, "config": json.loads((run_dir / "args.json").read_text())}
     sink = MetricsSink(run_dir, tensorboard_dir=args.tensorboard_dir, wandb=wandb)
+    start_step = resume.iteration if resume else 0
     sink.event("run_start", start_step=start_step, placement=args.placement, proxy=proxy.url,
                resumed_from=str(ckpt) if ckpt else None)
     cell0 = threading.Thread(target=worker.run, name="gyre-cell0", daemon=True)
     cell0.start()
-    controller = Controller(args, proxy, ctl.ControlChannel(store, "rank0"), MicroStepStream(store, args.num_cells),
-                            harness, tasks, server, sink, start_step=start_step,
-                            attempt=int(ctrl_state.get("attempt", -1)) + 1 if ctrl_state else 0,
-                            trained_before=ctrl_state.get("trained", ()), rng_state=ctrl_state.get("rng_state"),
-                            history=ctrl_state.get("history"))
+    controller = Controller(ControllerConfig.from_args(args), proxy, ctl.ControlChannel(store, "rank0"),
+                            MicroStepStream(store, args.num_cells), harness, tasks, server, sink, resume=resume)
     progress = _progress(args, start_step)
     try:
         summary = controller.run(progress=progress.update if progress else None)
@@ -235,26 +225,6 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, s
     except Exception as exc:  # a plot must not fail a finished run
         logger.warning("timeline plot failed: %s", exc)
     return summary
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """A few human-readable lines of ``summary.json`` for the console."""
-    rewards = ", ".join(f"{float(v):.3f}" if v is not None else "-"
-                        for _, v in sorted(s["reward_mean_by_step"].items(), key=lambda kv: int(kv[0])))
-    sw = s["switch_latency_s"]
-    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
-    ph = s["time_per_phase_s"]
-    return "\n".join([
-        f"gyre: {s['steps']} steps ({s['placement']}) in {s['wall_s']:.1f} s; executions {s['executions']} "
-        f"(closed {s['executions_closed']}), trained {s['executions_trained']}",
-        f"gyre: reward by step [{rewards}]",
-        f"gyre: trajectories admitted {s['trajectories_admitted']}, tokens trained {int(s['tokens_trained'])}, "
-        f"mean staleness {s['staleness_mean']:.2f}",
-        f"gyre: role changes {s['role_changes']}, switch median R->T {med(sw['rollout_to_training']):.3f} s, "
-        f"T->R {med(sw['training_to_rollout']):.3f} s",
-        f"gyre: time per phase: rollout {ph['rollout']:.1f} s, training {ph['training']:.1f} s, overlap "
-        f"{ph['overlap']:.1f} s, micro-steps {ph['micro_steps']:.1f} s, updates {ph['update']:.1f} s, "
-        f"switching {ph['switching']:.1f} s"])
 
 
 class _Progress:
@@ -281,6 +251,6 @@ class _Progress:
 
 
 def _progress(args, start_step: int) -> _Progress | None:
-    if getattr(args, "no_progress", False):
+    if args.no_progress:
         return None
     return _Progress(args.train_steps, start_step)

@@ -77,6 +77,10 @@ class TrainingState:
                         state[k] = torch.empty(0, dtype=v.dtype, device=v.device)
         self.resident = False
 
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The policy's tensors wherever they are now: the parameters, or their offloaded copies."""
+        return list(self.params) if self.resident else list(self._saved)
+
     def restore(self) -> None:
         if self.resident:
             return

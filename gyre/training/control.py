@@ -1,11 +1,17 @@
-"""The control plane: typed role commands from rank 0 to cells and acknowledgements back (DESIGN.md §2).
+"""The control plane: typed commands from rank 0 to cells and typed replies back.
 
 Messages are small dataclasses encoded as JSON and carried over a ``torch.distributed.TCPStore``
 (one transport, no ad-hoc sockets).  Each endpoint has an inbox: a counter key ``ctl/{box}/n``
 that senders bump atomically to reserve a slot, and one key per message ``ctl/{box}/{i}``.  A
 receiver reads its slots in order, so delivery is FIFO per inbox and exactly once per reader.
 
-Inboxes: ``cell{c}`` for commands to cell ``c``; ``rank0`` for acknowledgements to the scheduler.
+Inboxes: ``cell{c}`` for commands to cell ``c``; ``rank0`` for the cells' replies.
+
+Commands carry out what the scheduler decided (its own records in :mod:`gyre.scheduler.events`
+have other names): :class:`SwitchToTraining`, :class:`SwitchToRollout`, :class:`JoinStep`,
+:class:`LoadWeights`, :class:`SaveCheckpoint`, :class:`Shutdown`.  Replies say what happened:
+:class:`Switched`, :class:`StepDone`, :class:`JoinSkipped`, :class:`Published`, :class:`Saved`,
+:class:`Stopped`, :class:`Failed`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 @dataclass(slots=True)
@@ -25,39 +31,42 @@ class ControlMessage:
     kind: ClassVar[str] = "message"
 
 
-@dataclass(slots=True)
-class ToTrain(ControlMessage):
-    """Cell leaves rollout for training step ``step`` (DESIGN.md §4.3 rollout -> training)."""
+# --------------------------------------------------------------------------- commands (rank 0 -> cell)
 
-    kind: ClassVar[str] = "to_train"
+
+@dataclass(slots=True)
+class SwitchToTraining(ControlMessage):
+    """Cell ``cell`` leaves rollout to train step ``step`` (its engine releases its memory)."""
+
+    kind: ClassVar[str] = "switch_to_training"
     cell: int
     step: int
 
 
 @dataclass(slots=True)
-class ToRollout(ControlMessage):
-    """Cell returns to rollout and serves at weight version ``version``."""
+class SwitchToRollout(ControlMessage):
+    """Cell ``cell`` returns to rollout and serves weights of version ``>= version``."""
 
-    kind: ClassVar[str] = "to_rollout"
+    kind: ClassVar[str] = "switch_to_rollout"
     cell: int
     version: int
 
 
 @dataclass(slots=True)
-class JoinBatch(ControlMessage):
-    """A training satellite joins the stream of step ``step`` (pulls snapshot ``version`` first)."""
+class JoinStep(ControlMessage):
+    """A training cell takes part in the stream of step ``step`` (satellites pull snapshot ``version`` first)."""
 
-    kind: ClassVar[str] = "join_batch"
+    kind: ClassVar[str] = "join_step"
     cell: int
     step: int
     version: int
 
 
 @dataclass(slots=True)
-class Publish(ControlMessage):
-    """Engines load the weights of ``version`` (from the core's snapshot)."""
+class LoadWeights(ControlMessage):
+    """A rollout cell's engine loads the weights of version ``>= version`` from the core's snapshot."""
 
-    kind: ClassVar[str] = "publish"
+    kind: ClassVar[str] = "load_weights"
     version: int
 
 
@@ -65,30 +74,126 @@ class Publish(ControlMessage):
 class SaveCheckpoint(ControlMessage):
     """The core writes its policy and optimizer state to ``directory`` (between steps)."""
 
-    kind: ClassVar[str] = "save"
+    kind: ClassVar[str] = "save_checkpoint"
     directory: str
 
 
 @dataclass(slots=True)
 class Shutdown(ControlMessage):
+    """The cell stops its engine and leaves its loop."""
+
     kind: ClassVar[str] = "shutdown"
     reason: str = ""
 
 
-@dataclass(slots=True)
-class Ack(ControlMessage):
-    """A cell finished carrying out ``command``; ``timings`` in seconds (e.g. ``{"switch_s": 0.4}``)."""
+# --------------------------------------------------------------------------- replies (cell -> rank 0)
 
-    kind: ClassVar[str] = "ack"
+
+@dataclass(slots=True)
+class Switched(ControlMessage):
+    """Cell ``cell`` now has role ``role`` (``"training"`` or ``"rollout"``); ``latency_s`` is the
+    whole switch, ``phases_s`` its phases; ``version`` the engine's weights after a switch to rollout."""
+
+    kind: ClassVar[str] = "switched"
+    cell: int
+    role: str
+    latency_s: float
+    phases_s: dict[str, float] = field(default_factory=dict)
+    version: int | None = None
+
+
+@dataclass(slots=True)
+class StepDone(ControlMessage):
+    """Cell ``cell`` finished its part of step ``step``.
+
+    Every participant reports its own micro-step count and timings; the core (cell 0) also reports
+    the step's statistics summed over the participants (``None`` elsewhere).
+    """
+
+    kind: ClassVar[str] = "step_done"
+    cell: int
+    step: int
+    micro_steps_here: int
+    window: int
+    join_s: float
+    consume_s: float
+    update_s: float
+    time_s: float
+    loss: float | None = None
+    executions: float | None = None
+    targets: float | None = None
+    clip_fraction: float | None = None
+    clip_fraction_high: float | None = None
+    clip_fraction_low: float | None = None
+    token_clip_fraction: float | None = None
+    rho_mean: float | None = None
+    rho_max: float | None = None
+    rho_capped_fraction: float | None = None
+    train_inference_mismatch: float | None = None
+    entropy: float | None = None
+    normaliser: float | None = None
+    row_tokens: float | None = None
+    forward_tokens: float | None = None
+    log_ratio_pass_tokens: float | None = None
+    grad_norm: float | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The fields that carry a value, by name (the step's metrics on the core)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "cell" and getattr(self, f.name) is not None}
+
+
+@dataclass(slots=True)
+class JoinSkipped(ControlMessage):
+    """Cell ``cell`` did not take part in step ``step`` (``reason``: the window closed, the snapshot moved on)."""
+
+    kind: ClassVar[str] = "join_skipped"
+    cell: int
+    step: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Published(ControlMessage):
+    """Cell ``cell``'s engine serves weights of ``version`` (``load_s`` 0 when nothing had to load)."""
+
+    kind: ClassVar[str] = "published"
+    cell: int
+    version: int
+    load_s: float
+
+
+@dataclass(slots=True)
+class Saved(ControlMessage):
+    """The core wrote checkpoint ``directory``."""
+
+    kind: ClassVar[str] = "saved"
+    cell: int
+    directory: str
+    save_s: float
+
+
+@dataclass(slots=True)
+class Stopped(ControlMessage):
+    """Cell ``cell`` left its loop (reply to :class:`Shutdown`)."""
+
+    kind: ClassVar[str] = "stopped"
+    cell: int
+
+
+@dataclass(slots=True)
+class Failed(ControlMessage):
+    """Cell ``cell`` could not carry out a ``command`` (its ``kind``); ``detail`` is the error."""
+
+    kind: ClassVar[str] = "failed"
     cell: int
     command: str
-    ok: bool = True
-    timings: dict[str, float] = field(default_factory=dict)
-    detail: str = ""
+    detail: str
 
 
 MESSAGE_TYPES: dict[str, type[ControlMessage]] = {
-    cls.kind: cls for cls in (ToTrain, ToRollout, JoinBatch, Publish, SaveCheckpoint, Shutdown, Ack)
+    cls.kind: cls for cls in (SwitchToTraining, SwitchToRollout, JoinStep, LoadWeights, SaveCheckpoint, Shutdown,
+                              Switched, StepDone, JoinSkipped, Published, Saved, Stopped, Failed)
 }
 
 
@@ -142,6 +247,19 @@ class ControlChannel:
         self.store.delete_key(key)
         return msg
 
+    def collect(self, kind: type[ControlMessage], cells: int, timeout_s: float) -> set[int]:
+        """Receive until ``cells`` distinct cells sent a ``kind`` reply (others are dropped) or
+        ``timeout_s`` passed; returns the cells heard from."""
+        heard: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(heard) < cells and time.monotonic() < deadline:
+            msg = self.poll()
+            if msg is None:
+                time.sleep(self.poll_s)
+            elif isinstance(msg, kind):
+                heard.add(msg.cell)
+        return heard
+
     def recv(self, timeout_s: float = 600.0) -> ControlMessage:
         """Block for the next message.
 
@@ -156,18 +274,3 @@ class ControlChannel:
         msg = self.poll()
         assert msg is not None
         return msg
-
-
-def wait_for(channel: ControlChannel, predicate, timeout_s: float = 600.0) -> list[ControlMessage]:
-    """Receive until ``predicate(msg)`` holds; return every message received (the last matches)."""
-    got: list[ControlMessage] = []
-    deadline = time.monotonic() + timeout_s
-    while True:
-        msg = channel.recv(max(deadline - time.monotonic(), 0.001))
-        got.append(msg)
-        if predicate(msg):
-            return got
-
-
-def message_fields(msg: ControlMessage) -> dict[str, Any]:
-    return {"kind": msg.kind, **dataclasses.asdict(msg)}

@@ -216,7 +216,7 @@ class MicroStepStream:
         while time.monotonic() < deadline:
             if self._has(f"s/{step}/join/{cell}"):
                 return True
-            if self._has(f"s/{step}/window"):
+            if self.window_closed(step):
                 return False
             time.sleep(self.poll_s)
         raise TimeoutError(f"step {step}: cell {cell} got neither a join request nor a closed window")
@@ -227,6 +227,14 @@ class MicroStepStream:
             self.store.wait([f"s/{step}/joined/{cell - 1}"], timedelta(seconds=timeout_s))
         self.heartbeat(step, cell)
         self.store.set(f"s/{step}/joined/{cell}", b"1")
+
+    def has_joined(self, step: int, cell: int) -> bool:
+        """Whether ``cell`` registered as a participant of step ``step``."""
+        return self._has(f"s/{step}/joined/{cell}")
+
+    def window_closed(self, step: int) -> bool:
+        """Whether the join window of step ``step`` is closed (no cell may join any more)."""
+        return self._has(f"s/{step}/window")
 
     def wait_window(self, step: int, timeout_s: float = 600.0) -> int:
         self.store.wait([f"s/{step}/window"], timedelta(seconds=timeout_s))
@@ -247,13 +255,7 @@ class MicroStepStream:
         coord = self.coordinator(step)
         for payload in payloads:
             coord.add(payload)
-        coord.ledger.close()
-        while not coord.ledger.drained():
-            if stop is not None and stop.is_set():
-                break
-            coord.poll()
-            time.sleep(self.poll_s)
-        coord.close()
+        coord.close(timeout_s=float("inf"), stop=stop)
         return coord.ledger
 
 
@@ -290,7 +292,7 @@ class StepCoordinator:
                 ledger.on_claim(m, g, int(st.store.get(f"s/{step}/c/{m}/{g}")))
             if (m, g) not in ledger.finished_by and st._has(f"s/{step}/d/{m}/{g}"):
                 ledger.on_finish(m, g, int(st.store.get(f"s/{step}/d/{m}/{g}")))
-        joined = [c for c in range(1, st.num_cells) if st._has(f"s/{step}/joined/{c}")]
+        joined = [c for c in range(1, st.num_cells) if st.has_joined(step, c)]
         beats = {c: float(st.store.get(f"s/{step}/hb/{c}")) for c in joined
                  if ledger.valid_cell(c) and st._has(f"s/{step}/hb/{c}")}
         dead = dead_cells(beats, st.clock(), st.lease_s)
@@ -308,12 +310,19 @@ class StepCoordinator:
         self._reported |= set(new)
         return [(m, ledger.finished_by[(m, ledger.generation[m])]) for m in new]
 
-    def close(self) -> int:
-        """Finalize the stream and store the window ``k`` (call once drained); returns ``k``."""
+    def close(self, timeout_s: float = 60.0, stop: threading.Event | None = None) -> int:
+        """No more micro-steps: wait until the queued ones are done (polling; at most ``timeout_s``
+        or until ``stop`` is set), finalize the stream and store the window ``k``; returns ``k``."""
         st = self.stream
         self.ledger.close()
+        deadline = time.monotonic() + timeout_s
+        while not self.ledger.drained() and time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                break
+            self.poll()
+            time.sleep(st.poll_s)
         st.finalize(self.step)
-        joined = [c for c in range(1, st.num_cells) if st._has(f"s/{self.step}/joined/{c}")]
+        joined = [c for c in range(1, st.num_cells) if st.has_joined(step=self.step, cell=c)]
         self.window = self.ledger.window(joined)
         st.store.set(f"s/{self.step}/window", str(self.window).encode())
         return self.window

@@ -124,8 +124,7 @@ class MegatronReplica:
         import numpy as np
 
         from gyre.buffer.packing import PackingConfig, pack_rows
-        from gyre.runtime.cell_worker import encode_work_item
-        from gyre.runtime.controller import work_items
+        from gyre.buffer.work_items import encode_work_item, work_items
         from gyre.training.trace_trees import trace_shaped_rows
         from tests.training.test_step import TRACES, with_behaviour_near_policy
 
@@ -139,7 +138,7 @@ class MegatronReplica:
         return [encode_work_item(item) for item in work_items(packed.micro_steps)]
 
     def process(self, payload) -> float:
-        from gyre.runtime.cell_worker import decode_work_item
+        from gyre.buffer.work_items import decode_work_item
         from gyre.training.step import apply_log_ratio_sums
 
         items = decode_work_item(payload)

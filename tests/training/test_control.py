@@ -3,8 +3,9 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from gyre.training.control import (Ack, ControlChannel, JoinBatch, Publish, Shutdown, ToRollout, ToTrain, decode,
-                                   encode)
+from gyre.training.control import (MESSAGE_TYPES, ControlChannel, Failed, JoinSkipped, JoinStep, LoadWeights,
+                                   Published, Saved, SaveCheckpoint, Shutdown, StepDone, Stopped, Switched,
+                                   SwitchToRollout, SwitchToTraining, decode, encode)
 
 
 @pytest.fixture
@@ -14,17 +15,31 @@ def store():
 
 
 def test_round_trip_every_message():
-    for msg in (ToTrain(cell=1, step=3), ToRollout(cell=2, version=4), JoinBatch(cell=1, step=3, version=3),
-                Publish(version=5), Shutdown(reason="done"), Ack(cell=1, command="to_train", timings={"switch_s": 0.25})):
+    msgs = (SwitchToTraining(cell=1, step=3), SwitchToRollout(cell=2, version=4), JoinStep(cell=1, step=3, version=3),
+            LoadWeights(version=5), SaveCheckpoint("/tmp/x"), Shutdown(reason="done"),
+            Switched(cell=1, role="rollout", latency_s=0.25, phases_s={"load_s": 0.1}, version=4),
+            StepDone(cell=0, step=3, micro_steps_here=2, window=1, join_s=0.0, consume_s=1.5, update_s=0.25,
+                     time_s=1.75, loss=float("inf"), grad_norm=0.5, row_tokens=120.0),
+            JoinSkipped(cell=2, step=3, reason="window closed"), Published(cell=1, version=5, load_s=0.0),
+            Saved(cell=0, directory="/tmp/x", save_s=0.5), Stopped(cell=2), Failed(cell=1, command="join_step", detail="E"))
+    assert {type(m) for m in msgs} == set(MESSAGE_TYPES.values())  # every kind is covered
+    for msg in msgs:
         assert decode(encode(msg)) == msg
-    assert encode(ToTrain(cell=1, step=3)) == b'{"cell": 1, "kind": "to_train", "step": 3}'
+    assert encode(SwitchToTraining(cell=1, step=3)) == b'{"cell": 1, "kind": "switch_to_training", "step": 3}'
+
+
+def test_step_done_metrics_are_the_fields_with_values():
+    done = StepDone(cell=0, step=3, micro_steps_here=2, window=1, join_s=0.0, consume_s=1.5, update_s=0.25,
+                    time_s=1.75, loss=0.125, grad_norm=0.5)
+    assert done.metrics() == {"step": 3, "micro_steps_here": 2, "window": 1, "join_s": 0.0, "consume_s": 1.5,
+                              "update_s": 0.25, "time_s": 1.75, "loss": 0.125, "grad_norm": 0.5}
 
 
 def test_bad_messages_are_clear_errors():
     with pytest.raises(ValueError, match="unknown control message kind 'nope'"):
         decode(b'{"kind": "nope"}')
-    with pytest.raises(ValueError, match="bad to_train message"):
-        decode(b'{"kind": "to_train", "cell": 1}')
+    with pytest.raises(ValueError, match="bad switch_to_training message"):
+        decode(b'{"kind": "switch_to_training", "cell": 1}')
 
 
 def test_fifo_exactly_once_between_threads(store):
@@ -38,11 +53,12 @@ def test_fifo_exactly_once_between_threads(store):
             received.append(msg)
             if isinstance(msg, Shutdown):
                 return
-            cell.send("rank0", Ack(cell=1, command=msg.kind))
+            cell.send("rank0", Switched(cell=1, role=msg.kind, latency_s=0.0))
 
     t = threading.Thread(target=cell_loop)
     t.start()
-    sent = [ToTrain(cell=1, step=0), ToRollout(cell=1, version=1), ToTrain(cell=1, step=1), Shutdown()]
+    sent = [SwitchToTraining(cell=1, step=0), SwitchToRollout(cell=1, version=1), SwitchToTraining(cell=1, step=1),
+            Shutdown()]
     for m in sent:
         scheduler.send("cell1", m)
     acks = []
@@ -50,7 +66,7 @@ def test_fifo_exactly_once_between_threads(store):
         acks.append(scheduler.recv(timeout_s=10))
     t.join(10)
     assert received == sent
-    assert [a.command for a in acks] == ["to_train", "to_rollout", "to_train"]
+    assert [a.role for a in acks] == ["switch_to_training", "switch_to_rollout", "switch_to_training"]
     assert scheduler.poll() is None
 
 

@@ -1,0 +1,87 @@
+"""Checkpoints of the main job and resuming from them.
+
+A checkpoint is ``RUN/checkpoints/iter_N/`` (Megatron's naming): ``hf/`` (the policy, servable),
+``optimizer.pt`` (written by the core cell) and ``controller.json`` (:class:`ControllerState`,
+written by rank 0 once the core reported the save).  ``latest_checkpointed_iteration.txt`` beside
+them names the newest complete one; it is replaced atomically, last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ControllerState:
+    """Rank 0's part of a checkpoint: ``iteration`` steps done, the resume ``attempt`` it ran
+    under, execution ids already trained, the controller's RNG and the reward history."""
+
+    iteration: int = 0
+    attempt: int = -1
+    trained: list[str] = field(default_factory=list)
+    rng_state: dict | None = None
+    history: dict | None = None
+    training_backend: str = "hf"
+    saved_at: float = 0.0
+
+    @classmethod
+    def load(cls, checkpoint: Path) -> "ControllerState":
+        data = json.loads((Path(checkpoint) / "controller.json").read_text())
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint under ``path`` (a run dir, its ``checkpoints/`` or an
+    ``iter_N`` dir), or ``None``."""
+    p = Path(path)
+    if (p / "controller.json").exists():
+        return p
+    for root in (p / "checkpoints", p):
+        tracker = root / "latest_checkpointed_iteration.txt"
+        if tracker.exists():
+            d = root / f"iter_{int(tracker.read_text().strip()):07d}"
+            if (d / "controller.json").exists():
+                return d
+    return None
+
+
+def should_save(iteration: int, *, save_interval: int, train_steps: int) -> bool:
+    """Save after the last step and every ``save_interval`` steps (``0``: only the last)."""
+    return iteration >= train_steps or (save_interval > 0 and iteration % save_interval == 0)
+
+
+class CheckpointWriter:
+    """Rank 0's half of saving: remember the controller state of a requested save and complete
+    the checkpoint once the core has written the policy and optimizer state."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.pending: dict[int, tuple[str, ControllerState]] = {}
+
+    def request(self, iteration: int, state: ControllerState) -> str:
+        """Register the save of ``iteration``; returns the directory the core is to write."""
+        directory = str(self.run_dir / "checkpoints" / f"iter_{iteration:07d}")
+        state.saved_at = time.time()
+        self.pending[iteration] = (directory, state)
+        return directory
+
+    def complete(self, directory: str) -> list[int]:
+        """The core wrote ``directory``: add ``controller.json``, move the tracker; returns the
+        iterations completed."""
+        done = []
+        for it, (d, state) in list(self.pending.items()):
+            if d == directory:
+                (Path(d) / "controller.json").write_text(json.dumps(asdict(state)))
+                tracker = Path(d).parent / "latest_checkpointed_iteration.txt"
+                tmp = tracker.with_suffix(".tmp")
+                tmp.write_text(str(it))
+                tmp.replace(tracker)
+                del self.pending[it]
+                done.append(it)
+        return done
+

@@ -1,0 +1,82 @@
+"""Rank 0's table of executions: keys, tasks, what is running, surplus and trained, and the
+``executions.jsonl`` log (one line when an execution closes, one when it is trained)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from gyre.runtime.pipeline import ExecutionKey, FinishedExecution
+from gyre.scheduler import events as ev
+
+_STATUS = {"completed": ev.ExecutionStatus.COMPLETED, "timeout": ev.ExecutionStatus.TIMEOUT,
+           "cancelled": ev.ExecutionStatus.CANCELLED}
+
+
+def task_for_group(tasks: Sequence[Any], group_id: int, *, seed: int, attempt: int) -> Any:
+    """Seeded round-robin over a shuffled task list: every task once per epoch of groups."""
+    epoch, pos = divmod(group_id, len(tasks))
+    return tasks[int(np.random.default_rng([seed, attempt, epoch]).permutation(len(tasks))[pos])]
+
+
+class ExecutionTable:
+    """Bookkeeping of the run's executions (module docstring)."""
+
+    def __init__(self, log_path: Path, attempt: int, trained: Sequence[str] = ()):
+        self.attempt = attempt
+        self.keys: dict[int, ExecutionKey] = {}   # scheduler execution index -> key
+        self.group_task: dict[int, Any] = {}
+        self.running: dict[str, Any] = {}         # execution id -> RunningExecution (cancel)
+        self.surplus: set[str] = set()
+        self.in_flight: set[str] = set()
+        self.trained: set[str] = set(trained)
+        self.launched = 0
+        self.closed_by_status: dict[str, int] = {}
+        self._log = open(log_path, "a", encoding="utf-8")
+
+    def add_group(self, group_id: int, indices: Sequence[int], task: Any) -> list[str]:
+        """Key the group's executions; returns their execution ids."""
+        self.group_task[group_id] = task
+        for index in indices:
+            self.keys[index] = ExecutionKey(self.attempt, group_id, index)
+        return [str(self.keys[i]) for i in indices]
+
+    def launching(self, sid: str) -> None:
+        self.in_flight.add(sid)
+        self.launched += 1
+
+    def cancel(self, sids: Sequence[str]) -> None:
+        """Mark executions surplus and end the running ones."""
+        for sid in sids:
+            self.surplus.add(sid)
+            if (running := self.running.get(sid)) is not None:
+                running.cancel()
+
+    def closed(self, fin: FinishedExecution, task_id: str | None, now: float) -> ev.ExecutionStatus:
+        """Record a finished execution; returns its status for the scheduler."""
+        sid, result, outcome = str(fin.key), fin.result, fin.outcome
+        self.in_flight.discard(sid)
+        term = result.termination.value if result is not None else "crashed"
+        status = ev.ExecutionStatus.SURPLUS if sid in self.surplus else _STATUS.get(term, ev.ExecutionStatus.FAILED)
+        self.closed_by_status[status.value] = self.closed_by_status.get(status.value, 0) + 1
+        self._write({"event": "closed", "execution_id": sid, "group": fin.key.group, "task": task_id,
+                     "termination": term, "status": status.value, "outcome": outcome.status.value,
+                     "reward": outcome.reward, "duration_s": getattr(result, "duration_s", None),
+                     "calls": len(fin.tree.records) if fin.tree is not None else 0,
+                     "error": fin.error or getattr(result, "error", ""), "t": now})
+        return status
+
+    def mark_trained(self, sids: Sequence[str], step: int) -> None:
+        for sid in sids:
+            self.trained.add(sid)
+            self._write({"event": "trained", "execution_id": sid, "step": step})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._log.write(json.dumps(record) + "\n")
+        self._log.flush()
+
+    def close(self) -> None:
+        self._log.close()

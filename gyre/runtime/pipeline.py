@@ -1,0 +1,204 @@
+"""Gyre's pipeline, one function per arrow:
+
+    harness -> proxy -> trajectory tree -> evaluation      run_execution     (rank 0, a harness thread)
+    buffer -> advantages -> admission -> materialise
+           -> pack into work items                        assemble_group    (rank 0, the controller)
+    claim -> accumulate -> reduce -> one core update      train_on_stream   (every cell of the step)
+    core snapshot -> engines                              publish_weights   (every rollout cell)
+
+When each arrow runs is the scheduler's decision: :class:`gyre.runtime.controller.Controller`
+carries out its commands on rank 0 and :class:`gyre.runtime.cell_worker.CellWorker` carries out
+the control messages on every cell; both call these functions and nothing else of the pipeline.
+The extension points are the harness (:class:`gyre.harness.Harness`), the task's evaluator or
+reward function (:mod:`gyre.evaluation`) and the loss (:mod:`gyre.rl.objective`, inside the train
+step).  ``docs/architecture.md`` maps the whole system.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gyre.buffer.work_items import decode_work_item, work_items
+from gyre.rl.objective import ObjectiveStats
+from gyre.training import control as ctl
+from gyre.training.streaming import MicroStepStream, consume_stream, reduce_and_update
+
+logger = logging.getLogger(__name__)
+
+#: Additive fields of :class:`ObjectiveStats`, summed over the participants of a step.
+ADDITIVE_STATS = tuple(f.name for f in dataclasses.fields(ObjectiveStats) if f.name != "rho_max")
+TOKEN_COUNTS = ("row_tokens", "forward_tokens", "log_ratio_pass_tokens")
+
+
+@dataclass(frozen=True, order=True)
+class ExecutionKey:
+    """Who an execution is: resume ``attempt``, rollout ``group``, scheduler execution ``index``."""
+
+    attempt: int
+    group: int
+    index: int
+
+    def __str__(self) -> str:  # the execution id of records, workspaces and proxy routes
+        return f"a{self.attempt}-g{self.group:04d}-e{self.index:05d}"
+
+
+@dataclass
+class FinishedExecution:
+    """One execution after the harness closed and its evaluation: what the buffer receives."""
+
+    key: ExecutionKey
+    result: Any                 # gyre.harness.HarnessResult, None when the launcher failed
+    outcome: Any                # gyre.evaluation.ExecutionOutcome
+    tree: Any                   # gyre.trajectory.TrajectoryTree recorded by the proxy, or None
+    error: str = ""
+
+
+def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *, run_dir: Path, timeout_s: float,
+                  on_launch: Callable[[Any], None]) -> FinishedExecution:
+    """harness -> proxy -> trajectory tree -> evaluation, for one execution registered at the proxy.
+
+    The harness runs against ``endpoint`` (the proxy records every model call into the execution's
+    tree); the closed workspace is assessed by the task's evaluator; the execution is then closed
+    at the proxy.  A launcher or evaluator exception yields a placeholder outcome, never a raise.
+    """
+    from gyre.evaluation.rewards import ExecutionOutcome
+
+    sid = str(key)
+    try:
+        result = harness.run(task, run_dir, sid, endpoint, timeout_s=timeout_s,
+                             model_calls=lambda: proxy.counters(sid)["calls"], on_launch=on_launch)
+        outcome = rewards.assess(result.closure(task, endpoint.api_key), task.build_evaluator())
+    except Exception as exc:  # a broken execution must not stop the run
+        logger.exception("execution %s failed in the launcher", sid)
+        return FinishedExecution(key, None, ExecutionOutcome.placeholder(sid), None, f"{type(exc).__name__}: {exc}")
+    tree = None
+    try:
+        tree = proxy.tree(sid)
+        proxy.close_execution(sid)
+    except Exception as exc:
+        logger.warning("execution %s: closing at the proxy failed: %s", sid, exc)
+    return FinishedExecution(key, result, outcome, tree)
+
+
+@dataclass
+class AssembledGroup:
+    """A ready group as training work: admitted rows packed into micro-steps, grouped in work items."""
+
+    group_id: int
+    rows: list[Any]             # gyre.trajectory.materialize.TrajectoryRow
+    items: list[list[Any]]      # work items of gyre.buffer.packing.MicroStep
+
+    @property
+    def targets(self) -> int:
+        return sum(int(m.num_targets) for item in self.items for m in item)
+
+    @property
+    def micro_steps(self) -> int:
+        return sum(len(item) for item in self.items)
+
+
+def assemble_group(buffer, ready, rng: np.random.Generator, admission, packer) -> AssembledGroup:
+    """buffer -> advantages -> admission -> materialise -> pack, for one ready group.
+
+    The buffer computed the advantages over the group's designated rewards when it became ready;
+    admission samples at most ``J_max`` trajectories of each designated execution's tree, which are
+    materialised as rows carrying the execution's advantage and packed into micro-steps.
+    """
+    from gyre.buffer.trajectory_buffer import materialize_group
+
+    buffer.take(ready.group_id)
+    rows = materialize_group(ready, rng, admission)
+    items = work_items(packer.pack(rows).micro_steps) if rows else []
+    return AssembledGroup(int(ready.group_id), rows, items)
+
+
+def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, groups, snapshot
+                    ) -> ctl.StepDone | ctl.JoinSkipped:
+    """claim -> accumulate -> reduce -> one update: this cell's part of step ``step``.
+
+    A satellite (``cell > 0``) first pulls the core's snapshot of version ``step`` and joins after
+    cell ``cell - 1`` (participants stay a contiguous prefix ``0..k``).  The cell claims work items
+    until the stream is drained; the participants sum gradients and statistics over the prefix group
+    of the window ``k``; the core performs the one optimizer update and writes snapshot ``step + 1``.
+    """
+    t0 = time.perf_counter()
+    reason = _join(step, cell, stream, snapshot, train_step.params)
+    if reason:
+        return ctl.JoinSkipped(cell, step, reason)
+    t_join = time.perf_counter()
+    stats, tokens = ObjectiveStats(), dict.fromkeys(TOKEN_COUNTS, 0)
+    train_step.zero_grad()
+
+    def run_item(payload) -> float:
+        from gyre.training.step import apply_log_ratio_sums
+
+        items = decode_work_item(payload)
+        sums, pass_tokens = train_step.precompute_log_ratio_sums(items)
+        apply_log_ratio_sums(items, sums)
+        _, s = train_step.accumulate(items)
+        stats.merge(s)
+        tokens["row_tokens"] += sum(m.row_tokens for m in items)
+        tokens["forward_tokens"] += sum(m.forward_tokens for m in items)
+        tokens["log_ratio_pass_tokens"] += pass_tokens
+        return s.loss_sum
+
+    count, _ = consume_stream(stream, step, cell, run_item)
+    t_consumed = time.perf_counter()
+    k = stream.wait_window(step, timeout_s=3600)
+    norm = summed = None
+    if cell <= k:
+        vec = [float(getattr(stats, f)) for f in ADDITIVE_STATS] + [float(v) for v in tokens.values()]
+        update = (lambda s: _core_update(train_step, s)) if cell == 0 else None
+        norm, summed = reduce_and_update(train_step.params, k, groups, vec, update, grads=train_step.grad_tensors())
+    train_step.zero_grad()
+    t_reduced = time.perf_counter()
+    if cell == 0:
+        snapshot.server.publish(train_step.params, version=step + 1)
+    done = ctl.StepDone(cell, step, count, k, t_join - t0, t_consumed - t_join, t_reduced - t_consumed,
+                        time.perf_counter() - t0)
+    if cell == 0 and summed is not None:
+        n = len(ADDITIVE_STATS)
+        total = ObjectiveStats(**{f: type(getattr(stats, f))(v) for f, v in zip(ADDITIVE_STATS, summed)})
+        total.rho_max = stats.rho_max  # the core's own maximum (not reduced)
+        done = dataclasses.replace(done, **total.metrics(), normaliser=float(total.normaliser),
+                                   **dict(zip(TOKEN_COUNTS, summed[n:])),
+                                   grad_norm=float("nan") if norm is None else float(norm))
+    return done
+
+
+def _join(step: int, cell: int, stream: MicroStepStream, snapshot, params) -> str:
+    """Enter step ``step``'s stream; returns why not (``""`` once joined)."""
+    if stream.window_closed(step):
+        return "window closed"
+    if cell == 0:
+        return ""
+    if snapshot.pull(params, exact=step) is None:
+        return "snapshot moved on"
+    while cell > 1 and not stream.has_joined(step, cell - 1):
+        if stream.window_closed(step):
+            return "window closed"
+        time.sleep(stream.poll_s)
+    stream.register_joined(step, cell, timeout_s=60)
+    return ""
+
+
+def _core_update(train_step, summed) -> float | None:
+    normaliser = summed[ADDITIVE_STATS.index("normaliser")]
+    if normaliser <= 0:  # nothing counted: no update, no decay, no momentum
+        return None
+    return train_step.optimizer_step(int(round(normaliser)))
+
+
+def publish_weights(snapshot, engine, train_step, scratch: list, *, at_least: int) -> int:
+    """core snapshot -> engine: load the newest snapshot ``>= at_least`` into a rollout engine
+    (under the engine's HF names); returns the version now served."""
+    version = snapshot.pull(scratch, at_least=at_least)
+    engine.update_weights_from_tensor(train_step.hf_named(scratch), weight_version=str(version))
+    return version
