@@ -4,7 +4,7 @@
     buffer -> advantages -> admission -> materialise
            -> pack into work items                        assemble_group    (rank 0, the controller)
     claim -> accumulate -> reduce -> one core update      train_on_stream   (every cell of the step)
-    core snapshot -> engines                              publish_weights   (every rollout cell)
+    core snapshot -> engines                              publish_to_engine (every rollout cell)
 
 When each arrow runs is the scheduler's decision: :class:`gyre.runtime.controller.Controller`
 carries out its commands on rank 0 and :class:`gyre.runtime.cell_worker.CellWorker` carries out
@@ -95,13 +95,8 @@ class AssembledGroup:
     rows: list[Any]             # gyre.trajectory.materialize.TrajectoryRow
     items: list[list[Any]]      # work items of gyre.buffer.packing.MicroStep
 
-    @property
-    def targets(self) -> int:
-        return sum(int(m.num_targets) for item in self.items for m in item)
-
-    @property
-    def micro_steps(self) -> int:
-        return sum(len(item) for item in self.items)
+    targets: int = 0            # trainable tokens over all micro-steps
+    micro_steps: int = 0
 
 
 def assemble_group(buffer, ready, rng: np.random.Generator, admission, packer) -> AssembledGroup:
@@ -116,7 +111,8 @@ def assemble_group(buffer, ready, rng: np.random.Generator, admission, packer) -
     buffer.take(ready.group_id)
     rows = materialize_group(ready, rng, admission)
     items = work_items(packer.pack(rows).micro_steps) if rows else []
-    return AssembledGroup(int(ready.group_id), rows, items)
+    return AssembledGroup(int(ready.group_id), rows, items, sum(int(m.num_targets) for it in items for m in it),
+                          sum(len(it) for it in items))
 
 
 def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, groups, snapshot
@@ -129,8 +125,7 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
     of the window ``k``; the core performs the one optimizer update and writes snapshot ``step + 1``.
     """
     t0 = time.perf_counter()
-    reason = _join(step, cell, stream, snapshot, train_step.params)
-    if reason:
+    if reason := _join(step, cell, stream, snapshot, train_step.params):
         return ctl.JoinSkipped(cell, step, reason)
     t_join = time.perf_counter()
     stats, tokens = ObjectiveStats(), dict.fromkeys(TOKEN_COUNTS, 0)
@@ -196,7 +191,7 @@ def _core_update(train_step, summed) -> float | None:
     return train_step.optimizer_step(int(round(normaliser)))
 
 
-def publish_weights(snapshot, engine, train_step, scratch: list, *, at_least: int) -> int:
+def publish_to_engine(snapshot, engine, train_step, scratch: list, *, at_least: int) -> int:
     """core snapshot -> engine: load the newest snapshot ``>= at_least`` into a rollout engine
     (under the engine's HF names); returns the version now served."""
     version = snapshot.pull(scratch, at_least=at_least)

@@ -1,0 +1,134 @@
+"""Every path, Python name and flag that a page under docs/ names exists.
+
+Names are read from inline code spans and fenced code blocks: repository paths must exist,
+dotted ``gyre.`` names must import (module, then attributes), and a ``--flag`` must appear in the
+``--help`` of the script named before it in the same span or line (``pretrain_gyre.py`` when none).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+TOP_DIRS = ("gyre", "tools", "bench", "examples", "tests", "docs", "megatron_patches")
+ROOT_FILE = re.compile(r"^[\w.-]+\.(py|md|txt|yaml|sh|toml|jsonl)$")
+DOTTED = re.compile(r"^gyre(\.\w+)+$")
+FLAG = re.compile(r"^--[a-z][a-z0-9-]*$")
+
+
+def snippets(text: str) -> list[str]:
+    """Inline code spans and the lines of fenced code blocks."""
+    out: list[str] = []
+    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
+    for block in fenced:
+        out += [line.split("#")[0] for line in block.splitlines()]
+    rest = re.sub(r"```[^\n]*\n.*?```", "", text, flags=re.S)
+    out += re.findall(r"`([^`\n]+)`", rest)
+    return out
+
+
+def tokens(snippet: str) -> list[str]:
+    return [t.strip(".,;:()[]'\"") for t in snippet.split()]
+
+
+def is_path(tok: str) -> bool:
+    if any(c in tok for c in "<>*{}$"):
+        return False
+    return tok.split("/")[0] in TOP_DIRS and "/" in tok or (("/" not in tok) and bool(ROOT_FILE.match(tok))
+                                                          and (ROOT / tok).exists() or tok in ("pretrain_gyre.py",))
+
+
+@functools.lru_cache(maxsize=None)
+def help_text(script: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, f"{script} --help failed: {proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+def resolve(name: str) -> object:
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(name)
+
+
+def named(doc: Path) -> tuple[set[str], set[str], set[tuple[str, str]]]:
+    """Paths, dotted names and ``(script, flag)`` pairs named in ``doc``.  A flag belongs to the
+    script before it in its span; flags before a script (a launcher's, e.g. torchrun's) are skipped."""
+    paths, names, flags = set(), set(), set()
+    for snip in snippets(doc.read_text()):
+        toks = tokens(snip)
+        scripts = [i for i, t in enumerate(toks) if t.endswith(".py") and is_path(t)
+                   and (t.startswith(("tools/", "bench/")) or t == "pretrain_gyre.py")]
+        for i, tok in enumerate(toks):
+            if FLAG.match(tok):
+                before = [toks[j] for j in scripts if j < i]
+                if before:
+                    flags.add((before[-1], tok))
+                elif not scripts:
+                    flags.add(("pretrain_gyre.py", tok))
+            elif DOTTED.match(tok):
+                names.add(tok)
+            elif is_path(tok):
+                paths.add(tok)
+    return paths, names, flags
+
+
+def test_docs_exist():
+    assert {p.name for p in DOCS} >= {"architecture.md", "backends.md", "proxy.md", "simulator.md"}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_named_path_exists(doc):
+    paths, _, _ = named(doc)
+    assert paths, f"{doc.name} names no path"
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"{doc.name} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_named_python_object_exists(doc):
+    _, names, _ = named(doc)
+    missing = []
+    for name in sorted(names):
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{name} ({exc})")
+    assert not missing, f"{doc.name} names objects that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_named_flag_is_in_its_commands_help(doc):
+    _, _, flags = named(doc)
+    missing = sorted(f"{script} {flag}" for script, flag in flags if flag not in help_text(script))
+    assert not missing, f"{doc.name} names flags its command does not have: {missing}"
+
+
+def test_the_checker_catches_what_does_not_exist(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("Run `tools/simulate.py --no-such-flag` on `gyre/no_such.py`; see `gyre.runtime.pipeline.nope`.\n"
+                   "```\ntorchrun --nproc-per-node 3 pretrain_gyre.py --train-steps 3\n```\n")
+    paths, names, flags = named(doc)
+    assert paths == {"tools/simulate.py", "gyre/no_such.py", "pretrain_gyre.py"}
+    assert names == {"gyre.runtime.pipeline.nope"}
+    assert flags == {("tools/simulate.py", "--no-such-flag"), ("pretrain_gyre.py", "--train-steps")}
+    assert "--no-such-flag" not in help_text("tools/simulate.py")
+    with pytest.raises(AttributeError):
+        resolve("gyre.runtime.pipeline.nope")
+    assert resolve("gyre.runtime.pipeline.run_execution").__name__ == "run_execution"
