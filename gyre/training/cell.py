@@ -1,10 +1,9 @@
-"""A cell's harness-preserving role transitions (DESIGN.md §4.3, paper §4.3).
+"""A cell's harness-preserving role transitions (paper §4.3).
 
 **Rollout -> training** (:meth:`CellRoles.to_train`): the proxy stops routing to this cell's
 engine (every execution pinned to it is rerouted to the destination the scheduler reserved), the
 requests still running on it are aborted and transparently retried by the proxy at the
-destination (on CPU the destination recomputes the prefix; on GPU clusters KV blocks are read over
-RDMA), the engine releases its weights and KV cache (``release_memory_occupation``), and the
+destination (which recomputes the whole context: no KV cache moves between engines), the engine releases its weights and KV cache (``release_memory_occupation``), and the
 training parameters and optimizer buffers are restored.
 
 **Training -> rollout** (:meth:`CellRoles.to_rollout`): the reverse: training state is offloaded,
@@ -51,8 +50,7 @@ class TrainingState:
 
     ``offload()`` copies every parameter and optimizer-state tensor into a host snapshot and frees
     the live storage (``param.data`` becomes an empty tensor); ``restore()`` copies them back.  On
-    GPUs the snapshot is host memory and the live storage device memory; on the CPU default both
-    are host memory, but the same code path runs.
+    the CPU default both the copy and the live storage are host memory.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None = None):

@@ -1,4 +1,4 @@
-"""Prefix communication groups for streaming training with dynamic membership (DESIGN.md §4.4).
+"""Prefix communication groups for streaming training with dynamic membership (paper §4.4).
 
 Cells join training in ascending order, so the participants of a step are always a prefix
 ``{0..k}`` of the cells.  At start-up, for every ``k = 1..K-1``, one set of process groups is built

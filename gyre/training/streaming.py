@@ -1,4 +1,4 @@
-"""Streaming training with dynamic membership (DESIGN.md §4.4, paper §4.4).
+"""Streaming training with dynamic membership (paper §4.4).
 
 One optimizer step consumes a *stream* of micro-steps.  The core cell (0) trains from the start;
 satellite cells join while the stream is in progress (ascending order), pull the core's weight
@@ -260,7 +260,7 @@ class MicroStepStream:
 
 
 class StepCoordinator:
-    """Core-side coordinator of one step whose micro-steps arrive over time (DESIGN.md §4.4).
+    """Core-side coordinator of one step whose micro-steps arrive over time.
 
     ``add`` queues a micro-step as soon as its group is enqueued; ``poll`` (call it regularly)
     reads claims, completions and heartbeats, re-queues the work of dead participants and returns
