@@ -1,5 +1,5 @@
-"""Errors in each API's own shape (DESIGN.md §7: "HTTP 4xx with a JSON error body in the API's
-own error shape").
+"""Errors in each API's own shape: an HTTP status with the JSON error body that API's clients
+expect.
 
 Shapes (upstream docs):
 

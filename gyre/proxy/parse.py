@@ -1,10 +1,10 @@
 """Output parsing: engine token ids -> reasoning, text and tool calls, incrementally.
 
-Source: DESIGN.md §3.1 ("Output parsing"); the model format is Qwen/Hermes (``<think>\\n...
+The model format is Qwen/Hermes (``<think>\\n...
 \\n</think>\\n\\n`` then text, then ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
 </tool_call>`` blocks separated by ``\\n``), i.e. the inverse of ``gyre/chat_template.jinja``'s
 assistant turn, so that ``parse(render(message)) == message`` for every message the template can
-render (tested in ``tests/proxy/test_parse.py``).
+render (tested in ``tests/proxy/test_render_parse.py``).
 
 Rules:
 

@@ -1,8 +1,5 @@
 """Chat-template rendering of *new* messages at message boundaries (the "delta" of a request).
 
-Source: DESIGN.md §3.1 ("only new content is rendered and encoded (render the delta messages at
-message boundaries)"); BACKENDS.md "Chat-template facts the proxy must respect".
-
 The template is the model's own (``tokenizer.chat_template``, rendered with
 ``tokenizer.apply_chat_template(..., tokenize=False)``, as SGLang's and vLLM's OpenAI servers
 do; control tokens inside message text are not escaped, matching them). The renderer never

@@ -1,12 +1,10 @@
 """Replay of recorded harness request logs through the proxy's pure core (no HTTP, no model).
 
-Source: the issue's ``tools/replay_trace.py`` item; trace format in ``shared/traces/README.md``.
-
-Each logged model request goes through exactly what the server does -- normalisation
-(:mod:`~gyre.proxy.normalize`), role classification (:mod:`~gyre.proxy.roles`), restoration
-and TITO assembly (:class:`~gyre.proxy.tito.TitoSession`), output parsing
-(:mod:`~gyre.proxy.parse`) and response shaping (:mod:`~gyre.proxy.frontends`) -- with a
-*teacher-forced* engine that "samples" the logged reply rendered in the model's format
+Each logged model request (a JSON line with ``method``, ``path``, ``headers``, ``body`` and
+``response.message``) goes through what the server does -- normalisation and response shaping
+(:mod:`~gyre.proxy.api`), role classification (:mod:`~gyre.proxy.roles`), restoration and TITO
+assembly (:class:`~gyre.proxy.tito.TitoSession`), output parsing (:mod:`~gyre.proxy.parse`) --
+with a *teacher-forced* engine that "samples" the logged reply rendered in the model's format
 (:meth:`~gyre.proxy.render.ChatRenderer.assistant_output_text`). Ids the proxy hands out are the
 logged ones, so the harness's next logged request refers to them. Attempts that got no complete
 reply (``injected`` failures, ``count_tokens``, probes) are skipped.
