@@ -312,7 +312,7 @@ def flatness(kind: str, max_context: int, turn_tokens: int, repeats: int = 5) ->
     import numpy as np
 
     from gyre.proxy.messages import Message, ToolCall
-    from gyre.proxy.normalize import normalize_chat
+    from gyre.proxy.api.openai_chat import normalize_chat
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.tito import TitoSession
     from gyre.trajectory.store import TrajectoryStore

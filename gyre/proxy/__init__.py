@@ -1,18 +1,20 @@
-"""HTTP front ends (Anthropic / OpenAI Chat / OpenAI Responses), chat-template rendering, TITO
-recording, routing (DESIGN.md §3.1).
+"""Gyre's model proxy: the Anthropic / OpenAI Chat / OpenAI Responses APIs in front of
+token-level engines, recording every call token-in/token-out into trajectory trees
+(docs/proxy.md).
 
 Layout (pure cores first, HTTP and threads at the edges):
 
-* :mod:`~gyre.proxy.messages` -- the internal message form; :mod:`~gyre.proxy.normalize` -- the
-  three APIs into it; :mod:`~gyre.proxy.render` -- delta rendering at message boundaries;
+* :mod:`~gyre.proxy.messages` -- the internal message form; :mod:`~gyre.proxy.api` -- the
+  three APIs (request normalisation, response shapes), one module each;
+  :mod:`~gyre.proxy.render` -- chat-template rendering at message boundaries;
   :mod:`~gyre.proxy.parse` -- output tokens into reasoning/text/tool calls;
-  :mod:`~gyre.proxy.tito` -- restoration + token assembly on the trajectory tree;
-  :mod:`~gyre.proxy.roles` -- role classification; :mod:`~gyre.proxy.frontends` -- response
-  shapes and SSE events; :mod:`~gyre.proxy.replay` -- trace replay.
+  :mod:`~gyre.proxy.tito` and :mod:`~gyre.proxy.tito_input` -- restoration and token assembly
+  on the trajectory tree; :mod:`~gyre.proxy.roles` -- role classification;
+  :mod:`~gyre.proxy.replay` -- trace replay.
 * :mod:`~gyre.proxy.engines` -- engine protocol and adapters; :mod:`~gyre.proxy.router` -- routes
   and transparent retry; :mod:`~gyre.proxy.recorder` -- group-committed record writes;
-  :mod:`~gyre.proxy.server` -- the FastAPI server; :mod:`~gyre.proxy.serve` --
-  ``tools/serve_rollout.py``.
+  :mod:`~gyre.proxy.server` -- the FastAPI server; :mod:`~gyre.proxy.admin` -- executions and
+  admin routes; :mod:`~gyre.proxy.serve` -- ``tools/serve_rollout.py``.
 
 The names below are imported lazily (the server pulls in FastAPI).
 """
@@ -25,8 +27,8 @@ from typing import Any
 _EXPORTS = {
     "ProxyServer": "gyre.proxy.server",
     "ProxyConfig": "gyre.proxy.server",
-    "Execution": "gyre.proxy.server",
-    "ExecutionCounters": "gyre.proxy.server",
+    "Execution": "gyre.proxy.admin",
+    "ExecutionCounters": "gyre.proxy.admin",
     "Router": "gyre.proxy.router",
     "Attempt": "gyre.proxy.router",
     "GenerationFailed": "gyre.proxy.router",
@@ -37,11 +39,11 @@ _EXPORTS = {
     "ScriptedEngine": "gyre.proxy.engines",
     "ChatRenderer": "gyre.proxy.render",
     "TitoSession": "gyre.proxy.tito",
-    "PreparedInput": "gyre.proxy.tito",
+    "PreparedInput": "gyre.proxy.tito_input",
     "Message": "gyre.proxy.messages",
     "ToolCall": "gyre.proxy.messages",
     "ChatRequest": "gyre.proxy.messages",
-    "normalize": "gyre.proxy.normalize",
+    "normalize": "gyre.proxy.api",
     "OutputParser": "gyre.proxy.parse",
     "parse_output": "gyre.proxy.parse",
     "classify_role": "gyre.proxy.roles",

@@ -1,9 +1,7 @@
 """The engine interface the proxy needs, adapters, and a scripted engine for tests and benches.
 
-Source: DESIGN.md §3.1 ("Routing"), §5 (engines speak SGLang's native ``/generate`` with
-``input_ids`` and ``return_logprob``); BACKENDS.md "SGLang's native HTTP API".
-
-The proxy needs only two operations from an engine (:class:`Engine`):
+Engines speak SGLang's native ``/generate`` API (``input_ids`` in, output ids with
+``return_logprob`` out). The proxy needs only two operations from an engine (:class:`Engine`):
 
 * ``generate_stream(input_ids, sampling_params, rid)`` -- an async iterator of
   :class:`EngineChunk` deltas (new output ids, their behaviour log-probs), the last one carrying

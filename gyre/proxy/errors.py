@@ -1,5 +1,5 @@
-"""Errors in each API's own shape (DESIGN.md §7: "HTTP 4xx with a JSON error body in the API's
-own error shape").
+"""Errors in each API's own shape: an HTTP status with the JSON error body that API's clients
+expect.
 
 Shapes (upstream docs):
 
@@ -18,14 +18,19 @@ from typing import Any
 
 __all__ = ["ProxyError", "error_body", "ANTHROPIC_ERROR_TYPES"]
 
-ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+#: Error types both APIs give a status.
+_CLIENT_TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
-    413: "request_too_large",
     422: "invalid_request_error",
+}
+
+ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+    **_CLIENT_TYPES,
+    413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
     502: "api_error",
@@ -35,13 +40,8 @@ ANTHROPIC_ERROR_TYPES: dict[int, str] = {
 }
 
 _OPENAI_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
+    **_CLIENT_TYPES,
     413: "invalid_request_error",
-    422: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "server_error",
     502: "server_error",

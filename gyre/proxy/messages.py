@@ -1,8 +1,6 @@
 """The proxy's internal message form: one shape for Anthropic, Chat Completions and Responses.
 
-Source: DESIGN.md §3.1 (front ends, rendering), the issue's "normalise the incoming request".
-
-Every front end (:mod:`gyre.proxy.normalize`) turns its request into a :class:`ChatRequest`:
+Every API module (:mod:`gyre.proxy.api`) turns its request into a :class:`ChatRequest`:
 a list of :class:`Message` in *chat-template order* (the order the model's chat template
 renders them), the offered tools as OpenAI-style function schemas, and sampling parameters.
 The form is exactly what a Hugging Face chat template consumes
@@ -67,6 +65,10 @@ class ToolCall:
         """What the template renders of this call: ``(name, arguments text)``."""
         return (self.name, self.arguments)
 
+    def openai_dict(self) -> dict[str, Any]:
+        """The call as an OpenAI ``tool_calls`` entry (also the chat template's input form)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -109,10 +111,7 @@ class Message:
         if self.reasoning:
             d["reasoning_content"] = self.reasoning
         if self.tool_calls:
-            d["tool_calls"] = [
-                {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
-                for tc in self.tool_calls
-            ]
+            d["tool_calls"] = [tc.openai_dict() for tc in self.tool_calls]
         if self.tool_call_id is not None:
             d["tool_call_id"] = self.tool_call_id
         return d
@@ -142,7 +141,7 @@ class SamplingOptions:
         defaults: dict[str, Any] | None = None,
         forced: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """SGLang ``sampling_params`` (BACKENDS.md, "SGLang's native HTTP API").
+        """SGLang ``sampling_params`` for the native ``/generate`` API.
 
         ``defaults`` fill what the request left unset; ``forced`` override the request (e.g. an
         RL run that samples every rollout at temperature 1).

@@ -1,10 +1,10 @@
 """Output parsing: engine token ids -> reasoning, text and tool calls, incrementally.
 
-Source: DESIGN.md §3.1 ("Output parsing"); the model format is Qwen/Hermes (``<think>\\n...
+The model format is Qwen/Hermes (``<think>\\n...
 \\n</think>\\n\\n`` then text, then ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
 </tool_call>`` blocks separated by ``\\n``), i.e. the inverse of ``gyre/chat_template.jinja``'s
 assistant turn, so that ``parse(render(message)) == message`` for every message the template can
-render (tested in ``tests/proxy/test_parse.py``).
+render (tested in ``tests/proxy/test_render_parse.py``).
 
 Rules:
 
@@ -200,6 +200,13 @@ class OutputParser:
         """The parsed output (call after :meth:`finish`)."""
         return ParsedOutput(list(self._parts), getattr(self, "_finish_reason", "stop"), self._malformed)
 
+    def _emit_until_tag(self, events: list[OutputEvent], kind: str, buf: str, tag: str, final: bool) -> None:
+        """``buf`` holds no ``tag`` yet: emit it, except (unless ``final``) a suffix that could
+        still become ``"\n" + tag``, which stays buffered."""
+        hold = 0 if final else _held_suffix(buf, "\n" + tag)
+        self._emit(events, kind, buf[: len(buf) - hold])
+        self._buf = buf[len(buf) - hold:]
+
     def _step(self, events: list[OutputEvent], final: bool) -> None:
         while True:
             st = self._state
@@ -234,13 +241,7 @@ class OutputParser:
                     self._state = "after_think"
                     self._after_think = 2
                     continue
-                if final:
-                    self._emit(events, "reasoning", buf)
-                    self._buf = ""
-                    return
-                hold = _held_suffix(buf, "\n" + THINK_CLOSE)
-                self._emit(events, "reasoning", buf[: len(buf) - hold])
-                self._buf = buf[len(buf) - hold:]
+                self._emit_until_tag(events, "reasoning", buf, THINK_CLOSE, final)
                 return
             if st == "after_think":  # strip the template's "\n\n" after </think>
                 while self._after_think and self._buf.startswith("\n"):
@@ -263,13 +264,7 @@ class OutputParser:
                     self._buf = buf[i + len(CALL_OPEN):]
                     self._state = "call"
                     continue
-                if final:
-                    self._emit(events, "text", buf)
-                    self._buf = ""
-                    return
-                hold = _held_suffix(buf, "\n" + CALL_OPEN)
-                self._emit(events, "text", buf[: len(buf) - hold])
-                self._buf = buf[len(buf) - hold:]
+                self._emit_until_tag(events, "text", buf, CALL_OPEN, final)
                 return
             if st == "call":
                 i = buf.find(CALL_CLOSE)

@@ -1,8 +1,5 @@
 """Group commit of request records to the trajectory store, off the event loop.
 
-Source: DESIGN.md §3.1 ("Records are appended to durable storage as they complete, so a crash of
-the trainer loses no finished call").
-
 The proxy must not send a response before its record is stored, and must not block its event
 loop on disk I/O. :class:`RecordSink` runs one writer thread (the store's writers are not
 thread-safe) that takes every record queued so far, appends them
@@ -10,8 +7,7 @@ thread-safe) that takes every record queued so far, appends them
 fsyncs each touched file *once* for the whole batch before resolving the waiting calls. Under
 load the fsync cost is shared by all calls of a batch (group commit) instead of being paid per
 record in series. With ``fsync=False`` a record counts as stored once it is written and flushed
-to the operating system (it survives a crash of the process -- DESIGN.md's "crash of the
-trainer"); the thread then fsyncs the touched files every ``fsync_interval_s`` seconds in the
+to the operating system (it survives a crash of the process); the thread then fsyncs the touched files every ``fsync_interval_s`` seconds in the
 background (machine-crash window: that interval). Use a store built with ``fsync_every=0`` so
 that the store does not fsync each record itself (a store with ``fsync_every=1`` still works,
 just without the batching gain).

@@ -1,8 +1,5 @@
 """Chat-template rendering of *new* messages at message boundaries (the "delta" of a request).
 
-Source: DESIGN.md §3.1 ("only new content is rendered and encoded (render the delta messages at
-message boundaries)"); BACKENDS.md "Chat-template facts the proxy must respect".
-
 The template is the model's own (``tokenizer.chat_template``, rendered with
 ``tokenizer.apply_chat_template(..., tokenize=False)``, as SGLang's and vLLM's OpenAI servers
 do; control tokens inside message text are not escaped, matching them). The renderer never
@@ -69,6 +66,8 @@ class ChatRenderer:
 
     Attributes (probed once from the template):
         eos_id: ``tokenizer.eos_token_id`` (``<|im_end|>`` for Qwen).
+        stop_ids: token ids that end a generation and are not text (EOS and, if set, the pad
+            token, e.g. ``<|endoftext|>``), sorted.
         assistant_close: text the template writes after an assistant message's content
             (``"<|im_end|>\\n"`` for ChatML).
         after_eos: the part of ``assistant_close`` after the EOS text (``"\\n"``): a template
@@ -86,6 +85,8 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.eos_id: int = int(tokenizer.eos_token_id)
         self.eos_text: str = tokenizer.eos_token
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.stop_ids: list[int] = sorted({self.eos_id} | ({int(pad)} if pad is not None else set()))
         self._fast = getattr(tokenizer, "_tokenizer", None)
         user = {"role": ROLE_USER, "content": "u"}
         with_gen = self.render([user], add_generation_prompt=True)

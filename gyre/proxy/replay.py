@@ -1,12 +1,10 @@
 """Replay of recorded harness request logs through the proxy's pure core (no HTTP, no model).
 
-Source: the issue's ``tools/replay_trace.py`` item; trace format in ``shared/traces/README.md``.
-
-Each logged model request goes through exactly what the server does -- normalisation
-(:mod:`~gyre.proxy.normalize`), role classification (:mod:`~gyre.proxy.roles`), restoration
-and TITO assembly (:class:`~gyre.proxy.tito.TitoSession`), output parsing
-(:mod:`~gyre.proxy.parse`) and response shaping (:mod:`~gyre.proxy.frontends`) -- with a
-*teacher-forced* engine that "samples" the logged reply rendered in the model's format
+Each logged model request (a JSON line with ``method``, ``path``, ``headers``, ``body`` and
+``response.message``) goes through what the server does -- normalisation and response shaping
+(:mod:`~gyre.proxy.api`), role classification (:mod:`~gyre.proxy.roles`), restoration and TITO
+assembly (:class:`~gyre.proxy.tito.TitoSession`), output parsing (:mod:`~gyre.proxy.parse`) --
+with a *teacher-forced* engine that "samples" the logged reply rendered in the model's format
 (:meth:`~gyre.proxy.render.ChatRenderer.assistant_output_text`). Ids the proxy hands out are the
 logged ones, so the harness's next logged request refers to them. Attempts that got no complete
 reply (``injected`` failures, ``count_tokens``, probes) are skipped.
@@ -35,24 +33,15 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from gyre.proxy.frontends import IdFactory, make_builder
-from gyre.proxy.messages import Message
-from gyre.proxy.normalize import (
-    anthropic_assistant_message,
-    chat_assistant_message,
-    normalize,
-    responses_output_message,
-)
+from gyre.proxy.api import MODEL_PATHS, make_builder, normalize, reply_message
+from gyre.proxy.api.common import IdFactory
 from gyre.proxy.parse import OutputParser
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.roles import classify_role, harness_metadata
 from gyre.proxy.tito import TitoSession
 from gyre.trajectory.records import RequestRecord
 
-__all__ = ["ReplayIds", "ReplayResult", "replay_trace", "replay_records", "recorded_message", "MODEL_PATHS"]
-
-#: Request paths of model calls, by API.
-MODEL_PATHS = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+__all__ = ["ReplayIds", "ReplayResult", "replay_trace", "replay_records"]
 
 
 class ReplayIds(IdFactory):
@@ -96,15 +85,6 @@ class ReplayIds(IdFactory):
 
     def signature(self) -> str:
         return self._pop("sig") or super().signature()
-
-
-def recorded_message(api: str, message: dict[str, Any]) -> Message:
-    """The assistant :class:`Message` of a logged reply object."""
-    if api == "anthropic":
-        return anthropic_assistant_message(message.get("content") or [])
-    if api == "chat":
-        return chat_assistant_message((message.get("choices") or [{}])[0].get("message") or {})
-    return responses_output_message(message.get("output") or [])
 
 
 # ----------------------------------------------------------------------------- loose API-level view
@@ -227,7 +207,7 @@ def replay_records(
     """
     session = TitoSession(execution_id, renderer, append=append)
     res = ReplayResult(tree=session.tree, session=session)
-    stop_ids = sorted(session._stop_ids())
+    stop_ids = renderer.stop_ids
     done: list[tuple[Any, list[Any], RequestRecord]] = []  # (ctx, history+reply, record)
     seen: Counter[tuple[bytes, bytes]] = Counter()
     for line in lines:
@@ -251,7 +231,7 @@ def replay_records(
             if full != prep.input_ids.tolist():
                 res.render_mismatches += 1
         # teacher-forced engine: the logged reply in the model's format
-        want = recorded_message(api, reply)
+        want = reply_message(api, reply)
         out_text = renderer.assistant_output_text(want, req.template_kwargs)
         out_ids = renderer.encode(out_text)
         parser = OutputParser(renderer.decode, stop_ids, req.tool_kinds, starts_in_reasoning=prep.starts_in_reasoning)

@@ -1,11 +1,7 @@
 """Role classification of model calls from harness headers and prompts, and harness metadata.
 
-Source: DESIGN.md §1 (roles), the issue's "Harness-specific headers (session, sub-agent, window
-ids) are kept in record metadata and feed role classification through per-harness rules plus a
-generic fallback"; ``shared/traces/README.md`` (how each harness signals sub-agents, compaction
-and auxiliary calls).
-
-Rules, first match wins:
+Harness-specific headers (session, sub-agent and window ids) are kept in record metadata and
+feed the classification: per-harness rules, then a generic fallback; first match wins:
 
 1. An explicit ``x-gyre-role`` header (``main``/``subagent``/``compaction``/``auxiliary``/
    ``evaluator``), e.g. from Gyre's own agentic judge.

@@ -1,10 +1,8 @@
 """Routing of executions to engines and transparent retry of aborted/failed generations.
 
-Source: DESIGN.md §3.1 ("Routing": each execution pinned to an engine; the route can change at
-any time; a request cancelled by a role transition is retried at the new destination and the
-harness sees one normal response), §4.3 (harness-preserving role transitions); paper §4.3.
-
-:class:`Router` holds the engines and the route table (execution -> engine id). The scheduler
+Each execution is pinned to one engine; the route can change at any time, and a request
+cancelled by a role transition is retried at the new destination while the harness sees one
+normal response. :class:`Router` holds the engines and the route table (execution -> engine id). The scheduler
 changes routes with :meth:`Router.set_route` / :meth:`Router.reroute_engine` and cancels
 outstanding requests on a source engine with :meth:`Router.abort_engine`.
 
@@ -12,8 +10,8 @@ outstanding requests on a source engine with :meth:`Router.abort_engine`.
 with ``"abort"`` (role transition, pause) or fails (:class:`~gyre.proxy.engines.EngineUnavailable`),
 it re-issues it on the execution's *current* route, continuing from what was already generated:
 the new request's input is ``input_ids ++ output so far`` and its ``max_new_tokens`` is reduced
-by the tokens already produced (SGLang-native continuation; the KV cache of the prefix is
-recomputed or transferred by the engine). The caller sees one uninterrupted stream; each
+by the tokens already produced (SGLang-native continuation; the destination engine recomputes
+the KV cache of the prefix). The caller sees one uninterrupted stream; each
 :class:`Attempt` is reported for the record's metadata. Retries wait with exponential backoff
 (``retry_backoff_s`` doubling up to ``retry_backoff_max_s``) while the route stays on a failing
 engine, and give up after ``retry_timeout_s`` seconds (:class:`GenerationFailed`).

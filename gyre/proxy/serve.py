@@ -1,6 +1,6 @@
 """Engines + proxy without training: point any harness at Gyre (``tools/serve_rollout.py``).
 
-Source: the issue's item 6. Flags are Gyre's own (``gyre/arguments.py``: ``--config FILE``
+Flags are Gyre's own (``gyre/arguments.py``: ``--config FILE``
 supplies defaults) plus ``--port`` and ``--save-dir``; the Megatron (training) flags are not
 needed here.
 

@@ -1,37 +1,23 @@
-"""The proxy's HTTP server: Anthropic, Chat Completions and Responses front ends with TITO recording.
+"""The proxy's HTTP server: the three model APIs with token-in/token-out recording.
 
-Source: DESIGN.md §3.1 (proxy and TITO), §2 (proxy threads on rank 0); the issue's "Build"
-items 1-5. HTTP and SSE use FastAPI/uvicorn and ``sse-starlette``.
+Endpoints (FastAPI/uvicorn, SSE through ``sse-starlette``): ``POST /v1/messages`` and ``POST
+/v1/messages/count_tokens`` (Anthropic), ``POST /v1/chat/completions``, ``POST /v1/responses``,
+``GET /v1/models[/{id}]`` (both SDKs' list shapes in one body); the admin routes
+(:mod:`gyre.proxy.admin`). Every ``/v1`` request carries its execution's API key
+(``x-api-key`` or ``Authorization: Bearer``); an unknown or closed key gets 401 and touches no
+tree. Errors use the API's own shape (:func:`gyre.proxy.errors.error_body`); a malformed body
+is a 4xx, never a 5xx.
 
-Endpoints:
+One model call: normalise (:mod:`gyre.proxy.api`) -> classify its role -> TITO prepare
+(restore, match, assemble ``input_ids``) -> :meth:`Router.generate` (engine, transparent retry)
+-> parse output tokens as they arrive -> the API's response (SSE events as tokens arrive). The
+record is committed (store, then tree) *before* the closing events or the plain body go out,
+so the harness's next request always finds it. It is ``delivered`` when the client is still
+connected at that point; a client that left earlier leaves a ``delivered=false`` record (the
+generation runs in its own task), and a harness retry is then a new call.
 
-* ``POST /v1/messages`` (Anthropic Messages, stream and non-stream), ``POST
-  /v1/messages/count_tokens``; ``POST /v1/chat/completions``; ``POST /v1/responses``;
-  ``GET /v1/models`` (both SDKs' list shapes in one body).
-* Execution binding: every ``/v1`` request carries the execution's API key (``x-api-key`` or
-  ``Authorization: Bearer``). Unknown or closed keys get 401 in the API's error shape and touch no
-  tree. Bad bodies get 400 in the API's shape; the server never answers a malformed body with 5xx.
-* Admin (for ``tools/serve_rollout.py`` and debugging; ``admin_token`` protects it if set):
-  ``POST /gyre/executions`` ``{"task_id", "harness", "execution_id"?, "engine_id"?}`` ->
-  ``{"execution_id", "api_key"}``; ``POST /gyre/executions/{id}/close``; ``GET
-  /gyre/executions[/{id}]`` (counters); ``POST /gyre/routes`` ``{"execution_id", "engine_id"}``;
-  ``GET /gyre/stats`` (per-call CPU stage times); ``GET /health``.
-
-One model call: normalise -> classify role -> :meth:`TitoSession.prepare` (restore, match,
-assemble ``input_ids``) -> :meth:`Router.generate` (engine, transparent retry) -> parse output
-tokens incrementally -> shape the API's response (SSE events as tokens arrive) -> commit the
-record (store, then tree) once delivery is known: a stream is delivered when its last event was
-handed to the transport, a plain response when the client is still connected when it is sent;
-otherwise the record has ``delivered=false`` (a harness retry is then a new call, and no
-delivered duplicate arises). The record is committed *before* the closing events (or the plain
-body) are sent, so the harness's next request always finds it; the one window this leaves -- the
-client vanishing while the closing events are written -- is recorded as delivered. The generation runs in its own task, so a client that disconnects
-mid-stream still leaves a (not delivered) record.
-
-Thread model: the app runs on one event loop (``ProxyServer.start`` runs uvicorn in a background
-thread). ``prepare`` and ``commit`` are synchronous on that loop, so per-execution state needs no
-lock; public :class:`ProxyServer` methods are safe to call from other threads (they are
-marshalled onto the loop).
+The app runs on one event loop (:meth:`ProxyServer.start` serves from a background thread);
+TITO prepare and commit are synchronous on it, so per-execution state needs no lock.
 """
 
 from __future__ import annotations
@@ -39,15 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import gzip
 import json
 import logging
-import secrets
 import threading
 import time
-import zlib
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -55,21 +38,19 @@ from starlette.requests import ClientDisconnect
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gyre.proxy.engines import Engine
+from gyre.proxy.admin import Execution, ExecutionAdmin
+from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
+from gyre.proxy.api.common import IdFactory, ResponseBuilder, Sse, decode_json, read_json
 from gyre.proxy.errors import ProxyError, error_body
-from gyre.proxy.frontends import IdFactory, ResponseBuilder, Sse, make_builder
 from gyre.proxy.messages import ChatRequest
-from gyre.proxy.normalize import normalize
 from gyre.proxy.parse import OutputParser
 from gyre.proxy.recorder import RecordSink
-from gyre.proxy.render import ChatRenderer, RenderError
+from gyre.proxy.render import ChatRenderer
 from gyre.proxy.roles import classify_role, harness_metadata
 from gyre.proxy.router import Attempt, GenerationFailed, RouteError, Router
-from gyre.proxy.tito import TitoSession
-from gyre.trajectory.records import EXECUTION_ID_RE
 from gyre.trajectory.store import TrajectoryStore
 
-__all__ = ["ProxyConfig", "ProxyServer", "Execution", "ExecutionCounters"]
+__all__ = ["ProxyConfig", "ProxyServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,42 +93,6 @@ class ProxyConfig:
     forced_sampling: dict[str, Any] = field(default_factory=dict)
     durability: str = "flush"
     fsync_interval_s: float = 1.0
-
-
-@dataclass(slots=True)
-class ExecutionCounters:
-    """Per-execution counters for the scheduler and metrics (cumulative; tokens, calls)."""
-
-    calls: int = 0
-    delivered: int = 0
-    undelivered: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    reused_tokens: int = 0
-    rendered_tokens: int = 0
-    retries: int = 0
-    reroutes: int = 0
-    failed: int = 0
-    rejected: int = 0
-    restored_tool_calls: int = 0
-    malformed_tool_calls: int = 0
-    inflight: int = 0
-
-
-@dataclass
-class Execution:
-    """A registered execution: its key, harness, TITO session and counters."""
-
-    execution_id: str
-    api_key: str
-    session: TitoSession
-    task_id: str | None = None
-    harness: str | None = None
-    role_rules: Any = None
-    closed: bool = False
-    counters: ExecutionCounters = field(default_factory=ExecutionCounters)
-    created: float = field(default_factory=time.time)
-    commit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 _END = object()
@@ -239,7 +184,6 @@ class _Call:
         stream always finds its previous call recorded. A client that disconnects earlier
         leaves a record with ``delivered=false`` (committed by the generation task).
         """
-        api = self.req.api
         try:
             while True:
                 item = await self.queue.get()
@@ -248,7 +192,7 @@ class _Call:
                 yield self._event(item)
             if self.error is not None:
                 self.set_delivered(False)
-                yield self._error_event(api, self.error)
+                yield self._event(self.builder.error_event(self.error))
                 return
             await self.commit_once(True)
             self.set_delivered(True)
@@ -263,18 +207,8 @@ class _Call:
         payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         return ServerSentEvent(payload, event=name, sep="\n")
 
-    def _error_event(self, api: str, err: ProxyError) -> ServerSentEvent:
-        body = error_body(api, err.status, err.message)
-        if api == "anthropic":
-            return ServerSentEvent(json.dumps(body), event="error", sep="\n")
-        if api == "responses":
-            resp = {"id": self.builder.id, "object": "response", "status": "failed",
-                    "error": {"code": "server_error", "message": err.message}}
-            return ServerSentEvent(json.dumps({"type": "response.failed", "response": resp}), event="response.failed", sep="\n")
-        return ServerSentEvent(json.dumps(body), sep="\n")
 
-
-class ProxyServer:
+class ProxyServer(ExecutionAdmin):
     """The proxy (see the module docstring).
 
     Args:
@@ -307,8 +241,7 @@ class ProxyServer:
         self.ids = ids
         self.executions: dict[str, Execution] = {}
         self._by_key: dict[str, Execution] = {}
-        pad = getattr(renderer.tokenizer, "pad_token_id", None)
-        self.stop_ids = sorted({renderer.eos_id} | ({int(pad)} if pad is not None else set()))
+        self.stop_ids = renderer.stop_ids
         self._rid = 0
         self._rr = 0
         #: per-call CPU stage times (seconds): parse_s, normalize_s, match_s, render_s, record_s,
@@ -326,134 +259,6 @@ class ProxyServer:
         self._server = None
         self.host, self.port = "127.0.0.1", 0
         self.app = self._build_app()
-
-    # ------------------------------------------------------------------ thread-safe public API
-    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            return fn(*args, **kw)
-        try:
-            if asyncio.get_running_loop() is loop:
-                return fn(*args, **kw)
-        except RuntimeError:
-            pass
-
-        async def _run():
-            return fn(*args, **kw)
-
-        return asyncio.run_coroutine_threadsafe(_run(), loop).result()
-
-    def add_engine(self, engine: Engine) -> None:
-        """Register an engine with the router."""
-        self._call(self.router.add_engine, engine)
-
-    def register_execution(
-        self,
-        execution_id: str | None = None,
-        *,
-        task_id: str | None = None,
-        harness: str | None = None,
-        engine_id: str | None = None,
-        api_key: str | None = None,
-        role_rules: Any = None,
-    ) -> Execution:
-        """Register an execution and pin it to ``engine_id`` (default: the least loaded engine).
-
-        ``harness`` (``"claude-code"``, ``"codex"``, ...) selects the built-in role rules
-        (:mod:`gyre.proxy.roles`); ``role_rules`` -- any object with ``classify(headers, body) ->
-        role``, e.g. a harness adapter's ``gyre.harness.roles.RoleRules`` -- replaces them.
-        Returns the :class:`Execution`; give its ``api_key`` to the harness.
-
-        Raises:
-            ValueError: bad or duplicate execution id, or no engine to route to.
-        """
-        return self._call(self._register, execution_id, task_id, harness, engine_id, api_key, role_rules)
-
-    def _register(self, execution_id, task_id, harness, engine_id, api_key, role_rules=None) -> Execution:
-        eid = execution_id or f"exec-{secrets.token_hex(6)}"
-        if not EXECUTION_ID_RE.match(eid):
-            raise ValueError(f"bad execution id {eid!r}")
-        if eid in self.executions:
-            raise ValueError(f"execution {eid!r} already registered")
-        if engine_id is None:
-            engine_id = self._least_loaded()
-        if engine_id not in self.router.engines:
-            raise ValueError(f"unknown engine {engine_id!r}")
-        key = api_key or f"gyre-{secrets.token_urlsafe(24)}"
-        if key in self._by_key:
-            raise ValueError("api key already in use")
-        session = TitoSession(eid, self.renderer, restore_reasoning=self.config.restore_reasoning)
-        ex = Execution(eid, key, session, task_id=task_id, harness=harness, role_rules=role_rules)
-        self.executions[eid] = ex
-        self._by_key[key] = ex
-        self.router.set_route(eid, engine_id)
-        return ex
-
-    def _least_loaded(self) -> str:
-        if not self.router.engines:
-            raise ValueError("no engine registered")
-        load: dict[str, int] = {e: 0 for e in self.router.engines}
-        for eid, r in self.router.routes.items():
-            ex = self.executions.get(eid)
-            if r in load and ex is not None and not ex.closed:
-                load[r] += 1
-        best = min(load.values())
-        cands = [e for e in load if load[e] == best]
-        self._rr += 1
-        return cands[self._rr % len(cands)]
-
-    def close_execution(self, execution_id: str) -> ExecutionCounters:
-        """Close an execution: its key stops working (401), its route is dropped, its record
-        file is closed. Calls in flight still finish and are recorded.
-
-        Raises:
-            KeyError: unknown execution.
-        """
-        return self._call(self._close, execution_id)
-
-    def _close(self, execution_id: str) -> ExecutionCounters:
-        ex = self.executions[execution_id]
-        if not ex.closed:
-            ex.closed = True
-            self._by_key.pop(ex.api_key, None)
-            if ex.counters.inflight == 0:
-                self._finalise(ex)
-        return ex.counters
-
-    def _finalise(self, ex: Execution) -> None:
-        self.router.drop_route(ex.execution_id)
-        if self._sink is not None:
-            self._sink.close_execution(ex.execution_id)
-
-    def set_route(self, execution_id: str, engine_id: str) -> None:
-        """Pin an execution to another engine (retries of in-flight requests follow it)."""
-        self._call(self.router.set_route, execution_id, engine_id)
-
-    def reroute_engine(self, source: str, destination: str) -> list[str]:
-        """Move every execution routed to ``source`` to ``destination``; return their ids."""
-        return self._call(self.router.reroute_engine, source, destination)
-
-    def abort_engine(self, engine_id: str) -> int:
-        """Abort the requests in flight on ``engine_id`` (they retry on their current routes)."""
-        loop = self._loop
-        if loop is not None and loop.is_running():
-            try:
-                if asyncio.get_running_loop() is loop:
-                    raise RuntimeError("use `await server.router.abort_engine(...)` on the server loop")
-            except RuntimeError as exc:
-                if "server loop" in str(exc):
-                    raise
-            return asyncio.run_coroutine_threadsafe(self.router.abort_engine(engine_id), loop).result()
-        return asyncio.run(self.router.abort_engine(engine_id))
-
-    def counters(self, execution_id: str) -> dict[str, int]:
-        """A copy of the execution's :class:`ExecutionCounters` as a dict."""
-        return self._call(lambda: asdict(self.executions[execution_id].counters))
-
-    def tree(self, execution_id: str):
-        """The execution's in-memory :class:`~gyre.trajectory.tree.TrajectoryTree` (read it on
-        the server loop or after the execution's calls finished)."""
-        return self.executions[execution_id].session.tree
 
     # ------------------------------------------------------------------ serving
     @property
@@ -607,26 +412,6 @@ class ProxyServer:
             raise ProxyError(401, "invalid or closed API key" if key else "missing API key")
         return ex
 
-    @classmethod
-    async def _json(cls, request: Request) -> Any:
-        return cls._decode_json(await request.body(), request.headers.get("content-encoding", ""))
-
-    @staticmethod
-    def _decode_json(raw: bytes, encoding: str) -> Any:
-        enc = encoding.lower()
-        try:
-            if enc == "gzip":
-                raw = gzip.decompress(raw)
-            elif enc == "deflate":
-                raw = zlib.decompress(raw)
-            elif enc not in ("", "identity"):
-                raise ProxyError(415, f"unsupported content-encoding {enc!r}")
-            return json.loads(raw)
-        except ProxyError:
-            raise
-        except (ValueError, OSError, zlib.error, RecursionError) as exc:
-            raise ProxyError(400, f"request body is not valid JSON: {type(exc).__name__}") from None
-
     async def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str], body: Any = None):
         harness = ex.harness if ex.harness in ("claude-code", "codex") else None
         role = None
@@ -643,9 +428,7 @@ class ProxyServer:
             meta["task_id"] = ex.task_id
         try:
             prep = await ex.session.prepare_async(req, self._encoders)
-        except RenderError as exc:
-            raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
-        except Exception as exc:  # jinja errors (e.g. raise_exception in the template)
+        except Exception as exc:  # RenderError, or jinja errors (e.g. raise_exception in the template)
             raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
         return role, meta, prep
 
@@ -657,7 +440,7 @@ class ProxyServer:
             except ClientDisconnect:  # the client left while sending: nothing to answer or record
                 return Response(status_code=499)
             t0 = time.perf_counter()
-            body = self._decode_json(raw, request.headers.get("content-encoding", ""))
+            body = decode_json(raw, request.headers.get("content-encoding", ""))
             t1 = time.perf_counter()
             req = normalize(api, body)
             t2 = time.perf_counter()
@@ -699,7 +482,7 @@ class ProxyServer:
 
     async def _count_tokens(self, request: Request):
         ex = self._auth(request)
-        body = await self._json(request)
+        body = await read_json(request)
         if isinstance(body, dict) and "max_tokens" not in body:
             body = dict(body, max_tokens=1)
         req = normalize("anthropic", body)
@@ -711,14 +494,6 @@ class ProxyServer:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gyre",
                                             "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}],
                 "has_more": False, "first_id": name, "last_id": name}
-
-    def _check_admin(self, request: Request) -> None:
-        tok = self.config.admin_token
-        if tok is None:
-            return
-        auth = request.headers.get("authorization", "")
-        if not secrets.compare_digest(auth, f"Bearer {tok}"):
-            raise ProxyError(401, "admin token required")
 
     @staticmethod
     def _api_of(request: Request) -> str:
@@ -759,21 +534,18 @@ class ProxyServer:
                 self._loop = asyncio.get_running_loop()
             return await call_next(request)
 
-        @app.post("/v1/messages")
-        async def messages(request: Request):
-            return await self._model_call(request, "anthropic")
+        def model_route(api: str):
+            async def route(request: Request):
+                return await self._model_call(request, api)
+
+            return route
+
+        for path, api in MODEL_PATHS.items():
+            app.post(path)(model_route(api))
 
         @app.post("/v1/messages/count_tokens")
         async def count_tokens(request: Request):
             return await self._count_tokens(request)
-
-        @app.post("/v1/chat/completions")
-        async def chat_completions(request: Request):
-            return await self._model_call(request, "chat")
-
-        @app.post("/v1/responses")
-        async def responses(request: Request):
-            return await self._model_call(request, "responses")
 
         @app.get("/v1/models")
         async def models(request: Request):
@@ -788,71 +560,5 @@ class ProxyServer:
                 raise ProxyError(404, f"model {model_id!r} not found")
             return JSONResponse(body)
 
-        @app.get("/health")
-        async def health():
-            return {"status": "ok", "executions": sum(not e.closed for e in self.executions.values()),
-                    "engines": sorted(self.router.engines)}
-
-        @app.post("/gyre/executions")
-        async def register(request: Request):
-            self._check_admin(request)
-            body = await self._json(request)
-            if not isinstance(body, dict):
-                raise ProxyError(400, "body must be an object")
-            for k in ("task_id", "harness", "execution_id", "engine_id", "api_key"):
-                if body.get(k) is not None and not isinstance(body[k], str):
-                    raise ProxyError(400, f"{k} must be a string", param=k)
-            try:
-                ex = self._register(body.get("execution_id"), body.get("task_id"), body.get("harness"),
-                                    body.get("engine_id"), body.get("api_key"))
-            except ValueError as exc:
-                raise ProxyError(409 if "already" in str(exc) else 400, str(exc)) from None
-            return {"execution_id": ex.execution_id, "api_key": ex.api_key,
-                    "engine_id": self.router.routes.get(ex.execution_id)}
-
-        @app.post("/gyre/executions/{execution_id}/close")
-        async def close(request: Request, execution_id: str):
-            self._check_admin(request)
-            if execution_id not in self.executions:
-                raise ProxyError(404, f"unknown execution {execution_id!r}")
-            return {"execution_id": execution_id, "counters": asdict(self._close(execution_id))}
-
-        @app.get("/gyre/executions")
-        async def list_executions(request: Request):
-            self._check_admin(request)
-            return {"executions": [{"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness,
-                                    "closed": e.closed, "engine_id": self.router.routes.get(e.execution_id),
-                                    "counters": asdict(e.counters)} for e in self.executions.values()]}
-
-        @app.get("/gyre/executions/{execution_id}")
-        async def get_execution(request: Request, execution_id: str):
-            self._check_admin(request)
-            e = self.executions.get(execution_id)
-            if e is None:
-                raise ProxyError(404, f"unknown execution {execution_id!r}")
-            return {"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness, "closed": e.closed,
-                    "engine_id": self.router.routes.get(e.execution_id), "counters": asdict(e.counters),
-                    "records": len(e.session.tree.records), "leaves": len(e.session.tree.leaves())}
-
-        @app.get("/gyre/stats")
-        async def stats(request: Request):
-            self._check_admin(request)
-            return {"stage_times": list(self.stage_times)}
-
-        @app.post("/gyre/routes")
-        async def set_route(request: Request):
-            self._check_admin(request)
-            body = await self._json(request)
-            if not isinstance(body, dict) or not isinstance(body.get("execution_id"), str) \
-                    or not isinstance(body.get("engine_id"), str):
-                raise ProxyError(400, "body must be {\"execution_id\": str, \"engine_id\": str}")
-            if body["execution_id"] not in self.executions:
-                raise ProxyError(404, f"unknown execution {body['execution_id']!r}")
-            try:
-                self.router.set_route(body["execution_id"], body["engine_id"])
-            except RouteError as exc:
-                raise ProxyError(400, str(exc)) from None
-            return {"execution_id": body["execution_id"], "engine_id": body["engine_id"]}
-
+        self._add_admin_routes(app)
         return app
-

@@ -1,39 +1,22 @@
-"""Token-in/token-out assembly on an execution's trajectory tree, with tool-call restoration.
+"""Token-in/token-out (TITO) assembly on an execution's trajectory tree, with restoration of
+the proxy's own outputs. One :class:`TitoSession` per execution; for each request it
 
-Source: DESIGN.md §3.1 (TITO, tool-call restoration), §3.2 (trees); BACKENDS.md
-"Chat-template facts the proxy must respect"; paper §5.1.
+1. **restores** (:meth:`TitoSession.restore`): a tool call whose id the proxy returned gets
+   its original argument text back when the incoming text is the same JSON value (compared
+   canonically: key order and whitespace ignored, ``1``/``1.0``/``true`` kept apart); an
+   assistant message recognised as an earlier output (by call ids, item ids or content, also
+   without its reasoning when ``restore_reasoning``) is *identified* with it;
+2. **matches** the messages against the execution's message trie
+   (:mod:`gyre.proxy.tito_input`) down to the deepest cuttable boundary;
+3. **assembles** ``input_ids``: the stored tokens up to that boundary, verbatim, then the new
+   messages rendered at message boundaries (:mod:`gyre.proxy.render`), each identified output
+   spliced in as its original generation prompt + sampled ids + close, then the generation
+   prompt.
 
-One :class:`TitoSession` per execution. For each request it:
-
-1. **restores** the proxy's own earlier outputs (:meth:`TitoSession.restore`): every tool call
-   whose id the proxy returned gets its *original* argument text back when the incoming one is
-   the same JSON value (compared parsed, canonically: key order and whitespace ignored, ``1``
-   vs ``1.0`` vs ``true`` distinguished); the incoming id is kept. An assistant message that
-   is one of the proxy's outputs -- recognised by its call ids, item ids (Responses reasoning/
-   message ids, Anthropic thinking signatures) or its content -- is *identified* with that
-   output, also when the harness dropped its reasoning (``restore_reasoning``).
-2. **matches** the restored message list against a *message trie* of everything already
-   tokenised in this execution (keys: tools + template kwargs, then :meth:`Message.key` per
-   message; identified outputs are keyed by their call). Trie nodes at cuttable boundaries
-   (:mod:`gyre.proxy.render`) point into a stored record's ``input ++ output`` tokens.
-3. **assembles** ``input_ids`` = stored tokens up to the deepest cuttable match (verbatim,
-   never re-tokenised) + the template's text after a sampled EOS (``"\\n"``, provenance
-   external) + the *new* messages rendered at message boundaries, where each identified output
-   is spliced in as its original generation prompt + sampled ids + close (so a
-   post-compaction context carrying an earlier reply keeps the model's own tokens) + the
-   generation prompt.
-
-:meth:`TitoSession.commit` turns the engine result into a
-:class:`~gyre.trajectory.records.RequestRecord`, appends it to durable storage (``append``
-callback) *first*, then inserts it into the :class:`~gyre.trajectory.tree.TrajectoryTree` and
-the trie, and caches the output for later restoration (delivered outputs only: an output the
-harness never received cannot come back).
-
-Cost per request: O(messages) dict/hash work (C-speed comparisons of message text) plus
-rendering/encoding of the new messages only; the reused prefix is one array slice.
-
-Not thread-safe: the caller serialises :meth:`prepare`/:meth:`commit` per execution (the
-generation in between may overlap with other calls of the same execution).
+:meth:`TitoSession.commit` builds the :class:`~gyre.trajectory.records.RequestRecord`, hands it
+to durable storage first, then inserts it into the tree and the trie and, if delivered, keeps
+the output for restoration. Not thread-safe: the caller serialises prepare and commit per
+execution.
 """
 
 from __future__ import annotations
@@ -41,20 +24,18 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
 import numpy as np
 
 from gyre.proxy.messages import ROLE_ASSISTANT, ChatRequest, Message, ToolCall
 from gyre.proxy.render import ChatRenderer, RenderError
-from gyre.trajectory.records import Provenance, RequestRecord
+from gyre.proxy.tito_input import InputPlan, OutputEntry, PreparedInput, TextRef, TrieNode
+from gyre.trajectory.records import RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
-__all__ = ["TitoSession", "PreparedInput", "OutputEntry", "TitoStats"]
-
-_EXT = int(Provenance.EXTERNAL)
-_POL = int(Provenance.POLICY)
+__all__ = ["TitoSession", "TitoStats"]
 
 
 def _canonical_json(text: str) -> str | None:
@@ -63,158 +44,6 @@ def _canonical_json(text: str) -> str | None:
         return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (ValueError, RecursionError):
         return None
-
-
-@dataclass(slots=True)
-class OutputEntry:
-    """A delivered output the proxy returned, cached for restoration and splicing.
-
-    ``open_ids`` -- the generation prompt tokens of that call (``int32``); ``output_ids`` --
-    sampled ids; ``close_ids`` -- template tokens that follow it in a continued history
-    (``"\\n"`` after a sampled EOS, else EOS + ``"\\n"``); ``output_provenance`` -- ``POLICY``
-    (``EVALUATOR`` for evaluator calls).
-    """
-
-    call_index: int
-    message: Message
-    open_ids: np.ndarray
-    output_ids: np.ndarray
-    close_ids: list[int]
-    output_provenance: int = _POL
-
-
-class _Node:
-    """Message-trie node. ``end`` >= 0: a cuttable boundary after ``end`` tokens of record
-    ``ref``'s ``input ++ output`` path (-1: not cuttable); ``close``: tokens appended when a
-    history continues after this node (output nodes only)."""
-
-    __slots__ = ("key", "parent", "children", "ref", "end", "close", "message", "is_output")
-
-    def __init__(self, key: Hashable, parent: "_Node | None", message: Message | None) -> None:
-        self.key = key
-        self.parent = parent
-        self.children: dict[Hashable, _Node] = {}
-        self.ref = -1
-        self.end = -1
-        self.close: list[int] = []
-        self.message = message
-        self.is_output = False
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A trie node to create at commit: key, message, end offset (-1 = not cuttable), close."""
-
-    key: Hashable
-    message: Message
-    end: int
-    close: list[int]
-    is_output: bool
-
-
-@dataclass(slots=True)
-class PreparedInput:
-    """What :meth:`TitoSession.prepare` assembled for one request.
-
-    * ``input_ids`` -- ``int32[n]`` tokens for the engine; ``input_provenance`` -- ``int8[n]``.
-    * ``reused_tokens`` -- leading tokens taken verbatim from stored records (incl. spliced
-      outputs); ``rendered_tokens`` -- tokens produced by rendering + encoding this time.
-    * ``messages`` -- the restored messages; ``identified`` -- per message, the call index of
-      the proxy output it was identified with (or ``None``).
-    * ``restored_calls`` -- tool calls whose argument text was restored from the cache.
-    * ``starts_in_reasoning`` -- the generation prompt opens a ``<think>`` block.
-    """
-
-    input_ids: np.ndarray
-    input_provenance: np.ndarray
-    reused_tokens: int
-    rendered_tokens: int
-    messages: list[Message]
-    identified: list[int | None]
-    restored_calls: int
-    starts_in_reasoning: bool
-    gen_start: int
-    path: list[_Node] = field(default_factory=list)
-    pending: list[_Pending] = field(default_factory=list)
-    tool_kinds: dict[str, str] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-class _TextRef:
-    """Placeholder for a text whose tokens are encoded later (index into ``_Plan.texts``)."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-class _Plan:
-    """A request's input before encoding: token arrays (with provenance) and texts, in order;
-    trie nodes to create, with their boundaries as part counts."""
-
-    def __init__(self, request, messages, ident, restored, starts_in_reasoning, path) -> None:
-        self.request, self.messages, self.ident = request, messages, ident
-        self.restored, self.starts_in_reasoning, self.path = restored, starts_in_reasoning, path
-        self.parts: list[tuple[Any, np.ndarray | None]] = []  # (array | _TextRef, provenance | None)
-        self.texts: list[str] = []
-        self.pending: list[list[Any]] = []  # [key, message, is_output, close, cuttable, after_parts]
-        self.reused = 0
-        self.gen_start = -1
-
-    def text(self, text: str) -> _TextRef:
-        self.texts.append(text)
-        return _TextRef(len(self.texts) - 1)
-
-    def add(self, ids: np.ndarray, prov: np.ndarray) -> None:
-        self.parts.append((ids, prov))
-
-    def add_ext(self, ids: np.ndarray) -> None:
-        self.parts.append((ids, None))
-
-    def add_part(self, ref: Any) -> None:
-        self.parts.append((ref, None))
-
-    def pend(self, key, message, is_output: bool, close: list[int], cut: bool) -> None:
-        self.pending.append([key, message, is_output, close, cut, len(self.parts)])
-
-    def known_len(self) -> int:
-        return sum(p[0].shape[0] for p in self.parts)
-
-    def finish(self, encoded: list[list[int]]) -> PreparedInput:
-        ids_parts: list[np.ndarray] = []
-        prov_parts: list[np.ndarray] = []
-        ends = [0]
-        rendered = 0
-        for obj, prov in self.parts:
-            if isinstance(obj, _TextRef):
-                arr = np.asarray(encoded[obj.index], np.int32)
-                rendered += arr.shape[0]
-            else:
-                arr = obj
-            ids_parts.append(arr)
-            prov_parts.append(prov if prov is not None else np.full(arr.shape[0], _EXT, np.int8))
-            ends.append(ends[-1] + arr.shape[0])
-        pending = []
-        for key, message, is_output, close, cut, after in self.pending:
-            end = ends[after] if cut else -1  # an identified output's boundary is before its close
-            pending.append(_Pending(key, message, end, close, is_output))
-        input_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
-        input_prov = np.concatenate(prov_parts) if prov_parts else np.zeros(0, np.int8)
-        return PreparedInput(
-            input_ids=input_ids.astype(np.int32, copy=False),
-            input_provenance=input_prov.astype(np.int8, copy=False),
-            reused_tokens=self.reused,
-            rendered_tokens=rendered,
-            messages=self.messages,
-            identified=self.ident,
-            restored_calls=self.restored,
-            starts_in_reasoning=self.starts_in_reasoning,
-            gen_start=ends[self.gen_start] if self.gen_start >= 0 else -1,
-            path=self.path,
-            pending=pending,
-            tool_kinds=dict(self.request.tool_kinds),
-        )
 
 
 @dataclass(slots=True)
@@ -261,7 +90,7 @@ class TitoSession:
         self.append = append
         self.restore_reasoning = restore_reasoning
         self.stats = TitoStats()
-        self._root = _Node(None, None, None)
+        self._root = TrieNode(None, None, None)
         self._next_call = int(first_call_index)
         self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._recent_max = max(1, int(recent_records))
@@ -421,7 +250,7 @@ class TitoSession:
 
     def _walk(self, request: ChatRequest, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
         keys: list[Hashable] = [("out", ci) if ci is not None else m.key() for m, ci in zip(messages, ident)]
-        path: list[_Node] = []
+        path: list[TrieNode] = []
         node = self._root.children.get(self.header_key(request))
         if node is not None:
             path.append(node)
@@ -433,7 +262,7 @@ class TitoSession:
                 node = nxt
         return keys, path
 
-    def _plan(self, request, messages, ident, keys, path, restored, starts_in_reasoning) -> "_Plan":
+    def _plan(self, request, messages, ident, keys, path, restored, starts_in_reasoning) -> "InputPlan":
         """Back off to the deepest cuttable boundary that the continuation renders after."""
         depth = len(path)
         while True:
@@ -452,17 +281,17 @@ class TitoSession:
         messages: list[Message],
         ident: list[int | None],
         keys: list[Hashable],
-        path: list[_Node],
+        path: list[TrieNode],
         depth: int,
         restored: int,
         starts_in_reasoning: bool,
-    ) -> "_Plan":
+    ) -> "InputPlan":
         """Plan the input of a request: stored token arrays and texts still to encode, in order.
 
         Raises:
             RenderError: the continuation does not render after ``path[depth - 1]``.
         """
-        plan = _Plan(request, messages, ident, restored, starts_in_reasoning, path[:depth])
+        plan = InputPlan(request, messages, ident, restored, starts_in_reasoning, path[:depth])
         if depth > 0:
             anchor = path[depth - 1]
             toks, prov = self._record_arrays(anchor.ref)
@@ -496,7 +325,7 @@ class TitoSession:
                         plan.pend(keys[k], messages[k], False, [], cut=mi == seg.last)
                 if last:
                     plan.gen_start = len(plan.parts)
-                    if isinstance(d.gen_ids, _TextRef):
+                    if isinstance(d.gen_ids, TextRef):
                         plan.add_part(d.gen_ids)
                     if d.gen_in_last and plan.pending:
                         plan.pending[-1][4] = False
@@ -625,7 +454,7 @@ class TitoSession:
         for p in prepared.pending:
             child = node.children.get(p.key)
             if child is None:
-                child = _Node(p.key, node, p.message)
+                child = TrieNode(p.key, node, p.message)
                 child.end = p.end
                 child.close = p.close
                 child.is_output = p.is_output
@@ -636,7 +465,7 @@ class TitoSession:
             node = child
         if delivered and output_message is not None:
             gs = prepared.gen_start if prepared.gen_start >= 0 else rec.num_input_tokens
-            stop_end = out_ids.shape[0] > 0 and int(out_ids[-1]) in self._stop_ids()
+            stop_end = out_ids.shape[0] > 0 and int(out_ids[-1]) in self.renderer.stop_ids
             close = list(self.renderer.after_eos_ids) if stop_end else list(self.renderer.close_ids)
             e = OutputEntry(
                 ci, output_message, rec.input_ids[gs:].copy(), out_ids.copy(), close, rec.output_provenance_value()
@@ -652,17 +481,9 @@ class TitoSession:
             self._by_key_noreason[key[:2] + key[3:]] = ci
             out_node = node.children.get(("out", ci))
             if out_node is None:
-                out_node = _Node(("out", ci), node, output_message)
+                out_node = TrieNode(("out", ci), node, output_message)
                 node.children[("out", ci)] = out_node
             out_node.end = full.shape[0]
             out_node.ref = ci
             out_node.close = close
             out_node.is_output = True
-
-    def _stop_ids(self) -> frozenset[int]:
-        ids = {self.renderer.eos_id}
-        tok = self.renderer.tokenizer
-        pad = getattr(tok, "pad_token_id", None)
-        if pad is not None:
-            ids.add(int(pad))
-        return frozenset(ids)

@@ -1,4 +1,4 @@
-"""Response shapes (gyre/proxy/frontends.py): what the proxy returns, echoed back by a harness,
+"""Response shapes (the builders in gyre/proxy/api/): what the proxy returns, echoed back by a harness,
 normalises to the same message (so restoration and TITO reuse can find it)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gyre.proxy.frontends import make_builder
+from gyre.proxy.api import make_builder
 from gyre.proxy.messages import ChatRequest, Message, ToolCall
-from gyre.proxy.normalize import normalize
+from gyre.proxy.api import normalize
 from gyre.proxy.parse import OutputEvent
 
 

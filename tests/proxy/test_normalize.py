@@ -1,4 +1,4 @@
-"""Normalisation of the three APIs into the internal message form (gyre/proxy/normalize.py)."""
+"""Normalisation of the three APIs into the internal message form (gyre/proxy/api/)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import pytest
 
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.messages import Message, ToolCall
-from gyre.proxy.normalize import normalize, normalize_anthropic, normalize_chat, normalize_responses
+from gyre.proxy.api import normalize
+from gyre.proxy.api.anthropic import normalize_anthropic
+from gyre.proxy.api.openai_chat import normalize_chat
+from gyre.proxy.api.openai_responses import normalize_responses
 
 
 def test_anthropic_cache_control_string_vs_block_and_billing_header():

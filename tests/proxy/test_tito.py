@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre.proxy.frontends import IdFactory, make_builder
+from gyre.proxy.api import make_builder
+from gyre.proxy.api.common import IdFactory
 from gyre.proxy.messages import ChatRequest, Message, ToolCall
-from gyre.proxy.normalize import normalize_anthropic
+from gyre.proxy.api.anthropic import normalize_anthropic
 from gyre.proxy.parse import OutputParser
 from gyre.proxy.tito import TitoSession
 from gyre.trajectory.records import Provenance
