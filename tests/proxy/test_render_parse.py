@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -59,7 +60,9 @@ def test_probed_template_facts(local_renderer):
 
 _TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>", "<|im_start|>", "<|endoftext|>",
          "<tool_response>", "</tool_response>")
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40).filter(lambda s: not any(t in s for t in _TAGS))
+# the Qwen tokenizer applies NFC normalisation, so text that NFC changes cannot round-trip (e.g. U+F900)
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40).filter(
+    lambda s: not any(t in s for t in _TAGS) and unicodedata.normalize("NFC", s) == s)
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-1000, 1000) | _text,
     lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3), max_leaves=6)
