@@ -37,6 +37,7 @@ _LAZY = {
     "FINAL_MESSAGE_KEY": "gyre.harness.base",
     "HARNESSES": "gyre.harness.registry",
     "Harness": "gyre.harness.base",
+    "HarnessConfig": "gyre.harness.registry",
     "HarnessInstallError": "gyre.harness.install",
     "HarnessPackage": "gyre.harness.install",
     "HarnessProcess": "gyre.harness.process",
@@ -60,7 +61,9 @@ _LAZY = {
     "executions_root": "gyre.harness.base",
     "harness_cache_dir": "gyre.harness.install",
     "harness_from_args": "gyre.harness.registry",
+    "harness_from_config": "gyre.harness.registry",
     "isolation_supported": "gyre.harness.process",
+    "load_harness_class": "gyre.harness.registry",
     "make_harness": "gyre.harness.registry",
     "request_texts": "gyre.harness.roles",
 }
