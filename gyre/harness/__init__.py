@@ -48,6 +48,7 @@ _LAZY = {
     "MINI_SWE_AGENT_PACKAGE": "gyre.harness.mini_swe_agent",
     "MINI_SWE_AGENT_ROLES": "gyre.harness.mini_swe_agent",
     "MiniSweAgentHarness": "gyre.harness.mini_swe_agent",
+    "PackagedHarness": "gyre.harness.install",
     "ProcessExit": "gyre.harness.process",
     "ProxyEndpoint": "gyre.harness.base",
     "REFERENCE_ROLES": "gyre.harness.reference",
