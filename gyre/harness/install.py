@@ -22,7 +22,6 @@ error (:class:`HarnessInstallError`).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -30,10 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from gyre.harness.base import Harness, HarnessUnavailable
 
@@ -85,17 +85,6 @@ def installed_bin(pkg: HarnessPackage, cache: Path | None = None) -> Path:
     return d / "node_modules" / ".bin" / pkg.bin if pkg.kind == "npm" else d / "venv" / "bin" / pkg.bin
 
 
-@contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                           env=env)
@@ -139,7 +128,7 @@ def ensure_package(pkg: HarnessPackage, cache: Path | None = None, *, timeout_s:
     dest, exe = _dest(pkg, cache), installed_bin(pkg, cache)
     if (dest / _MARKER).exists() and exe.exists():
         return exe
-    with _lock(cache / f".{dest.name}.lock"):
+    with FileLock(cache / f".{dest.name}.lock"):
         if (dest / _MARKER).exists() and exe.exists():
             return exe
         _probe(pkg, probe_timeout_s)
