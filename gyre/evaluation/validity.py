@@ -78,8 +78,8 @@ class RetryPolicy:
         return cls(
             max_retries=int(args.eval_max_retries),
             attempt_timeout_s=float(args.eval_timeout_s),
-            backoff_s=float(getattr(args, "eval_retry_backoff_s", 5.0)),
-            budget_s=getattr(args, "eval_budget_s", None),
+            backoff_s=float(args.eval_retry_backoff_s),
+            budget_s=args.eval_budget_s,
         )
 
 

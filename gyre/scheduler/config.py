@@ -101,9 +101,8 @@ class SchedulerConfig:
 
         Reads ``n_samples_per_prompt``, ``global_batch_groups``, ``extra_dispatch``,
         ``steps_per_burst``, ``placement``, ``num_cells``, ``train_cells``,
-        ``rollout_concurrency_per_cell``, ``standalone_concurrency`` and, when present,
-        ``oversample_executions`` and ``train_steps`` (or Megatron's ``train_iters``) as ``max_steps``; keyword
-        ``overrides`` win over the namespace.
+        ``rollout_concurrency_per_cell``, ``standalone_concurrency``, ``oversample_executions`` and
+        ``train_steps`` (as ``max_steps``); keyword ``overrides`` win over the namespace.
         """
         fields: dict[str, Any] = dict(
             N=int(args.n_samples_per_prompt),
@@ -115,8 +114,8 @@ class SchedulerConfig:
             train_cells=int(args.train_cells),
             rollout_concurrency_per_cell=int(args.rollout_concurrency_per_cell),
             standalone_concurrency=int(args.standalone_concurrency),
-            oversample=int(getattr(args, "oversample_executions", 0) or 0),
-            max_steps=getattr(args, "train_steps", getattr(args, "train_iters", None)),
+            oversample=int(args.oversample_executions),
+            max_steps=int(args.train_steps),
         )
         fields.update(overrides)
         return cls(**fields)
