@@ -1,7 +1,7 @@
 """Gyre command-line arguments, in the shape of Megatron-LM's ``megatron/training/arguments.py``.
 
 One ``_add_<area>_args(parser)`` per concern, each an argument group with kebab-case flags named
-after DESIGN.md §1; :func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
+after the quantities they set (``N``, ``B``, ``phi``, ``mu``, ``K``, ...); :func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
 ``parse_args(extra_args_provider=add_gyre_args)``.  :func:`add_megatron_core_args` adds the few
 Megatron-LM flags Gyre uses (parallel sizes, optimizer, seed) for runs that only install
 megatron-core, which ships no argument parser.
@@ -152,7 +152,7 @@ def _add_admission_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def _add_objective_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="objective")
     group.add_argument("--loss-type", choices=("gspo", "ppo", "grpo"), default="gspo",
-                       help="gspo: execution-level ratio and clipping (DESIGN.md §3.5); ppo/grpo: token-level clip.")
+                       help="gspo: execution-level ratio and clipping; ppo/grpo: token-level clip.")
     group.add_argument("--token-is-cap", type=float, default=5.0, help="C: cap on token importance weights.")
     group.add_argument("--seq-clip-low", type=float, default=0.005, help="eps_low of execution-level clipping.")
     group.add_argument("--seq-clip-high", type=float, default=0.005, help="eps_high of execution-level clipping.")
@@ -237,7 +237,7 @@ def add_gyre_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def add_megatron_core_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The Megatron-LM flags Gyre reads, same names and defaults from DESIGN.md §3.5.
+    """The Megatron-LM flags Gyre reads, with Megatron-LM's names.
 
     Only for runs without Megatron-LM's own parser (megatron-core ships none).
     """

@@ -1,4 +1,4 @@
-"""Reward validity: the retry policy for unresolved assessments (DESIGN.md §3.3; paper §5.2).
+"""Reward validity: the retry policy for unresolved assessments (paper §5.2).
 
 A pure, deterministic core -- time is a number the caller passes in (``now``, seconds on any
 monotonic clock); nothing here sleeps. :class:`~gyre.evaluation.RewardManager` is the shell

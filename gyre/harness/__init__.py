@@ -20,7 +20,7 @@ own agent in :mod:`gyre.harness.reference_agent`.
 
 Names are imported lazily (PEP 562), so a harness child such as ``python -m
 gyre.harness.reference_agent`` does not pay for the adapters, evaluation and proxy imports it
-never uses (about a second per execution on the 2-core machine).
+never uses.
 """
 
 import importlib

@@ -1,6 +1,6 @@
 """``claude-code``: Anthropic's Claude Code CLI, unmodified (npm ``@anthropic-ai/claude-code``).
 
-Command (shared/traces/README.md, "Claude Code")::
+Command::
 
     claude -p "<instruction>" --dangerously-skip-permissions --output-format json [--model M] [--max-turns N]
 

@@ -1,6 +1,6 @@
 """``codex``: OpenAI's Codex CLI, unmodified (npm ``@openai/codex``).
 
-Command (shared/traces/README.md, "OpenAI Codex CLI")::
+Command::
 
     codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --json \
         --output-last-message <exec>/final_message.txt "<instruction>"   < /dev/null

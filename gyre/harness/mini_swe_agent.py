@@ -1,7 +1,7 @@
 """``mini-swe-agent``: the SWE-agent team's minimal agent, unmodified (PyPI ``mini-swe-agent``).
 
-Installed into its own virtual environment (it brings litellm and friends). Command
-(shared/traces/README.md, "mini-swe-agent"), tool-calling mode::
+Installed into its own virtual environment (it brings litellm and friends). Command,
+tool-calling mode::
 
     mini -m openai/<model> -t "<instruction>" -y --exit-immediately -c mini.yaml \
          -c model.model_kwargs.api_base=<proxy>/v1 [-c agent.step_limit=N] -o <exec>/trajectory.json

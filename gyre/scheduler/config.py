@@ -1,4 +1,4 @@
-"""Scheduler configuration as plain data (DESIGN.md §4; flags of :mod:`gyre.arguments`)."""
+"""Scheduler configuration as plain data (flags of :mod:`gyre.arguments`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class SchedulerConfig:
         num_cells: ``K`` cells; cell 0 is the core (``--num-cells``).
         rollout_concurrency_per_cell: ``c``, concurrent executions one rollout cell serves.
         standalone_concurrency: ``c_s``, concurrent executions of the standalone pool (0: none).
-        placement: ``elastic``, ``async`` or ``colocate`` (DESIGN.md §4.2).
+        placement: ``elastic``, ``async`` or ``colocate``.
         train_cells: async only: cells ``0..train_cells-1`` are fixed in training.
         max_steps: optimizer steps of the run; ``None`` runs until the shell stops.
         oversample: extra executions dispatched per group (``--oversample-executions``); the
@@ -48,7 +48,7 @@ class SchedulerConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Check the invariants of DESIGN.md §4; raise ``ValueError`` naming the field."""
+        """Check the fields' ranges and the placement invariants; raise ``ValueError`` naming the field."""
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(msg)
