@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Simulator benchmarks: seed spread of the paper comparison and sensitivity sweeps (DESIGN.md §6).
+"""Simulator benchmarks: seed spread of the paper comparison and sensitivity sweeps.
 
 Usage::
 

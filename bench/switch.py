@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Role-switch latency of a cell on the CPU default (DESIGN.md §4.3; paper: 8.52 s R->T, 3.46 s T->R).
+"""Role-switch latency of a cell on the CPU default (paper: 8.52 s R->T, 3.46 s T->R).
 
     python bench/switch.py [--switches 10] [--tokenizer local|qwen]
 

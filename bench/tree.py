@@ -13,7 +13,7 @@ materialisation time, and dedup statistics. Optionally (``--store DIR``) appends
 record to a record store, reloads the tree and checks it is bit-identical.
 
 Usage: ``python bench/tree.py [--calls 500] [--seed 0] [--store DIR]``
-Target (issue 4): ≤ 0.5 s total insert for 500 calls / ~1M tokens.
+Target: ≤ 0.5 s total insert for 500 calls / ~1M tokens.
 """
 
 from __future__ import annotations

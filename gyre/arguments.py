@@ -1,7 +1,7 @@
 """Gyre command-line arguments, in the shape of Megatron-LM's ``megatron/training/arguments.py``.
 
 One ``_add_<area>_args(parser)`` per concern, each an argument group with kebab-case flags named
-after DESIGN.md §1; :func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
+after the quantities they set (``N``, ``B``, ``phi``, ``mu``, ``K``, ...); :func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
 ``parse_args(extra_args_provider=add_gyre_args)``.  :func:`add_megatron_core_args` adds the few
 Megatron-LM flags Gyre uses (parallel sizes, optimizer, seed) for runs that only install
 megatron-core, which ships no argument parser.
@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 ROLES = ("main", "subagent", "compaction", "auxiliary", "evaluator")
 PLACEMENTS = ("elastic", "async", "colocate")
+HARNESS_NAMES = ("reference", "claude-code", "codex", "mini-swe-agent")
 
 
 class ArgumentError(Exception):
@@ -154,7 +155,7 @@ def _add_admission_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def _add_objective_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="objective")
     group.add_argument("--loss-type", choices=("gspo", "ppo", "grpo"), default="gspo",
-                       help="gspo: execution-level ratio and clipping (DESIGN.md §3.5); ppo/grpo: token-level clip.")
+                       help="gspo: execution-level ratio and clipping; ppo/grpo: token-level clip.")
     group.add_argument("--token-is-cap", type=float, default=5.0, help="C: cap on token importance weights.")
     group.add_argument("--seq-clip-low", type=float, default=0.005, help="eps_low of execution-level clipping.")
     group.add_argument("--seq-clip-high", type=float, default=0.005, help="eps_high of execution-level clipping.")
@@ -191,8 +192,9 @@ def _add_evaluation_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="harness")
-    group.add_argument("--harness", choices=("reference", "claude-code", "codex", "mini-swe-agent"),
-                       default="reference", help="Black-box harness each execution runs.")
+    group.add_argument("--harness", type=str, default="reference",
+                       help="Black-box harness each execution runs: " + ", ".join(HARNESS_NAMES)
+                            + ", or a dotted path pkg.module:Class to a gyre.harness.Harness subclass.")
     group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory; several, comma-separated.")
     group.add_argument("--execution-timeout-s", type=float, default=600.0,
                        help="Wall-clock budget of one execution (s); timed-out work is still scored.")
@@ -238,7 +240,7 @@ def add_gyre_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def add_megatron_core_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The Megatron-LM flags Gyre reads, same names and defaults from DESIGN.md §3.5.
+    """The Megatron-LM flags Gyre reads, with Megatron-LM's names.
 
     Only for runs without Megatron-LM's own parser (megatron-core ships none).
     """
@@ -370,6 +372,17 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
 
         bad = [t for t in args.reference_tools.split(",") if t and t not in ALL_TOOLS]
         need(not bad, "reference-tools", f"unknown tools {bad} (known: {', '.join(ALL_TOOLS)})")
+    if args.harness not in HARNESS_NAMES:
+        need(":" in args.harness or "." in args.harness, "harness",
+             f"unknown harness {args.harness!r} (choose from {', '.join(HARNESS_NAMES)} or a dotted path "
+             f"pkg.module:Class)")
+        from gyre.harness.registry import load_harness_class
+
+        try:
+            load_harness_class(args.harness)
+        except Exception as exc:  # a user module may raise anything on import
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            need(False, "harness", f"cannot load {args.harness!r}: {reason}")
     need(args.eval_timeout_s > 0, "eval-timeout-s", "must be > 0")
     need(args.eval_max_retries >= 0, "eval-max-retries", "must be >= 0")
     need(args.eval_retry_backoff_s >= 0, "eval-retry-backoff-s", "must be >= 0")
@@ -386,7 +399,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         need(0 <= args.adam_beta1 < 1, "adam-beta1", "must be in [0, 1)")
         need(0 <= args.adam_beta2 < 1, "adam-beta2", "must be in [0, 1)")
         need(args.adam_eps > 0, "adam-eps", "must be > 0")
-        need(getattr(args, "lr_warmup_iters", 0) >= 0, "lr-warmup-iters", "must be >= 0")
+        need(args.lr_warmup_iters >= 0, "lr-warmup-iters", "must be >= 0")
         need(args.clip_grad >= 0, "clip-grad", "must be >= 0")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size

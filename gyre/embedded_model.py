@@ -23,8 +23,6 @@ Directories are cached under :func:`default_cache_dir` and built on first use by
 from __future__ import annotations
 
 import base64
-import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -33,7 +31,9 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
+
+from filelock import FileLock
 
 TokenizerKind = Literal["qwen", "local"]
 
@@ -251,17 +251,6 @@ def build_tiny_model(
     return out
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def ensure_tiny_model(kind: TokenizerKind = "local", cache_dir: str | os.PathLike | None = None) -> Path:
     """Return the cached embedded model directory for ``kind``, building it on first use.
 
@@ -272,7 +261,7 @@ def ensure_tiny_model(kind: TokenizerKind = "local", cache_dir: str | os.PathLik
     target = root / f"tiny-qwen3-{kind}-v{_FORMAT_VERSION}"
     if (target / "gyre_model.json").exists():
         return target
-    with _file_lock(root / f".{target.name}.lock"):
+    with FileLock(root / f".{target.name}.lock"):
         if (target / "gyre_model.json").exists():
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))

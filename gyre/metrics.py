@@ -1,4 +1,4 @@
-"""One metrics sink for a run (DESIGN.md §7): JSONL always, TensorBoard when configured.
+"""One metrics sink for a run: JSONL always, TensorBoard when configured.
 
 ``metrics.jsonl`` under the run directory gets one JSON object per :meth:`MetricsSink.log` call
 (``{"kind": "metrics", "step": s, "time": unix_s, ...scalars}``) and per

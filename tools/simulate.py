@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Simulate placements at matched mean staleness on a workload (DESIGN.md §6; paper §6).
+"""Simulate placements at matched mean staleness on a workload (paper §6).
 
 Usage::
 

@@ -1,6 +1,6 @@
 """Evaluator interface, executable checks, agentic judge, partial scoring, reward validity.
 
-DESIGN.md §3.3 (paper §5.2). Flow for one closed execution::
+Every closed execution is assessed on its preserved workspace (paper §5.2). Flow for one::
 
     ws = preserve_workspace(live_dir, snapshot_dir)                 # harness launcher, at closure
     closure = ExecutionClosure(execution_id, TerminationStatus.TIMEOUT, ws, instruction, key)

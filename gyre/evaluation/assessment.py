@@ -1,4 +1,4 @@
-"""The evaluator interface: what is assessed, what an assessment says (DESIGN.md §3.3; paper §5.2).
+"""The evaluator interface: what is assessed, what an assessment says (paper §5.2).
 
 An :class:`Evaluator` looks at one preserved workspace (an :class:`EvaluationTarget`) and
 returns an :class:`Assessment` ``(score, status, assessed_ref, details, duration_s)``:
@@ -11,7 +11,7 @@ returns an :class:`Assessment` ``(score, status, assessed_ref, details, duration
   :mod:`gyre.evaluation.rewards`).
 
 The target deliberately carries no termination status, elapsed time or trajectory length:
-an evaluator cannot make the reward depend on them (partial scoring, DESIGN.md §3.3).
+an evaluator cannot make the reward depend on them (partial scoring).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
 
 
 class AssessmentStatus(str, enum.Enum):
-    """Outcome of one assessment attempt (DESIGN.md §3.3)."""
+    """Outcome of one assessment attempt."""
 
     VALID = "valid"
     UNRESOLVED = "unresolved"
@@ -125,7 +125,7 @@ class EvaluationTarget:
 
 
 class Evaluator(abc.ABC):
-    """Scores a preserved workspace (DESIGN.md §3.3).
+    """Scores a preserved workspace.
 
     Implementations: :class:`~gyre.evaluation.ExecutableCheck` (run the task's tests),
     :class:`~gyre.evaluation.AgenticJudge` (a model with a rubric, role ``evaluator``),

@@ -1,4 +1,4 @@
-"""Composite evaluator: a weighted combination of checks (DESIGN.md §3.3).
+"""Composite evaluator: a weighted combination of checks.
 
 ``score = sum_k w_k * s_k / sum_k w_k`` over the components, each run on the same target.
 If any component is unresolved the composite is unresolved (a missing part is not a zero);

@@ -1,4 +1,4 @@
-"""Executable checks: run the task's tests on a copy of the preserved workspace (DESIGN.md §3.3).
+"""Executable checks: run the task's tests on a copy of the preserved workspace.
 
 One attempt of :class:`ExecutableCheck`:
 

@@ -1,4 +1,4 @@
-"""Agentic judge: a model assesses the preserved workspace against a rubric (DESIGN.md §3.3).
+"""Agentic judge: a model assesses the preserved workspace against a rubric.
 
 The judge calls an OpenAI-compatible Chat Completions endpoint (``POST {base_url}/chat/completions``;
 in a Gyre run that is the proxy's ``/v1``) with the headers

@@ -1,4 +1,4 @@
-"""Assessment provenance: an append-only log of every assessment attempt (DESIGN.md §3.3).
+"""Assessment provenance: an append-only log of every assessment attempt.
 
 Each attempt of each evaluator on each execution becomes one :class:`AssessmentRecord`
 (execution, evaluator, whether it is the designated task assessment, artifact version =

@@ -1,6 +1,6 @@
 """From a closed execution to its reward: partial scoring, retries, exclusion, placeholders.
 
-DESIGN.md §3.3, paper §5.2. :class:`RewardManager` is the thin shell around the pure retry
+Paper §5.2. :class:`RewardManager` is the thin shell around the pure retry
 policy (:class:`~gyre.evaluation.RetryState`): it calls the task's designated evaluator on the
 execution's preserved workspace, records every attempt in the :class:`~gyre.evaluation.AssessmentLog`,
 sleeps the backoff (injected ``sleep``/``clock``), and returns an :class:`ExecutionOutcome`:
@@ -146,7 +146,7 @@ class ExecutionOutcome:
 
 
 def placeholder_tree(execution_id: str) -> TrajectoryTree:
-    """The "dummy trajectory" of a placeholder (DESIGN.md §3.3): an empty tree. Admission
+    """The "dummy trajectory" of a placeholder: an empty tree. Admission
     samples no trajectory from it, so it adds no tokens; its reward 0 still counts in the
     group's baseline."""
     return TrajectoryTree(execution_id)

@@ -1,4 +1,4 @@
-"""Reward validity: the retry policy for unresolved assessments (DESIGN.md §3.3; paper §5.2).
+"""Reward validity: the retry policy for unresolved assessments (paper §5.2).
 
 A pure, deterministic core -- time is a number the caller passes in (``now``, seconds on any
 monotonic clock); nothing here sleeps. :class:`~gyre.evaluation.RewardManager` is the shell
@@ -78,8 +78,8 @@ class RetryPolicy:
         return cls(
             max_retries=int(args.eval_max_retries),
             attempt_timeout_s=float(args.eval_timeout_s),
-            backoff_s=float(getattr(args, "eval_retry_backoff_s", 5.0)),
-            budget_s=getattr(args, "eval_budget_s", None),
+            backoff_s=float(args.eval_retry_backoff_s),
+            budget_s=args.eval_budget_s,
         )
 
 

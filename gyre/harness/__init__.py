@@ -20,7 +20,7 @@ own agent in :mod:`gyre.harness.reference_agent`.
 
 Names are imported lazily (PEP 562), so a harness child such as ``python -m
 gyre.harness.reference_agent`` does not pay for the adapters, evaluation and proxy imports it
-never uses (about a second per execution on the 2-core machine).
+never uses.
 """
 
 import importlib
@@ -37,6 +37,7 @@ _LAZY = {
     "FINAL_MESSAGE_KEY": "gyre.harness.base",
     "HARNESSES": "gyre.harness.registry",
     "Harness": "gyre.harness.base",
+    "HarnessConfig": "gyre.harness.registry",
     "HarnessInstallError": "gyre.harness.install",
     "HarnessPackage": "gyre.harness.install",
     "HarnessProcess": "gyre.harness.process",
@@ -47,6 +48,7 @@ _LAZY = {
     "MINI_SWE_AGENT_PACKAGE": "gyre.harness.mini_swe_agent",
     "MINI_SWE_AGENT_ROLES": "gyre.harness.mini_swe_agent",
     "MiniSweAgentHarness": "gyre.harness.mini_swe_agent",
+    "PackagedHarness": "gyre.harness.install",
     "ProcessExit": "gyre.harness.process",
     "ProxyEndpoint": "gyre.harness.base",
     "REFERENCE_ROLES": "gyre.harness.reference",
@@ -60,7 +62,9 @@ _LAZY = {
     "executions_root": "gyre.harness.base",
     "harness_cache_dir": "gyre.harness.install",
     "harness_from_args": "gyre.harness.registry",
+    "harness_from_config": "gyre.harness.registry",
     "isolation_supported": "gyre.harness.process",
+    "load_harness_class": "gyre.harness.registry",
     "make_harness": "gyre.harness.registry",
     "request_texts": "gyre.harness.roles",
 }

@@ -1,4 +1,4 @@
-"""The harness adapter interface: workspaces, launch, time limit, closure (DESIGN.md §2, §3.3).
+"""The harness adapter interface: workspaces, launch, time limit, closure.
 
 One execution, as the main job's harness launcher drives it::
 

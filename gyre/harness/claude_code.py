@@ -1,6 +1,6 @@
 """``claude-code``: Anthropic's Claude Code CLI, unmodified (npm ``@anthropic-ai/claude-code``).
 
-Command (shared/traces/README.md, "Claude Code")::
+Command::
 
     claude -p "<instruction>" --dangerously-skip-permissions --output-format json [--model M] [--max-turns N]
 
@@ -24,13 +24,11 @@ are auxiliary; everything else is main.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from gyre.harness.base import Harness, HarnessUnavailable, LaunchContext, LaunchSpec
-from gyre.harness.install import HarnessPackage, ensure_package, installed_bin
+from gyre.harness.base import LaunchContext, LaunchSpec
+from gyre.harness.install import HarnessPackage, PackagedHarness
 from gyre.harness.roles import RoleRule, RoleRules
 
 __all__ = ["ClaudeCodeHarness", "CLAUDE_CODE_PACKAGE", "CLAUDE_CODE_ROLES"]
@@ -61,7 +59,7 @@ def last_json_object(text: str) -> dict[str, Any] | None:
     return None
 
 
-class ClaudeCodeHarness(Harness):
+class ClaudeCodeHarness(PackagedHarness):
     """Claude Code in headless mode (module docstring).
 
     Args:
@@ -75,34 +73,22 @@ class ClaudeCodeHarness(Harness):
     """
 
     name = "claude-code"
+    package = CLAUDE_CODE_PACKAGE
+    binary_env = "GYRE_CLAUDE_CODE_BIN"
+    title = "Claude Code"
     roles = CLAUDE_CODE_ROLES
 
     def __init__(self, *, version: str | None = None, binary: str | None = None, model: str | None = None,
                  max_turns: int | None = None, autocompact_pct: int | None = None, extra_args: Sequence[str] = (),
                  **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        p = CLAUDE_CODE_PACKAGE
-        self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
-        self.binary = binary or os.environ.get("GYRE_CLAUDE_CODE_BIN")
+        super().__init__(version=version, binary=binary, **kwargs)
         self.model, self.max_turns, self.extra_args = model, max_turns, list(extra_args)
         if autocompact_pct is not None and not 1 <= autocompact_pct <= 100:
             raise ValueError(f"autocompact_pct must be in [1, 100], got {autocompact_pct}")
         self.autocompact_pct = autocompact_pct
 
-    def executable(self) -> Path:
-        return Path(self.binary) if self.binary else installed_bin(self.package)
-
-    def ensure_installed(self) -> None:
-        if self.binary:
-            if not Path(self.binary).exists():
-                raise HarnessUnavailable(f"claude binary not found: {self.binary}")
-            return
-        ensure_package(self.package)
-
     def build_command(self, ctx: LaunchContext) -> LaunchSpec:
-        exe = self.executable()
-        if not exe.exists():
-            raise HarnessUnavailable(f"Claude Code is not installed at {exe} (call ensure_installed())")
+        exe = self.installed_executable()
         argv = [str(exe), "-p", ctx.task.instruction, "--dangerously-skip-permissions", "--output-format", "json",
                 "--model", self.model or ctx.endpoint.model]
         if self.max_turns is not None:

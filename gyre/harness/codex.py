@@ -1,6 +1,6 @@
 """``codex``: OpenAI's Codex CLI, unmodified (npm ``@openai/codex``).
 
-Command (shared/traces/README.md, "OpenAI Codex CLI")::
+Command::
 
     codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --json \
         --output-last-message <exec>/final_message.txt "<instruction>"   < /dev/null
@@ -18,13 +18,11 @@ message); sub-agent threads send ``x-openai-subagent``; everything else is main.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from gyre.harness.base import Harness, HarnessUnavailable, LaunchContext, LaunchSpec
-from gyre.harness.install import HarnessPackage, ensure_package, installed_bin
+from gyre.harness.base import LaunchContext, LaunchSpec
+from gyre.harness.install import HarnessPackage, PackagedHarness
 from gyre.harness.roles import RoleRule, RoleRules
 
 __all__ = ["CodexHarness", "CODEX_PACKAGE", "CODEX_ROLES", "codex_config_toml"]
@@ -63,7 +61,7 @@ def codex_config_toml(base_url: str, model: str, *, env_key: str = "GYRE_API_KEY
     return "\n".join(lines)
 
 
-class CodexHarness(Harness):
+class CodexHarness(PackagedHarness):
     """Codex CLI in ``exec`` mode (module docstring).
 
     Args:
@@ -78,15 +76,15 @@ class CodexHarness(Harness):
     """
 
     name = "codex"
+    package = CODEX_PACKAGE
+    binary_env = "GYRE_CODEX_BIN"
+    title = "Codex"
     roles = CODEX_ROLES
 
     def __init__(self, *, version: str | None = None, binary: str | None = None, model: str | None = None,
                  context_window: int | None = None, auto_compact_tokens: int | None = None,
                  settings: Mapping[str, Any] | None = None, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        p = CODEX_PACKAGE
-        self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
-        self.binary = binary or os.environ.get("GYRE_CODEX_BIN")
+        super().__init__(version=version, binary=binary, **kwargs)
         self.model, self.extra_args = model, list(extra_args)
         base: dict[str, Any] = {}
         if context_window is not None:
@@ -98,20 +96,8 @@ class CodexHarness(Harness):
             base["model_auto_compact_token_limit"] = int(auto_compact_tokens)
         self.settings = {**base, **(settings or {})}
 
-    def executable(self) -> Path:
-        return Path(self.binary) if self.binary else installed_bin(self.package)
-
-    def ensure_installed(self) -> None:
-        if self.binary:
-            if not Path(self.binary).exists():
-                raise HarnessUnavailable(f"codex binary not found: {self.binary}")
-            return
-        ensure_package(self.package)
-
     def build_command(self, ctx: LaunchContext) -> LaunchSpec:
-        exe = self.executable()
-        if not exe.exists():
-            raise HarnessUnavailable(f"Codex is not installed at {exe} (call ensure_installed())")
+        exe = self.installed_executable()
         codex_home = ctx.dirs.home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         (codex_home / "config.toml").write_text(codex_config_toml(

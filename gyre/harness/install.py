@@ -1,5 +1,8 @@
 """Install real harnesses from their package registries into a cache (never into Gyre's venv).
 
+:class:`PackagedHarness` is the base of the adapters of such harnesses (install, locate, "not
+installed" error); the ones here are Claude Code, Codex and mini-swe-agent.
+
 * npm packages (``@anthropic-ai/claude-code``, ``@openai/codex``):
   ``npm install --prefix <cache>/<name>-<version> <package>@<version>``;
 * PyPI packages (``mini-swe-agent``): a separate virtual environment
@@ -19,7 +22,6 @@ error (:class:`HarnessInstallError`).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -27,13 +29,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gyre.harness.base import HarnessUnavailable
+from filelock import FileLock
 
-__all__ = ["HarnessPackage", "HarnessInstallError", "harness_cache_dir", "ensure_package", "installed_bin"]
+from gyre.harness.base import Harness, HarnessUnavailable
+
+__all__ = ["HarnessPackage", "HarnessInstallError", "PackagedHarness", "harness_cache_dir", "ensure_package",
+           "installed_bin"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +85,6 @@ def installed_bin(pkg: HarnessPackage, cache: Path | None = None) -> Path:
     return d / "node_modules" / ".bin" / pkg.bin if pkg.kind == "npm" else d / "venv" / "bin" / pkg.bin
 
 
-@contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                           env=env)
@@ -134,7 +128,7 @@ def ensure_package(pkg: HarnessPackage, cache: Path | None = None, *, timeout_s:
     dest, exe = _dest(pkg, cache), installed_bin(pkg, cache)
     if (dest / _MARKER).exists() and exe.exists():
         return exe
-    with _lock(cache / f".{dest.name}.lock"):
+    with FileLock(cache / f".{dest.name}.lock"):
         if (dest / _MARKER).exists() and exe.exists():
             return exe
         _probe(pkg, probe_timeout_s)
@@ -160,4 +154,46 @@ def ensure_package(pkg: HarnessPackage, cache: Path | None = None, *, timeout_s:
             raise HarnessInstallError(f"installing {pkg.spec} failed: {_tail(res)}")
         (dest / _MARKER).write_text(f"{pkg.spec} installed in {time.monotonic() - t0:.1f} s\n")
         logger.info("installed %s in %.1f s", pkg.spec, time.monotonic() - t0)
+        return exe
+
+
+class PackagedHarness(Harness):
+    """An adapter of a harness installed from a registry, or of a preinstalled executable.
+
+    Subclasses set :attr:`package` (the pinned distribution), :attr:`binary_env` (the environment
+    variable naming a preinstalled executable) and :attr:`title` (its name in errors).
+
+    Args:
+        version: version to install (default: ``package.version``).
+        binary: a preinstalled executable (default ``$<binary_env>``, else the cache).
+        **kwargs: :class:`~gyre.harness.Harness` options.
+    """
+
+    package: HarnessPackage
+    binary_env: str = ""
+    title: str = ""
+
+    def __init__(self, *, version: str | None = None, binary: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        p = type(self).package
+        self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
+        self.binary = binary or os.environ.get(self.binary_env)
+
+    def executable(self) -> Path:
+        """The preinstalled binary, else where the cache holds (or will hold) the package's."""
+        return Path(self.binary) if self.binary else installed_bin(self.package)
+
+    def ensure_installed(self) -> None:
+        """Check the preinstalled binary exists, else install the package (:func:`ensure_package`)."""
+        if self.binary:
+            if not Path(self.binary).exists():
+                raise HarnessUnavailable(f"{self.package.bin} binary not found: {self.binary}")
+            return
+        ensure_package(self.package)
+
+    def installed_executable(self) -> Path:
+        """:meth:`executable`; raises :class:`~gyre.harness.HarnessUnavailable` when it is missing."""
+        exe = self.executable()
+        if not exe.exists():
+            raise HarnessUnavailable(f"{self.title} is not installed at {exe} (call ensure_installed())")
         return exe

@@ -1,7 +1,7 @@
 """``mini-swe-agent``: the SWE-agent team's minimal agent, unmodified (PyPI ``mini-swe-agent``).
 
-Installed into its own virtual environment (it brings litellm and friends). Command
-(shared/traces/README.md, "mini-swe-agent"), tool-calling mode::
+Installed into its own virtual environment (it brings litellm and friends). Command,
+tool-calling mode::
 
     mini -m openai/<model> -t "<instruction>" -y --exit-immediately -c mini.yaml \
          -c model.model_kwargs.api_base=<proxy>/v1 [-c agent.step_limit=N] -o <exec>/trajectory.json
@@ -20,13 +20,11 @@ call is main.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from gyre.harness.base import Harness, HarnessUnavailable, LaunchContext, LaunchSpec
-from gyre.harness.install import HarnessPackage, ensure_package, installed_bin
+from gyre.harness.base import LaunchContext, LaunchSpec
+from gyre.harness.install import HarnessPackage, PackagedHarness
 from gyre.harness.roles import RoleRules
 
 __all__ = ["MiniSweAgentHarness", "MINI_SWE_AGENT_PACKAGE", "MINI_SWE_AGENT_ROLES"]
@@ -37,7 +35,7 @@ MINI_SWE_AGENT_ROLES = RoleRules("mini-swe-agent", (), notes="no sub-agents, com
                                  "no session headers (plain openai-python through litellm).")
 
 
-class MiniSweAgentHarness(Harness):
+class MiniSweAgentHarness(PackagedHarness):
     """mini-swe-agent in tool-calling mode (module docstring).
 
     Args:
@@ -48,30 +46,18 @@ class MiniSweAgentHarness(Harness):
     """
 
     name = "mini-swe-agent"
+    package = MINI_SWE_AGENT_PACKAGE
+    binary_env = "GYRE_MINI_SWE_AGENT_BIN"
+    title = "mini-swe-agent"
     roles = MINI_SWE_AGENT_ROLES
 
     def __init__(self, *, version: str | None = None, binary: str | None = None, model: str | None = None,
                  step_limit: int = 0, config: Sequence[str] = (), **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        p = MINI_SWE_AGENT_PACKAGE
-        self.package = HarnessPackage(p.kind, p.name, version or p.version, p.bin, p.slug)
-        self.binary = binary or os.environ.get("GYRE_MINI_SWE_AGENT_BIN")
+        super().__init__(version=version, binary=binary, **kwargs)
         self.model, self.step_limit, self.config = model, step_limit, list(config)
 
-    def executable(self) -> Path:
-        return Path(self.binary) if self.binary else installed_bin(self.package)
-
-    def ensure_installed(self) -> None:
-        if self.binary:
-            if not Path(self.binary).exists():
-                raise HarnessUnavailable(f"mini binary not found: {self.binary}")
-            return
-        ensure_package(self.package)
-
     def build_command(self, ctx: LaunchContext) -> LaunchSpec:
-        exe = self.executable()
-        if not exe.exists():
-            raise HarnessUnavailable(f"mini-swe-agent is not installed at {exe} (call ensure_installed())")
+        exe = self.installed_executable()
         cfg_dir = ctx.dirs.home / ".config" / "mini-swe-agent"
         cfg_dir.mkdir(parents=True, exist_ok=True)
         argv = [str(exe), "-m", f"openai/{self.model or ctx.endpoint.model}", "-t", ctx.task.instruction, "-y",

@@ -1,6 +1,6 @@
 """How each harness's model calls are told apart: role rules the proxy can apply.
 
-DESIGN.md §1 roles: ``main``, ``subagent``, ``compaction``, ``auxiliary`` (``evaluator`` calls
+Roles: ``main``, ``subagent``, ``compaction``, ``auxiliary`` (``evaluator`` calls
 come from Gyre's judge, never from a harness). Every harness adapter declares a
 :class:`RoleRules` (:attr:`gyre.harness.Harness.roles`): an ordered list of
 :class:`RoleRule`; the first rule that matches a request gives its role, ``default`` otherwise.
@@ -13,8 +13,8 @@ A rule matches when *all* of its conditions hold:
   Codex put their compaction prompts), ``"system"`` (system/developer prompts) or ``"any"``;
 * ``no_tools`` -- the request offers no tools (``True``) or offers some (``False``).
 
-Sources: ``shared/traces/README.md`` (what Claude Code 2.1.332, Codex 0.171.0 and
-mini-swe-agent 2.4.6 send). :func:`classify_role` is the pure reference implementation; it
+The rules follow what Claude Code 2.1.332, Codex 0.171.0 and mini-swe-agent 2.4.6 send, as
+recorded in request logs of each. :func:`classify_role` is the pure reference implementation; it
 understands Anthropic Messages, Chat Completions and Responses bodies.
 """
 

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md §3.4; paper §5.3).
+"""Group-relative advantages (paper §5.3).
 
 For a rollout group with valid rewards ``R_1..R_n`` (float, any scale):
 
@@ -17,7 +17,7 @@ noise such as ``0.35`` computed two ways would be ``~0.03``), and the group is r
 (:attr:`GroupAdvantages.zero_std`); the trajectory buffer drops it when
 ``filter_zero_std_groups`` is set (``--filter-zero-std-groups``).
 
-Excluded executions (unresolved reward after the retry budget, DESIGN.md §3.3) have reward
+Excluded executions (unresolved reward after the retry budget) have reward
 ``None``: they get no advantage and never enter the mean or the std. NaN is refused, never
 read as a zero. Arithmetic is float64 whatever the input dtype.
 """
@@ -41,7 +41,7 @@ __all__ = [
 
 @dataclass(slots=True, frozen=True)
 class AdvantageConfig:
-    """How group-relative advantages are computed (DESIGN.md §3.4).
+    """How group-relative advantages are computed.
 
     * ``std_scaling`` -- divide by ``std + eps`` (``--advantage-std-scaling``; default on).
     * ``leave_one_out`` -- baseline is the mean of the other rewards

@@ -1,4 +1,4 @@
-"""The execution-level GSPO-style objective (DESIGN.md §3.5; paper §6.1 and App. B; GSPO:
+"""The execution-level GSPO-style objective (paper §6.1 and App. B; GSPO:
 Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071).
 
 For execution ``i`` with admitted target set ``T_i`` (``L_i = |T_i|``), behaviour log-probs
@@ -16,7 +16,7 @@ For execution ``i`` with admitted target set ``T_i`` (``L_i = |T_i|``), behaviou
 ``d loss / d l_t = -(1/|E|) * m_i * rho_t * A_i / L_i``. Each execution weighs the same whatever
 its length ("per-execution mean"), unlike a global token mean (``1 / sum_i L_i``).
 
-Separability (DESIGN.md §3.5, §4.4): :func:`execution_objective` works on **one micro-step**
+Separability: :func:`execution_objective` works on **one micro-step**
 and returns the un-normalised ``loss_sum`` (the sum over its executions, without ``1/|E|``) and
 its share of the normaliser (``normaliser``: executions counted here). Whoever aggregates the
 gradients of all micro-steps (the core, or Megatron's ``finalize_model_grads`` with
@@ -56,7 +56,7 @@ LOSS_TYPES = ("gspo", "ppo", "grpo")
 
 @dataclass(frozen=True, slots=True)
 class ObjectiveConfig:
-    """Settings of the objective (DESIGN.md §3.5 defaults).
+    """Settings of the objective; the defaults are those of the ``gyre.arguments`` flags.
 
     * ``loss_type`` -- ``gspo`` | ``ppo`` | ``grpo`` (``--loss-type``).
     * ``token_is_cap`` -- ``C`` (``--token-is-cap``, default 5); ``> 0``.

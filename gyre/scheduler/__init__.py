@@ -1,6 +1,6 @@
 """Boundary dispatch, counters, waterlevel policy; placements elastic / async / colocate.
 
-The scheduler is a pure state machine (DESIGN.md §2, §4; paper §4): build it from a
+The scheduler is a pure state machine (paper §4): build it from a
 :class:`SchedulerConfig`, feed it events with :meth:`Scheduler.handle`, carry out the commands
 it returns.  See :mod:`gyre.scheduler.events` for the protocol.
 """

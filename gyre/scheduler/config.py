@@ -1,4 +1,4 @@
-"""Scheduler configuration as plain data (DESIGN.md §4; flags of :mod:`gyre.arguments`)."""
+"""Scheduler configuration as plain data (flags of :mod:`gyre.arguments`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class SchedulerConfig:
         num_cells: ``K`` cells; cell 0 is the core (``--num-cells``).
         rollout_concurrency_per_cell: ``c``, concurrent executions one rollout cell serves.
         standalone_concurrency: ``c_s``, concurrent executions of the standalone pool (0: none).
-        placement: ``elastic``, ``async`` or ``colocate`` (DESIGN.md §4.2).
+        placement: ``elastic``, ``async`` or ``colocate``.
         train_cells: async only: cells ``0..train_cells-1`` are fixed in training.
         max_steps: optimizer steps of the run; ``None`` runs until the shell stops.
         oversample: extra executions dispatched per group (``--oversample-executions``); the
@@ -48,7 +48,7 @@ class SchedulerConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Check the invariants of DESIGN.md §4; raise ``ValueError`` naming the field."""
+        """Check the fields' ranges and the placement invariants; raise ``ValueError`` naming the field."""
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(msg)
@@ -101,9 +101,8 @@ class SchedulerConfig:
 
         Reads ``n_samples_per_prompt``, ``global_batch_groups``, ``extra_dispatch``,
         ``steps_per_burst``, ``placement``, ``num_cells``, ``train_cells``,
-        ``rollout_concurrency_per_cell``, ``standalone_concurrency`` and, when present,
-        ``oversample_executions`` and ``train_steps`` (or Megatron's ``train_iters``) as ``max_steps``; keyword
-        ``overrides`` win over the namespace.
+        ``rollout_concurrency_per_cell``, ``standalone_concurrency``, ``oversample_executions`` and
+        ``train_steps`` (as ``max_steps``); keyword ``overrides`` win over the namespace.
         """
         fields: dict[str, Any] = dict(
             N=int(args.n_samples_per_prompt),
@@ -115,8 +114,8 @@ class SchedulerConfig:
             train_cells=int(args.train_cells),
             rollout_concurrency_per_cell=int(args.rollout_concurrency_per_cell),
             standalone_concurrency=int(args.standalone_concurrency),
-            oversample=int(getattr(args, "oversample_executions", 0) or 0),
-            max_steps=getattr(args, "train_steps", getattr(args, "train_iters", None)),
+            oversample=int(args.oversample_executions),
+            max_steps=int(args.train_steps),
         )
         fields.update(overrides)
         return cls(**fields)

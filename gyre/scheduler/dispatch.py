@@ -1,4 +1,4 @@
-"""Boundary dispatch, execution counters and staleness accounting (paper §4.1, App. A; DESIGN.md §4.1).
+"""Boundary dispatch, execution counters and staleness accounting (paper §4.1, App. A).
 
 Counters (cumulative, over executions):
 
@@ -78,7 +78,8 @@ class GroupRecord:
 
 @dataclass(slots=True)
 class Counters:
-    """Cumulative counters of DESIGN.md §4.1 (executions) plus group and anomaly counts."""
+    """Cumulative execution counters ``d`` (dispatched), ``p`` (in progress), ``f`` (finished) plus group and
+    anomaly counts."""
 
     d: int = 0
     p: int = 0
@@ -104,13 +105,13 @@ class Counters:
 
     @property
     def waterlevel(self) -> int:
-        """Unfinished rollout work ``d - f`` = queued + running (DESIGN.md §1)."""
+        """Unfinished rollout work ``d - f`` = queued + running."""
         return self.d - self.f
 
 
 @dataclass(slots=True)
 class StepStream:
-    """The stream of one optimizer step: its groups and micro-step progress (DESIGN.md §4.4)."""
+    """The stream of one optimizer step: its groups and micro-step progress."""
 
     step: int
     group_ids: list[int] = field(default_factory=list)

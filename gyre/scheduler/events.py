@@ -1,13 +1,13 @@
-"""Typed events the scheduler consumes and typed commands it returns (DESIGN.md §2, §4).
+"""Typed events the scheduler consumes and typed commands it returns.
 
-The scheduler is a pure state machine (DESIGN.md §2 "functional core, imperative shell"): the
+The scheduler is a pure state machine: the
 shell -- rank 0's scheduler thread in a real run, :mod:`gyre.sim` in the simulator -- feeds it
 :data:`Event` objects through :meth:`gyre.scheduler.Scheduler.handle` and carries out the
 :data:`Command` objects it returns, *in the order returned*.  All records are frozen
 ``dataclass(slots=True)`` values; times are seconds on the shell's clock (``now``), ids are ints
 the scheduler itself assigns (group ids and execution ids count up from 0).
 
-Lifecycle of one rollout group (paper §4.1, DESIGN.md §4.1)::
+Lifecycle of one rollout group (paper §4.1)::
 
     Dispatch(group, version, executions)       # boundary dispatch: queued with the published version
     Launch(execution, group, dest)             # a slot on `dest` is free: start the harness there
@@ -21,10 +21,10 @@ Lifecycle of one rollout group (paper §4.1, DESIGN.md §4.1)::
     Publish(version)                           # burst end: core publishes weights to every engine
       -> WeightsPublished(version)             # shell: publication finished; next dispatch follows
 
-Cell roles (paper §4.2, DESIGN.md §4.2, §4.3)::
+Cell roles (paper §4.2)::
 
-    ToTrain(cell)   -> CellRoleChanged(cell, Role.TRAINING)   # after the R->T switch (8.52 s in the paper)
-    ToRollout(cell) -> CellRoleChanged(cell, Role.ROLLOUT)    # after the T->R switch (3.46 s in the paper)
+    ToTrain(cell)   -> CellRoleChanged(cell, Role.TRAINING)   # after the R->T switch (the paper reports 8.52 s)
+    ToRollout(cell) -> CellRoleChanged(cell, Role.ROLLOUT)    # after the T->R switch (the paper reports 3.46 s)
 """
 
 from __future__ import annotations
@@ -33,20 +33,20 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Union
 
-#: Route id of the standalone pool (engines that only ever serve rollouts, DESIGN.md §4.2).
+#: Route id of the standalone pool (engines that only ever serve rollouts).
 #: Cells are routes ``0..K-1``; cell 0 is the core cell.
 STANDALONE: Final[int] = -1
 
 
 class Role(str, enum.Enum):
-    """What a cell does (DESIGN.md §1 "cell"): serve rollouts or host one training replica."""
+    """What a cell does: serve rollouts or host one training replica."""
 
     ROLLOUT = "rollout"
     TRAINING = "training"
 
 
 class CellState(str, enum.Enum):
-    """A cell's state in the scheduler: a role, or a switch towards one (DESIGN.md §4.3)."""
+    """A cell's state in the scheduler: a role, or a switch towards one."""
 
     ROLLOUT = "rollout"
     TO_TRAINING = "to_training"
@@ -55,7 +55,7 @@ class CellState(str, enum.Enum):
 
 
 class ExecutionStatus(str, enum.Enum):
-    """Why an execution closed; every status increments ``f`` exactly once (DESIGN.md §4.1)."""
+    """Why an execution closed; every status increments ``f`` exactly once."""
 
     COMPLETED = "completed"
     FAILED = "failed"
@@ -103,7 +103,7 @@ class ExecutionFinished:
 
 @dataclass(slots=True, frozen=True)
 class GroupReady:
-    """The trajectory buffer holds the group's admitted outcomes (DESIGN.md §3.4).
+    """The trajectory buffer holds the group's admitted outcomes.
 
     ``num_micro_steps``: how many micro-steps the stream packing buffer will emit for it (>= 0).
     Executions of the group still queued are closed as surplus at the queue; those still
@@ -117,7 +117,7 @@ class GroupReady:
 
 @dataclass(slots=True, frozen=True)
 class MicroStepDone:
-    """Training cell ``cell`` finished one micro-step of step ``step`` (DESIGN.md §4.4)."""
+    """Training cell ``cell`` finished one micro-step of step ``step``."""
 
     cell: int
     step: int
@@ -172,7 +172,7 @@ class Launch:
 
 @dataclass(slots=True, frozen=True)
 class Reroute:
-    """Move running executions' routes from ``source`` to ``dest`` (DESIGN.md §4.3).
+    """Move running executions' routes from ``source`` to ``dest``.
 
     The destination capacity is already reserved; outstanding model requests on ``source`` are
     cancelled by the shell and retried at ``dest`` (the harness sees one normal response).
@@ -201,7 +201,7 @@ class ToRollout:
 class EnqueueGroup:
     """Admit ready group ``group_id`` into the stream of optimizer step ``step`` (0-based).
 
-    ``staleness`` is ``d = v_t - v_d`` (DESIGN.md §1): the policy version before the step
+    ``staleness`` is ``d = v_t - v_d``: the policy version before the step
     (``v_t = step``) minus the published version at the group's dispatch.
     """
 
@@ -213,7 +213,7 @@ class EnqueueGroup:
 @dataclass(slots=True, frozen=True)
 class CloseJoinWindow:
     """Step ``step``'s stream is drained: no satellite joins it any more; the core aggregates
-    gradients and performs the step's one optimizer update (DESIGN.md §4.4)."""
+    gradients and performs the step's one optimizer update."""
 
     step: int
 

@@ -1,4 +1,4 @@
-"""Placement policies over one machinery: ``elastic``, ``async``, ``colocate`` (paper §4.2, §6; DESIGN.md §4.2).
+"""Placement policies over one machinery: ``elastic``, ``async``, ``colocate`` (paper §4.2, §6).
 
 A policy only *decides*; the :class:`~gyre.scheduler.scheduler.Scheduler` carries the decision
 out (reroutes, role commands, bookkeeping).  It is asked four questions:
@@ -11,7 +11,7 @@ out (reroutes, role commands, bookkeeping).  It is asked four questions:
 * :meth:`PlacementPolicy.retain_core` -- after the burst's weight publication and the next
   dispatch: does the core stay in training for the next burst?
 
-Elastic, our reading of the paper's waterlevel policy (DESIGN.md §4.2):
+Elastic, our reading of the paper's waterlevel policy:
 
 * cells enter training in ascending order (core first); the next cell ``j`` moves when
   **capacity** -- the rollout capacity that stays (standalone + cells in rollout other than

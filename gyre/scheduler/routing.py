@@ -1,11 +1,11 @@
-"""Route table: which execution is pinned to which engine, and the capacity left (DESIGN.md §3.1, §4.2).
+"""Route table: which execution is pinned to which engine, and the capacity left.
 
 Routes are the standalone pool (:data:`~gyre.scheduler.events.STANDALONE`, capacity ``c_s``) and
 the cells ``0..K-1`` (capacity ``c`` each while in rollout).  The table only stores occupancy;
 which routes may take work is the scheduler's decision (cells in rollout, plus the standalone
 pool).  Destination order, for launches and for reroutes alike: standalone first, then rollout
 cells in *descending* cell order -- they stay in rollout longest, since cells enter training in
-ascending order (DESIGN.md §4.2).
+ascending order.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The scheduler: a deterministic state machine from events to commands (paper §4; DESIGN.md §2, §4).
+"""The scheduler: a deterministic state machine from events to commands (paper §4).
 
 One object drives a real run (rank 0's scheduler thread) and the simulator (:mod:`gyre.sim`)
 through the same API::
@@ -21,7 +21,7 @@ After every event the scheduler *settles*, in this order:
 4. queued executions launch into free slots, in the same destination order (:class:`Launch`).
 
 :class:`WeightsPublished` triggers the next boundary dispatch (``mu * B`` groups) and the core
-retention decision (DESIGN.md §4.2).
+retention decision.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Scheduler:
         done: ``max_steps`` reached and the final weights published.
         role_log: ``(now, cell, CellState)`` for every state change, starting at ``Start``.
         switch_latencies: ``(cell, Role, seconds)`` per finished switch, from the role command
-            to its :class:`CellRoleChanged` (DESIGN.md §4.3).
+            to its :class:`CellRoleChanged`.
         switches: role commands issued (ToTrain + ToRollout).
     """
 
@@ -85,7 +85,7 @@ class Scheduler:
 
     @property
     def counters(self) -> Counters:
-        """Cumulative ``d, p, f`` counters (DESIGN.md §4.1)."""
+        """Cumulative ``d, p, f`` counters."""
         return self.queue.counters
 
     @property
@@ -124,7 +124,7 @@ class Scheduler:
 
     def supply_ok(self, busy_cells: int) -> bool:
         """Ready work for one more training cell: the stream is open, or it holds more
-        unfinished micro-steps than the ``busy_cells`` already training (DESIGN.md §4.2)."""
+        unfinished micro-steps than the ``busy_cells`` already training."""
         q = self.queue
         return q.stream_open or q.pending_micro_steps > busy_cells
 
@@ -318,7 +318,7 @@ class Scheduler:
         return out
 
     def check_invariants(self) -> None:
-        """Assert the counter and routing invariants (DESIGN.md §4.1, §4.2); for tests.
+        """Assert the counter and routing invariants; for tests.
 
         Raises:
             AssertionError: ``0 <= f <= p <= d`` broken, a route over capacity, or a running

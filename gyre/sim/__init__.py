@@ -1,4 +1,4 @@
-"""Discrete-event cluster simulator driving the real scheduler policy (DESIGN.md §6).
+"""Discrete-event cluster simulator driving the real scheduler policy.
 
 * :mod:`gyre.sim.workload` -- execution durations: the ``paper-nl2repo`` fit, trace files;
 * :mod:`gyre.sim.cluster` -- :class:`ClusterSim`, the simpy shell around :class:`gyre.scheduler.Scheduler`;

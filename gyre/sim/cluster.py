@@ -1,6 +1,6 @@
-"""Discrete-event simulation of ``K`` cells + a standalone pool driving the real scheduler (DESIGN.md §6).
+"""Discrete-event simulation of ``K`` cells + a standalone pool driving the real scheduler.
 
-The simulator is the *imperative shell* of :class:`gyre.scheduler.Scheduler` (DESIGN.md §2): it
+The simulator is the *imperative shell* of :class:`gyre.scheduler.Scheduler`: it
 feeds the very same object the very same events a real run does and carries out its commands on
 simulated hardware, on a `simpy <https://simpy.readthedocs.io>`_ clock.  Events are delivered one
 at a time from simpy callbacks (never re-entrantly), so the scheduler sees a strictly ordered

@@ -1,4 +1,4 @@
-"""Compare placements at matched mean staleness (paper §6; DESIGN.md §6).
+"""Compare placements at matched mean staleness (paper §6).
 
 Each placement gets the ``(phi, mu)`` whose App. A mean staleness ``phi + (mu - 1)/2`` equals the
 requested ``E``: Async ``(E, 1)``, Colocate ``(0, 2E + 1)``, elastic ``(0, 3)`` at ``E = 1``,

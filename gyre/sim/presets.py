@@ -1,4 +1,4 @@
-"""Named simulation setups: workload + cluster shape + hardware timings (DESIGN.md §6).
+"""Named simulation setups: workload + cluster shape + hardware timings.
 
 ``paper-nl2repo``
     The paper's NL2RepoBench run (paper §6): 32 nodes as ``K = 8`` cells of 4 nodes, rollout
@@ -28,10 +28,8 @@ from .workload import LognormalWorkload, TraceWorkload, Workload, paper_nl2repo
 #: 122B-A10B model costs ~6 * 10e9 FLOP per token for its weights plus ~3e10 for attention over
 #: ~50k tokens of context on average (full-attention layers only), ~9e18 FLOP per step.  One
 #: cell (32 GPUs) at 18-25 % MFU sustains 0.9-1.2e15 FLOP/s on H20-class GPUs (2-3 h per step) and
-#: ~8e15 on H800-class GPUs (~0.3 h).  The paper's hardware is not in DESIGN.md; we take 3 h, the
-#: upper end, which is also the value at which our Colocate baseline is 1.36x slower than elastic
-#: at E[d] = 1.5 -- the low end of the paper's range.  ``bench/sim.py --sweep`` shows how the
-#: speedups move with this number (0.5 h - 8 h).
+#: ~8e15 on H800-class GPUs (~0.3 h).  The paper does not name its hardware; we take 3 h, the
+#: upper end.  ``bench/sim.py --sweep`` shows how the speedups move with this number (0.5 h - 8 h).
 TRAIN_STEP_CELL_S_NL2REPO = 3 * 3600.0
 
 

@@ -1,11 +1,11 @@
-"""Workloads: per-execution durations, timeout flags and model-call counts (DESIGN.md §6).
+"""Workloads: per-execution durations, timeout flags and model-call counts.
 
 A workload draws one rollout group at a time -- ``n`` executions of one query -- because the
 executions of a query are *not* independent: a hard repository is slow for every sample.
 
 ``paper-nl2repo`` (:func:`paper_nl2repo`) -- fit to the paper's NL2RepoBench statistics
 ------------------------------------------------------------------------------------------
-Targets (paper §2.2 / §6, DESIGN.md §6): mean execution 1.93 h; mean query time, the slowest of
+Targets (paper §2.2 / §6): mean execution 1.93 h; mean query time, the slowest of
 its ``N = 16`` executions, 2.96 h; 9.51 % of queries take >= 4 h; harness-timeout rate 6.25 %.
 
 Why not one distribution for every execution.  With i.i.d. executions and a timeout rate of
@@ -66,7 +66,7 @@ import numpy as np
 
 HOUR = 3600.0
 
-#: Paper targets (DESIGN.md §6): mean execution h, mean query (max of 16) h, P(query >= 4 h), timeout rate.
+#: Paper targets: mean execution h, mean query (max of 16) h, P(query >= 4 h), timeout rate.
 PAPER_NL2REPO_TARGETS: tuple[float, float, float, float] = (1.93, 2.96, 0.0951, 0.0625)
 
 

@@ -1,4 +1,4 @@
-"""Task specs: the data of one query (DESIGN.md §1 "query / task") and its validation.
+"""Task specs: the data of one query and its validation.
 
 A task is plain data -- a mapping read from YAML or JSONL (:mod:`gyre.tasks.loader`)::
 

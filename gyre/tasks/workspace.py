@@ -4,8 +4,8 @@ Order: copy ``dir`` (symlinks copied as links; ``__pycache__``/``.pytest_cache``
 check out ``git.commit`` of the local repository ``git.repo`` (``git clone --no-checkout``,
 then a detached ``git checkout``), *or* create an empty directory; then write the inline
 ``files`` on top. Any failure raises :class:`WorkspaceError` and leaves no partial directory
-behind -- the caller turns it into a closure without assessable work (the failure
-placeholder of DESIGN.md §3.3).
+behind -- the caller turns it into a closure without assessable work (a placeholder:
+reward 0 and an empty trajectory tree, :func:`gyre.evaluation.placeholder_tree`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@ checked without the harness installed (a stand-in executable)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -124,7 +123,7 @@ def test_harness_from_args():
     assert h.compact_threshold_tokens == 1536 and h.isolation == "off"
     h = harness_from_args(parse_args(["--harness", "mini-swe-agent", "--harness-max-turns", "9"]))
     assert isinstance(h, MiniSweAgentHarness) and h.step_limit == 9
-    h = harness_from_args(argparse.Namespace(harness="codex", execution_timeout_s=5.0, seq_length=32768))
+    h = harness_from_args(parse_args(["--harness", "codex", "--execution-timeout-s", "5", "--seq-length", "32768"]))
     assert isinstance(h, CodexHarness) and h.settings["model_context_window"] == 32768
     assert harness_from_args(parse_args(["--harness", "reference"]), context_window=1000).compact_threshold_tokens == 750
 

@@ -12,7 +12,7 @@ from gyre.scheduler import SchedulerConfig
 def _ns(**kw):
     base = dict(n_samples_per_prompt=16, global_batch_groups=32, extra_dispatch=0.5, steps_per_burst=3,
                 placement="elastic", num_cells=8, train_cells=1, rollout_concurrency_per_cell=144,
-                standalone_concurrency=0)
+                standalone_concurrency=0, oversample_executions=0, train_steps=2)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -25,7 +25,7 @@ def test_from_args_reads_the_flag_attributes():
     assert cfg.queue_depth_groups == 112 and cfg.expected_staleness == 1.5 and cfg.executions_per_group == 18
 
 
-def test_from_args_optional_attributes_and_overrides():
+def test_from_args_overrides():
     cfg = SchedulerConfig.from_args(_ns(), max_steps=5)
     assert cfg.oversample == 0 and cfg.max_steps == 5
 
