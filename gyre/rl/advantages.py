@@ -74,9 +74,9 @@ class AdvantageConfig:
         """From parsed Gyre arguments (``--advantage-std-scaling``, ``--advantage-leave-one-out``,
         ``--filter-zero-std-groups``)."""
         return cls(
-            std_scaling=bool(getattr(args, "advantage_std_scaling", True)),
-            leave_one_out=bool(getattr(args, "advantage_leave_one_out", False)),
-            filter_zero_std_groups=bool(getattr(args, "filter_zero_std_groups", False)),
+            std_scaling=bool(args.advantage_std_scaling),
+            leave_one_out=bool(args.advantage_leave_one_out),
+            filter_zero_std_groups=bool(args.filter_zero_std_groups),
         )
 
 

@@ -94,14 +94,13 @@ class ObjectiveConfig:
     def from_args(cls, args: argparse.Namespace) -> "ObjectiveConfig":
         """From parsed Gyre arguments (``--loss-type``, ``--token-is-cap``, ``--seq-clip-low/high``,
         ``--token-clip-low/high``)."""
-        d = cls()
         return cls(
-            loss_type=getattr(args, "loss_type", d.loss_type),
-            token_is_cap=float(getattr(args, "token_is_cap", d.token_is_cap)),
-            seq_clip_low=float(getattr(args, "seq_clip_low", d.seq_clip_low)),
-            seq_clip_high=float(getattr(args, "seq_clip_high", d.seq_clip_high)),
-            token_clip_low=float(getattr(args, "token_clip_low", d.token_clip_low)),
-            token_clip_high=float(getattr(args, "token_clip_high", d.token_clip_high)),
+            loss_type=args.loss_type,
+            token_is_cap=float(args.token_is_cap),
+            seq_clip_low=float(args.seq_clip_low),
+            seq_clip_high=float(args.seq_clip_high),
+            token_clip_low=float(args.token_clip_low),
+            token_clip_high=float(args.token_clip_high),
         )
 
 
