@@ -33,7 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gyre.buffer.packing import PackingConfig, pack_rows  # noqa: E402
 from gyre.training.logprobs import target_logprobs_from_hidden  # noqa: E402
-from gyre.training.step import AdamConfig, HFTrainStep, build_megatron_train_step  # noqa: E402
+from gyre.training.hf_step import HFTrainStep  # noqa: E402
+from gyre.training.megatron_step import build_megatron_train_step  # noqa: E402
+from gyre.training.step import AdamConfig  # noqa: E402
 from gyre.training.trace_trees import trace_shaped_rows  # noqa: E402
 
 SHARED = Path(os.environ.get("GYRE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))

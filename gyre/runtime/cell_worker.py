@@ -6,9 +6,9 @@ A cell owns two copies of the policy in its process:
   embedded``), serving rollouts while the cell is in the rollout role; the proxy on rank 0
   routes model calls to it as ``engine-{cell}``;
 * its **training replica** -- ``--training-backend megatron``: a megatron-core ``GPTModel`` in
-  Megatron DDP with Megatron's optimizer (:class:`gyre.training.step.MegatronTrainStep`; gradients
+  Megatron DDP with Megatron's optimizer (:class:`gyre.training.megatron_step.MegatronTrainStep`; gradients
   accumulate in ``main_grad`` without ``finalize_model_grads``, the prefix group sums them);
-  ``hf``: a ``transformers`` model with AdamW (:class:`gyre.training.step.HFTrainStep`).  Either
+  ``hf``: a ``transformers`` model with AdamW (:class:`gyre.training.hf_step.HFTrainStep`).  Either
   way the weight snapshot carries the replica's own tensors and rollout engines receive them
   converted to HF names.  Offloaded (:class:`~gyre.training.cell.TrainingState`) while the cell
   serves rollouts.

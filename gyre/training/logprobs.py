@@ -17,7 +17,7 @@ whatever the row length (the "fused linear cross-entropy" trick).
   (TP > 1 needs a max/sum-exp all-reduce over the TP group, as in
   ``megatron/core/tensor_parallel/cross_entropy.py``) are out of scope for this
   single-process version: given a vocabulary shard these functions would normalise over the
-  shard only, so :class:`gyre.training.step.MegatronPolicy` refuses TP > 1.
+  shard only, so :class:`gyre.training.megatron_step.MegatronPolicy` refuses TP > 1.
 
 Numbers equal ``torch.log_softmax(logits, -1).gather(-1, targets)`` to float rounding
 (tests/training/test_step.py checks 1e-6 on the tiny model); arithmetic is in fp32 (bf16

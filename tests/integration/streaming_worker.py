@@ -7,7 +7,7 @@ sum over the prefix group.  Rank 0 then recomputes the same steps in a single pr
 the max parameter difference, per-cell claim counts and exactly-once checks to ``--out``.
 
 ``--backend raw``: a hand-written per-token-weighted loss on the HF model (AdamW);
-``--backend megatron``: the main job's training replica, :class:`gyre.training.step.MegatronTrainStep`
+``--backend megatron``: the main job's training replica, :class:`gyre.training.megatron_step.MegatronTrainStep`
 (Megatron DDP ``main_grad`` buffers, Megatron's optimizer), on GSPO micro-steps packed from the
 shared traces and grouped into work items as the controller queues them.
 """
@@ -106,11 +106,12 @@ class RawReplica:
 
 
 class MegatronReplica:
-    """The main job's Megatron training replica (:class:`gyre.training.step.MegatronTrainStep`) on
+    """The main job's Megatron training replica (:class:`gyre.training.megatron_step.MegatronTrainStep`) on
     micro-steps packed from the shared traces, in work items as the controller queues them."""
 
     def __init__(self, rank: int, shared: str | None):
-        from gyre.training.step import AdamConfig, build_megatron_train_step
+        from gyre.training.megatron_step import build_megatron_train_step
+        from gyre.training.step import AdamConfig
 
         self.shared = shared
         self.hf = load_hf_model(ensure_tiny_model("local"))
