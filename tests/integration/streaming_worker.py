@@ -127,7 +127,7 @@ class MegatronReplica:
         from gyre.buffer.packing import PackingConfig, pack_rows
         from gyre.runtime.cell_worker import encode_work_item
         from gyre.runtime.controller import work_items
-        from gyre.training.trace_trees import trace_shaped_rows
+        from tests.training.trace_trees import trace_shaped_rows
         from tests.training.test_step import TRACES, with_behaviour_near_policy
 
         rng = np.random.default_rng(10 + step)
