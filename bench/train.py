@@ -3,7 +3,7 @@
 
     python bench/train.py [--source replay|shaped] [--scale 0.125] [--budget N] [--iters 3] [--backend hf|megatron|both]
 
-The batch: one execution per trace of ``../shared/traces`` (``--copies`` each, shaped only), up to
+The batch: one execution per recorded harness trace (``--copies`` each, shaped only), up to
 ``J_max = 5`` admitted rows each, random advantages, behaviour log-probs near the policy's. Trees
 are real replays through the proxy core (``--source replay``, :mod:`gyre.proxy.replay`, rows of
 9k-19k tokens, default budget 20480) or trees with the traces' structure and sizes scaled by
