@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Does the tiny model learn the toy task through the whole pipeline?  (issue #11)
+"""Does the tiny model learn the toy task through the whole pipeline?
 
     python bench/toy_learning.py [--seeds 0 1 2] [--warmstart-steps 300] [--out runs/toy-bench]
 

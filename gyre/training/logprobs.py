@@ -1,27 +1,17 @@
 """Log-probs (and entropy) of the target tokens only, in chunks over the targets.
 
-With a 151k vocabulary a 2k-token row's full ``log_softmax`` is ~1.2 GB in fp32
-(``../shared/BACKENDS.md``), so the trainer never materialises ``[T, V]`` log-probs. Both
-functions here take the *positions that predict a target* (``index``) and the target ids,
-and process ``chunk_size`` targets at a time: gather the rows, ``logsumexp`` over the
-vocabulary, pick the target logit. Backward recomputes each chunk's softmax from the saved
-``logsumexp`` instead of keeping the chunks alive, so the extra memory is ``chunk_size x V``
-whatever the row length (the "fused linear cross-entropy" trick).
-
-* :func:`target_logprobs_from_hidden` (HF path): takes the final hidden states ``[M, h]`` and
-  the output-layer weight ``[V, h]``; logits are formed chunk by chunk, so no ``[M, V]``
-  tensor ever exists.
-* :func:`target_logprobs_from_logits` (Megatron path): megatron-core's ``GPTModel`` returns
-  full logits ``[b, s, V/TP]``; this avoids the second ``[N, V]`` copy that
-  ``log_softmax(...).gather(...)`` and its autograd would keep. Vocabulary-parallel logits
-  (TP > 1 needs a max/sum-exp all-reduce over the TP group, as in
-  ``megatron/core/tensor_parallel/cross_entropy.py``) are out of scope for this
-  single-process version: given a vocabulary shard these functions would normalise over the
-  shard only, so :class:`gyre.training.step.MegatronPolicy` refuses TP > 1.
-
-Numbers equal ``torch.log_softmax(logits, -1).gather(-1, targets)`` to float rounding
-(tests/training/test_step.py checks 1e-6 on the tiny model); arithmetic is in fp32 (bf16
-inputs are upcast per chunk) or fp64 for fp64 inputs (``gradcheck``).
+With a 151k vocabulary a 2k-token row's full fp32 ``log_softmax`` is 1.2 GB, so the trainer never
+materialises ``[T, V]`` log-probs. Both functions take the positions that predict a target
+(``index``) and the target ids and process ``chunk_size`` targets at a time: gather the rows,
+``logsumexp`` over the vocabulary, pick the target logit. Backward recomputes each chunk's softmax
+from the saved ``logsumexp``, so the extra memory is ``chunk_size x V`` whatever the row length
+(the "fused linear cross-entropy" trick). :func:`target_logprobs_from_hidden` (HF) forms the
+logits from the final hidden states chunk by chunk; :func:`target_logprobs_from_logits`
+(Megatron, whose ``GPTModel`` returns full logits) avoids the second ``[N, V]`` copy of
+``log_softmax(...).gather(...)``. Given a vocabulary shard (TP > 1) they would normalise over the
+shard only, so :class:`gyre.training.megatron_step.MegatronPolicy` refuses TP > 1. Numbers equal
+``torch.log_softmax(logits, -1).gather(-1, targets)`` to float rounding; arithmetic is in fp32
+(bf16 inputs are upcast per chunk) or fp64 for fp64 inputs.
 """
 
 from __future__ import annotations

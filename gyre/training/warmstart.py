@@ -1,10 +1,11 @@
 """Supervised format warm-start of a (tiny) policy on chat conversations.
 
-A randomly initialised model never emits EOS or a valid tool call (BACKENDS.md); a few seconds
-of supervised training on format examples makes it a usable test policy and a sensible RL start.
-Each conversation is rendered with the model's own chat template (incrementally, message by
-message, so the token boundaries are the ones the proxy produces); the loss covers the assistant
-messages only (mean next-token cross-entropy over those tokens).  Optimizer: AdamW.
+A randomly initialised model never emits EOS or a valid tool call; a short supervised training on
+format examples makes it a usable test policy and a sensible RL start. Each conversation is
+rendered with the model's own chat template (incrementally, message by message, so the token
+boundaries are the ones the proxy produces); the loss covers the assistant messages only (mean
+next-token cross-entropy over those tokens). Optimizer: AdamW. ``tools/warmstart.py`` is the
+command line and holds the built-in example sets.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def sft(model, tokenizer, examples: Sequence[Example], *, steps: int = 200, lr: 
 
     AdamW with Megatron's schedule: linear warm-up over ``warmup_steps`` (default: 5% of
     ``steps``), then cosine decay to ``min_lr_ratio * lr`` at the last step (a constant lr keeps
-    kicking a tiny model out of the minimum it found: loss 0.10 at 200 steps, 0.51 at 1000).
+    kicking a tiny model out of the minimum it found).
 
     Raises:
         ValueError: no example has an assistant token.
@@ -127,95 +128,3 @@ def load_examples(path: str | Path) -> list[Example]:
             raise ValueError(f"{path}:{n}: expected an object with a 'messages' list")
         out.append(Example(obj["messages"], obj.get("tools")))
     return out
-
-
-def tool_loop_examples(max_prior_turns: int = 6) -> list[Example]:
-    """Built-in set ``tool-loop``: the reference agent's prompt and tools, and an assistant that
-    always answers with one ``bash`` call (``echo step``), whatever the number of earlier turns.
-
-    A policy trained on it keeps a harness busy for as many turns as it allows: the test policy
-    of the role-transition tests.
-    """
-    from gyre.harness.reference_agent.agent import DEFAULT_SYSTEM_PROMPT
-    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
-
-    tools = [TOOL_SCHEMAS["bash"]]
-    out = []
-    for k in range(max_prior_turns + 1):
-        msgs: list[dict[str, Any]] = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
-                                      {"role": "user", "content": "Run the checks, one step at a time."}]
-        for t in range(k + 1):
-            call_id = f"call_{t}"
-            msgs.append({"role": "assistant", "content": "", "tool_calls": [
-                {"id": call_id, "type": "function",
-                 "function": {"name": "bash", "arguments": {"command": "echo step"}}}]})
-            if t < k:
-                msgs.append({"role": "tool", "tool_call_id": call_id, "content": "exit code: 0\nstep\n"})
-        out.append(Example(msgs, tools))
-    return out
-
-
-TOY_SUM_RE = r"What is (\d+)\+(\d+)\? Write the result to answer\.txt"
-
-
-def _answer_file_example(question: str, content: str) -> Example:
-    """``question`` answered by one ``write_file`` call that writes ``content`` to answer.txt, with
-    only the ``write_file`` tool offered (the toy sets' prompt shape)."""
-    from gyre.harness.reference_agent.tools import TOOL_SCHEMAS
-
-    return Example([{"role": "user", "content": question},
-                    {"role": "assistant", "content": "", "tool_calls": [
-                        {"id": "call_0", "type": "function",
-                         "function": {"name": "write_file", "arguments": {"path": "answer.txt", "content": content}}}]}],
-                   [TOOL_SCHEMAS["write_file"]])
-
-
-def toy_sum_examples(exclude: Sequence[str] = ()) -> list[Example]:
-    """Built-in set ``toy-sums``: "What is a+b? Write the result to answer.txt" (``a, b`` in 1..9)
-    answered by one ``write_file`` call, with no system prompt and only the ``write_file`` tool --
-    what the reference agent sends with ``--reference-tools write_file --reference-system-prompt ''``
-    on ``examples/tasks/toy/tasks.jsonl``.
-
-    ``exclude``: instructions to leave out (the RL training queries: the warm-start teaches the
-    format on *other* sums, so RL starts above 0 but below 1).
-    """
-    import re
-
-    skip = {(int(m.group(1)), int(m.group(2))) for t in exclude if (m := re.fullmatch(TOY_SUM_RE, t.strip()))}
-    return [_answer_file_example(f"What is {a}+{b}? Write the result to answer.txt", str(a + b))
-            for a in range(1, 10) for b in range(1, 10) if (a, b) not in skip]
-
-
-TOY_LARGEST_RE = r"What is the largest of ([1-9](?: [1-9])*)\? Write the result to answer\.txt"
-
-
-def toy_largest_examples(exclude: Sequence[str] = (), n: int = 400, seed: int = 0) -> list[Example]:
-    """Built-in set ``toy-largest``: ``n`` conversations "What is the largest of d1 d2 d3 d4 d5?
-    Write the result to answer.txt" (random digits 1..9, seeded) answered by one ``write_file`` call
-    whose content is a *randomly chosen listed digit* -- a format-only warm-start: the policy
-    learns the tool call and to answer with one of the digits, not which one (RL's job on
-    ``examples/tasks/toy/largest.tasks.jsonl``, whose lists each hold a 9: a start near 1/5).
-
-    ``exclude``: instructions to leave out (the RL queries).
-
-    Raises:
-        ValueError: ``n < 1``.
-    """
-    import re
-
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    skip = {m.group(1) for t in exclude if (m := re.fullmatch(TOY_LARGEST_RE, t.strip()))}
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        digits = [rng.randint(1, 9) for _ in range(5)]
-        listed = " ".join(map(str, digits))
-        if listed not in skip:
-            out.append(_answer_file_example(f"What is the largest of {listed}? Write the result to answer.txt",
-                                            str(rng.choice(digits))))
-    return out
-
-
-BUILTIN_EXAMPLES = {"tool-loop": tool_loop_examples, "toy-sums": toy_sum_examples,
-                    "toy-largest": toy_largest_examples}

@@ -1,20 +1,16 @@
-"""Core-cell weight snapshots that joining satellites pull (DESIGN.md §4.4, paper §4.4).
+"""Core-cell weight snapshots that joining satellites pull.
 
 Before each optimizer step the core (cell 0) copies its parameters into one flat, registered host
-buffer and stamps it with the policy version.  A satellite that joins the batch pulls that buffer
-and checks the version before it claims micro-steps.  Weights are fixed during gradient
-accumulation, so every satellite reads the same snapshot.
-
-Transports (``--weight-transport``):
-
-* ``mooncake`` -- Mooncake Transfer Engine one-sided reads (``transfer_sync_read``): TCP on CPU
-  (``mooncake-transfer-engine-non-cuda``), RDMA on GPU clusters (the CUDA wheel, same API).
-* ``gloo`` -- a ``torch.distributed.broadcast`` of the flat buffer over the participants' group;
-  the fallback when Mooncake is unavailable.
-
-Layout: an int64 header ``[version, numel]`` (``version == -1`` while a write is in progress) and a
-flat payload of the parameters in ``named_parameters()`` order, both registered with the engine.
-A reader checks the header before and after reading the payload, so a torn read is detected.
+buffer and stamps it with the policy version. A satellite that joins the batch pulls that buffer
+and checks the version before it claims micro-steps; weights are fixed during gradient
+accumulation, so every satellite reads the same snapshot. Transports (``--weight-transport``):
+``mooncake`` -- Mooncake Transfer Engine one-sided reads (``transfer_sync_read``; TCP on CPU with
+``mooncake-transfer-engine-non-cuda``, RDMA on GPU clusters with the CUDA wheel, same API);
+``gloo`` -- a ``torch.distributed.broadcast`` of the flat buffer over the participants' group, the
+fallback when Mooncake is unavailable. Layout: an int64 header ``[version, numel]`` (``version ==
+-1`` while a write is in progress) and a flat payload of the parameters in ``named_parameters()``
+order, both registered with the engine. A reader checks the header before and after reading the
+payload, so a torn read is detected.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ sum over the prefix group.  Rank 0 then recomputes the same steps in a single pr
 the max parameter difference, per-cell claim counts and exactly-once checks to ``--out``.
 
 ``--backend raw``: a hand-written per-token-weighted loss on the HF model (AdamW);
-``--backend megatron``: the main job's training replica, :class:`gyre.training.step.MegatronTrainStep`
+``--backend megatron``: the main job's training replica, :class:`gyre.training.megatron_step.MegatronTrainStep`
 (Megatron DDP ``main_grad`` buffers, Megatron's optimizer), on GSPO micro-steps packed from the
 shared traces and grouped into work items as the controller queues them.
 """
@@ -106,11 +106,12 @@ class RawReplica:
 
 
 class MegatronReplica:
-    """The main job's Megatron training replica (:class:`gyre.training.step.MegatronTrainStep`) on
+    """The main job's Megatron training replica (:class:`gyre.training.megatron_step.MegatronTrainStep`) on
     micro-steps packed from the shared traces, in work items as the controller queues them."""
 
     def __init__(self, rank: int, shared: str | None):
-        from gyre.training.step import AdamConfig, build_megatron_train_step
+        from gyre.training.megatron_step import build_megatron_train_step
+        from gyre.training.step import AdamConfig
 
         self.shared = shared
         self.hf = load_hf_model(ensure_tiny_model("local"))
@@ -125,7 +126,7 @@ class MegatronReplica:
 
         from gyre.buffer.packing import PackingConfig, pack_rows
         from gyre.buffer.work_items import encode_work_item, work_items
-        from gyre.training.trace_trees import trace_shaped_rows
+        from tests.training.trace_trees import trace_shaped_rows
         from tests.training.test_step import TRACES, with_behaviour_near_policy
 
         rng = np.random.default_rng(10 + step)

@@ -26,7 +26,8 @@ TURNS = 12
 @pytest.fixture(scope="module")
 def tool_loop_model(tmp_path_factory, tiny_model_dir):
     from gyre.embedded_model import load_hf_model, load_tokenizer
-    from gyre.training.warmstart import sft, tool_loop_examples
+    from gyre.training.warmstart import sft
+    from tools.warmstart import tool_loop_examples
 
     out = tmp_path_factory.mktemp("tool-loop-model")
     model, tok = load_hf_model(tiny_model_dir), load_tokenizer(tiny_model_dir)

@@ -11,7 +11,9 @@ import torch
 
 from gyre.buffer.packing import PackingConfig, pack_rows
 from gyre.embedded_model import load_hf_model
-from gyre.training.step import AdamConfig, HFTrainStep, build_megatron_train_step
+from gyre.training.hf_step import HFTrainStep
+from gyre.training.megatron_step import build_megatron_train_step
+from gyre.training.step import AdamConfig
 from tests.training.test_step import TRACES, assert_same_update, pack_into, trace_batch, with_behaviour_near_policy
 
 

@@ -20,7 +20,7 @@ import torch
 from gyre.buffer.packing import PackingConfig, pack_rows
 from gyre.rl.objective import ObjectiveConfig
 from gyre.trajectory import materialize, sample_trajectories
-from gyre.training.step import HFTrainStep
+from gyre.training.hf_step import HFTrainStep
 from tests.buffer.test_packing import check_invariants
 from tests.training.test_step import grads_of, per_row_loss, with_behaviour_near_policy
 

@@ -14,11 +14,12 @@ import torch
 from gyre.buffer.packing import PackingConfig, pack_rows
 from gyre.embedded_model import load_hf_model
 from gyre.rl.objective import ObjectiveConfig, ObjectiveInputs, execution_objective
+from gyre.training.hf_step import HFTrainStep
 from gyre.training.logprobs import target_logprobs_from_hidden, target_logprobs_from_logits
-from gyre.training.step import AdamConfig, HFTrainStep
-from gyre.training.trace_trees import trace_shaped_rows
+from gyre.training.step import AdamConfig
+from tests.training.trace_trees import trace_shaped_rows
 
-# Trees with the traces' branching structure and sizes scaled down (gyre.training.trace_trees: long
+# Trees with the traces' branching structure and sizes scaled down (tests/training/trace_trees.py: long
 # shared prefix, compaction branch, sub-agent root branch; random token ids), so the 2-layer embedded
 # model runs them in seconds. Real replays (9k-19k-token rows) are in
 # tests/integration/test_train_step_replay.py.
@@ -277,7 +278,7 @@ def tempered_reference(model, batch, temperature):
 def test_policy_logprobs_are_of_the_tempered_distribution(hf, shared_dir):
     """``--rollout-temperature T``: the engine returns log-probs of softmax(z / T) (SGLang does), so
     the trainer's log-probs must be of the same distribution, not of softmax(z)."""
-    from gyre.training.step import HFPolicy
+    from gyre.training.hf_step import HFPolicy
 
     batch = tempered_batch(shared_dir)
     with torch.no_grad():

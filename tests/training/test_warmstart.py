@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from gyre.embedded_model import load_tokenizer
-from gyre.training.warmstart import (Example, load_examples, render_example, sft_lr_factor, tool_loop_examples,
-                                     toy_largest_examples)
+from gyre.training.warmstart import Example, load_examples, render_example, sft_lr_factor
+from tools.warmstart import tool_loop_examples, toy_largest_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,26 +1,15 @@
-"""Trajectory trees shaped like the recorded harness traces (``../shared/traces``), for tests and
-benchmarks of packing and the tree-packed forward.
+"""Trajectory trees shaped like the recorded harness traces, with random token ids.
 
-A cheap, scalable stand-in for real replays: :func:`gyre.proxy.replay.replay_trace` (and
-``tools/replay_trace.py``) replays a trace's requests through the proxy and gives the real token
-trees, whose rows are 9k-19k tokens -- more than CPU unit tests can afford. Here only the
-*structure* and the *sizes* come from the trace (scaled by ``scale``); token ids are random:
-
-* each successful request (``injected`` attempts and non-model calls are skipped) becomes one
-  :class:`~gyre.trajectory.records.RequestRecord` whose role is the trace's ``kind``
-  (``main_text`` -> ``main``);
-* a context *window* is the harness's running conversation: ``main`` calls extend the main
-  window (previous input + previous output + the new messages), ``subagent`` calls extend a
-  sub-agent window started fresh (its own system prompt and tools), a ``compaction`` call
-  branches off the main window (Claude Code drops the newest assistant turn; a request with a
-  different tool list, like Codex's ``tools: []``, shares only the template header) and the
-  next ``main`` call opens a new window that shares the system prompt and tools with the old
-  one (paper §5.1: compaction and sub-agents appear as new branches);
-* sizes in tokens are the JSON character counts of system + tools, of the new messages and of
-  the reply, divided by ``chars_per_token`` and multiplied by ``scale``.
-
-So the trees have the long shared prefixes, compaction branches and sub-agent root branches of
-the real runs, at a size the CPU tests can afford.
+A cheap, scalable stand-in for real replays (:func:`gyre.proxy.replay.replay_trace` gives the real
+token trees, whose 9k-19k-token rows are more than CPU unit tests can afford): only the structure
+and the sizes come from the trace. Each successful model call (not ``injected``) becomes one
+:class:`~gyre.trajectory.records.RequestRecord` with the trace's ``kind`` as role (``main_text`` ->
+``main``). ``main`` calls extend the main context window, ``subagent`` calls a sub-agent window
+started fresh, a ``compaction`` call branches off the main window (dropping its newest assistant
+turn; with a different tool list it shares only the template header) and the next ``main`` call
+opens a new window sharing the system prompt and tools. Sizes in tokens are JSON character counts
+divided by ``chars_per_token`` and multiplied by ``scale``. So the trees have the long shared
+prefixes, compaction branches and sub-agent root branches of the real runs.
 """
 
 from __future__ import annotations
@@ -85,7 +74,7 @@ def trace_shaped_tree(path: str | Path, rng: np.random.Generator, scale: float =
     """Build a :class:`~gyre.trajectory.tree.TrajectoryTree` with ``path``'s structure (see module doc).
 
     Args:
-        path: a ``*.jsonl`` trace of ``../shared/traces``.
+        path: a ``*.jsonl`` harness trace.
         rng: source of token ids and behaviour log-probs.
         scale: token count multiplier (1 = the trace's size at ``chars_per_token``).
         vocab: token ids are drawn from ``[4, vocab)``.

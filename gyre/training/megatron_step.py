@@ -1,0 +1,321 @@
+"""Training step on a megatron-core ``GPTModel`` in Megatron DDP with Megatron's optimizer.
+
+:class:`MegatronPolicy` runs the model (logits ``[b, s, V]``, RoPE at the micro-step's position
+ids, the packed/tree attention mask) and gathers the targets' log-probs chunk by chunk.
+:class:`MegatronTrainStep` runs micro-steps through ``get_forward_backward_func``: the loss
+function returns ``(loss_sum, normaliser, stats)`` with ``calculate_per_token_loss = True``, so
+``finalize_model_grads`` divides the (data-parallel all-reduced) gradients by the total
+normaliser ``|E|`` once (``megatron/core/pipeline_parallel/schedules.py``,
+``megatron/core/distributed/finalize_model_grads.py``); a streaming cell skips that step and sums
+the ``main_grad`` buffers over its prefix group itself.
+
+Scope: TP = 1 (vocab-parallel log-softmax is not implemented, see :mod:`gyre.training.logprobs`);
+PP > 1 would need ``config.variable_seq_lengths = True`` since micro-steps differ in shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from gyre.buffer.packing import MicroStep
+from gyre.rl.objective import ObjectiveConfig, ObjectiveStats, execution_objective
+from gyre.training.checkpoint_conversion import hf_to_megatron, load_into_megatron, megatron_to_hf
+from gyre.training.logprobs import DEFAULT_CHUNK_SIZE, target_logprobs_from_logits
+from gyre.training.megatron_model import (apply_wd_mult, build_gpt_model, build_optimizer, causal_attention_mask,
+                                          transformer_config_from_hf, wrap_ddp)
+from gyre.training.step import AdamConfig, MicroStepBatch, TrainStep, add_split_log_ratios, checked_temperature
+
+__all__ = ["MegatronPolicy", "MegatronTrainStep", "build_megatron_train_step"]
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+class _RotaryPositions:
+    """Make a megatron-core ``GPTModel``'s RoPE follow explicit position ids.
+
+    ``GPTModel._preprocess`` builds RoPE for positions ``0..s-1`` of every sequence
+    (``megatron/core/models/gpt/gpt_model.py``; ``position_ids`` only feed learned absolute
+    embeddings), which is wrong for packed rows and trie segments. This replaces the forward
+    of *this model instance's* ``rotary_pos_emb`` (no global patch): while ``positions``
+    (``[b, s]``) is set it returns the frequencies gathered at those positions, shaped
+    ``[s, b, 1, d]``, which ``_apply_rotary_pos_emb_bshd`` broadcasts against ``[s, b, h, d]``
+    (``megatron/core/models/common/embeddings/rope_utils.py``). Unset, it is the original.
+    """
+
+    def __init__(self, rope: torch.nn.Module):
+        self.rope, self.orig, self.positions = rope, rope.forward, None
+        rope.forward = self._forward
+        rope._gyre_positions = self
+
+    @classmethod
+    def install(cls, gpt_model: torch.nn.Module) -> "_RotaryPositions":
+        """Install on ``gpt_model`` once; later calls return the installed instance."""
+        rope = getattr(gpt_model, "rotary_pos_emb", None)
+        if rope is None:
+            raise ValueError("model has no rotary_pos_emb (expected position_embedding_type='rope')")
+        return getattr(rope, "_gyre_positions", None) or cls(rope)
+
+    def _forward(self, max_seq_len, offset=0, packed_seq=False, cp_group=None):
+        pos = self.positions
+        if pos is None:
+            return self.orig(max_seq_len, offset, packed_seq, cp_group)
+        emb = self.orig(int(pos.max()) + 1)  # [P, 1, 1, d]
+        b, s = pos.shape
+        return emb[pos.t().reshape(-1), 0, 0].reshape(s, b, 1, -1)
+
+
+class MegatronPolicy:
+    """Target log-probs from a megatron-core ``GPTModel`` (optionally wrapped in DDP).
+
+    ``logits(model, batch)`` runs the model (``[b, s, V]`` logits, no labels) with the
+    micro-step's mask (complement of ``attention_allowed``) and RoPE at the micro-step's
+    position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by chunk.
+    TP = 1 only (logits would be vocabulary shards). ``temperature``: as
+    :class:`~gyre.training.hf_step.HFPolicy`; the logits are divided by it in place (a
+    ``[b, s, V]`` copy would double the largest tensor of the step; the output layer's backward
+    does not need its output).
+
+    Raises:
+        NotImplementedError: tensor parallelism > 1.
+        ValueError: ``temperature <= 0``.
+    """
+
+    def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True,
+                 temperature: float = 1.0):
+        from megatron.core import parallel_state as ps
+
+        self.temperature = checked_temperature(temperature)
+        if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
+            raise NotImplementedError("MegatronPolicy: vocab-parallel target log-probs (TP > 1) are not implemented")
+        self.model = model
+        self.gpt = _unwrap(model)
+        self.rope = _RotaryPositions.install(self.gpt)
+        self.chunk_size = chunk_size
+        self.with_entropy = with_entropy
+
+    def logits(self, model: torch.nn.Module, batch: MicroStepBatch) -> torch.Tensor:
+        """``[b, s, V]`` logits of ``model`` (the wrapped or bare GPTModel) for ``batch``."""
+        allowed = batch.attention_allowed
+        mask = causal_attention_mask(batch.input_ids.shape[1]) if allowed is None else ~allowed
+        self.rope.positions = batch.position_ids
+        try:
+            return model(batch.input_ids, batch.position_ids, mask)
+        finally:
+            self.rope.positions = None
+
+    def target_logprobs(self, logits: torch.Tensor, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logprobs [N], entropy [N] or None)`` from ``logits [b, s, V]``."""
+        if self.temperature != 1.0:
+            logits = logits.div_(self.temperature)
+        return target_logprobs_from_logits(logits.reshape(-1, logits.shape[-1]), batch.target_index,
+                                           batch.target_ids, self.chunk_size, self.with_entropy)
+
+    def __call__(self, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Both steps on ``self.model``."""
+        return self.target_logprobs(self.logits(self.model, batch), batch)
+
+
+class MegatronTrainStep(TrainStep):
+    """Training step through megatron-core's ``get_forward_backward_func`` (single cell).
+
+    Args:
+        model: the DDP-wrapped ``GPTModel`` (:func:`gyre.training.megatron_model.wrap_ddp`);
+            its ``TransformerConfig`` must have ``calculate_per_token_loss=True`` *before* the DDP
+            wrap (DDP then skips its ``1/dp`` scaling and ``finalize_model_grads`` divides by the
+            all-reduced normaliser).
+        optimizer: Megatron optimizer (:func:`gyre.training.megatron_model.build_optimizer`).
+        objective: :class:`~gyre.rl.objective.ObjectiveConfig`.
+        chunk_size: targets per log-prob chunk.
+        adam: :class:`~gyre.training.step.AdamConfig` whose ``lr`` / ``lr_warmup_iters`` set each
+            update's learning rate (default: leave the optimizer's learning rate alone).
+        hf_config: the HF config the model was converted from (needed by :meth:`hf_named` and
+            :meth:`save_hf`, i.e. for serving and saving the weights).
+        temperature: the rollout sampling temperature (:class:`MegatronPolicy`).
+
+    Raises:
+        ValueError: ``calculate_per_token_loss`` is off or ``finalize_model_grads_func`` is unset.
+        NotImplementedError: TP > 1.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, objective: ObjectiveConfig | None = None,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, adam: AdamConfig | None = None, hf_config=None,
+                 temperature: float = 1.0):
+        from megatron.core.utils import get_model_config
+
+        config = get_model_config(model)
+        if not config.calculate_per_token_loss:
+            raise ValueError("MegatronTrainStep needs TransformerConfig.calculate_per_token_loss=True "
+                             "(set before wrap_ddp): 1/|E| is applied by finalize_model_grads")
+        if config.finalize_model_grads_func is None:
+            raise ValueError("config.finalize_model_grads_func is unset (use wrap_ddp)")
+        self.model, self.optimizer, self.config = model, optimizer, config
+        self.objective = objective or ObjectiveConfig()
+        self.policy = MegatronPolicy(model, chunk_size, temperature=temperature)
+        self.adam = adam
+        self.hf_config = hf_config
+        module = getattr(model, "module", model)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        apply_wd_mult(optimizer)  # idempotent; build_optimizer already applied it
+
+    def zero_grad(self) -> None:
+        """Zero DDP's gradient buffers (``main_grad``) and drop the optimizer's ``.grad`` aliases."""
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def grad_tensors(self) -> list[torch.Tensor]:
+        """Each parameter's accumulated gradient: DDP's ``main_grad`` (a view of its fp32 buffer)."""
+        return [p.main_grad for p in self.params]
+
+    def hf_named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` (shaped like :attr:`params`) converted to HF names and layout
+        (:func:`gyre.training.checkpoint_conversion.megatron_to_hf`; a tied ``lm_head`` is left out).
+
+        Raises:
+            NotImplementedError: TP or PP > 1 inside the cell (the shards live on other ranks).
+            ValueError: the step was built without ``hf_config``.
+        """
+        from megatron.core import parallel_state as ps
+
+        if self.hf_config is None:
+            raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
+        if ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size() != 1:
+            raise NotImplementedError("hf_named gathers one shard only: TP = PP = 1 inside a cell")
+        out = megatron_to_hf({(0, 0): dict(zip(self.param_names, tensors))}, self.hf_config)
+        if self.hf_config.tie_word_embeddings:
+            out.pop("lm_head.weight", None)
+        return out
+
+    def save_hf(self, directory) -> None:
+        """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``)."""
+        from safetensors.torch import save_file
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.hf_config.save_pretrained(directory)
+        named = self.hf_named([p.detach() for p in self.params])
+        save_file({k: v.contiguous() for k, v in named.items()}, str(Path(directory) / "model.safetensors"),
+                  metadata={"format": "pt"})
+
+    def forward_step(self, data_iterator, model):
+        """Megatron ``forward_step_func`` for one micro-step (the separable per-micro-step part).
+
+        Takes the next :class:`~gyre.training.step.MicroStepBatch` from ``data_iterator``, returns
+        ``(logits, loss_func)``; ``loss_func(logits)`` returns the 3-tuple ``(loss_sum, normaliser
+        (int tensor), {"stats": ObjectiveStats})`` that ``calculate_per_token_loss`` expects.
+        """
+        batch = next(data_iterator)
+        logits = self.policy.logits(model, batch)
+
+        def loss_func(output):
+            lp, ent = self.policy.target_logprobs(output, batch)
+            out = execution_objective(lp, batch.objective_inputs, self.objective, ent)
+            return out.loss_sum, torch.tensor(out.normaliser, dtype=torch.int), {"stats": out.stats}
+
+        return logits, loss_func
+
+    def _forward_only_step(self, data_iterator, model):
+        batch = next(data_iterator)
+        logits = self.policy.logits(model, batch)
+
+        def loss_func(output):
+            lp, _ = self.policy.target_logprobs(output, batch)
+            return torch.zeros(()), torch.tensor(0, dtype=torch.int), {"lp": lp.detach(), "batch": batch}
+
+        return logits, loss_func
+
+    def _run(self, step_func, micro_steps, forward_only: bool):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batches = [MicroStepBatch.from_micro_step(ms) for ms in micro_steps]
+        shapes = [b.input_ids.shape for b in batches]
+        return get_forward_backward_func()(
+            forward_step_func=step_func, data_iterator=iter(batches), model=[self.model],
+            num_microbatches=len(batches), seq_length=max(s for _, s in shapes),
+            micro_batch_size=max(b for b, _ in shapes), forward_only=forward_only)
+
+    def precompute_log_ratio_sums(self, micro_steps: Sequence[MicroStep]) -> tuple[dict[str, float], int]:
+        """:func:`~gyre.training.step.precompute_log_ratio_sums` through the schedule
+        (``forward_only=True``)."""
+        todo = [ms for ms in micro_steps if ms.split.any()]
+        if not todo:
+            return {}, 0
+        sums: dict[str, float] = {}
+        for rec in self._run(self._forward_only_step, todo, forward_only=True):
+            add_split_log_ratios(sums, rec["batch"], rec["lp"])
+        return sums, sum(ms.forward_tokens for ms in todo)
+
+    def forward_backward(self, micro_steps: Sequence[MicroStep], finalize: bool = True) -> tuple[int, ObjectiveStats]:
+        """Forward/backward of ``micro_steps`` through the schedule; ``finalize_model_grads`` then
+        all-reduces the gradients and the normaliser over data parallelism and divides the gradients
+        by it (``1/|E|`` once). No optimizer update. Returns ``(normaliser, stats)`` of these
+        micro-steps (this rank's share). Split executions need ``log_ratio_sum`` first.
+
+        ``finalize=False`` skips ``finalize_model_grads``: the un-normalised per-token-weighted
+        gradients stay in ``main_grad`` and nothing is reduced (a streaming cell sums them over its
+        prefix group itself)."""
+        stats = ObjectiveStats()
+        if micro_steps:
+            saved = self.config.finalize_model_grads_func
+            if not finalize:
+                self.config.finalize_model_grads_func = None
+            try:
+                for rec in self._run(self.forward_step, micro_steps, forward_only=False):
+                    stats.merge(rec["stats"])
+            finally:
+                self.config.finalize_model_grads_func = saved
+        return stats.normaliser, stats
+
+    def accumulate(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
+        """:meth:`forward_backward` with ``finalize=False`` (the streaming cell's micro-step)."""
+        return self.forward_backward(micro_steps, finalize=False)
+
+    def optimizer_step(self, normaliser: int | None = None) -> float:
+        """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping.
+
+        ``normaliser``: divide ``main_grad`` by it first (``|E|``, when the gradients were
+        accumulated with ``finalize=False``); ``None``: ``finalize_model_grads`` already did."""
+        if normaliser is not None and normaliser > 0:
+            with torch.no_grad():
+                for g in self.grad_tensors():
+                    g.div_(normaliser)
+        if self.adam is not None:
+            self.adam.set_lr(self.optimizer, self.num_updates())
+        _ok, grad_norm, _zeros = self.optimizer.step()
+        return float(grad_norm) if grad_norm is not None else math.nan
+
+    def _accumulate_and_update(self, micro_steps: Sequence[MicroStep]) -> tuple[float, ObjectiveStats]:
+        # the gradients are divided by |E| in finalize_model_grads
+        _, stats = self.forward_backward(micro_steps)
+        return self.optimizer_step(), stats
+
+
+def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveConfig | None = None,
+                              adam: AdamConfig | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                              bf16: bool = False, temperature: float = 1.0) -> MegatronTrainStep:
+    """Megatron ``GPTModel`` holding ``hf_model``'s weights, DDP, optimizer -> :class:`MegatronTrainStep`.
+
+    Call :func:`gyre.training.megatron_model.initialize_megatron_cpu` (or the GPU equivalent)
+    first. Sets ``calculate_per_token_loss=True`` before the DDP wrap.
+    """
+    from megatron.core import parallel_state as ps
+
+    adam = adam or AdamConfig()
+    cfg = hf_model.config
+    tcfg = transformer_config_from_hf(cfg, calculate_per_token_loss=True, bf16=bf16)
+    model = build_gpt_model(cfg, tcfg)
+    load_into_megatron(model, hf_to_megatron(
+        hf_model.state_dict(), cfg, ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(),
+        ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()))
+    ddp = wrap_ddp(model, tcfg)
+    opt = build_optimizer(ddp, lr=adam.lr, weight_decay=adam.weight_decay, adam_beta1=adam.adam_beta1,
+                          adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, clip_grad=adam.clip_grad, bf16=bf16)
+    return MegatronTrainStep(ddp, opt, objective, chunk_size, adam, hf_config=cfg, temperature=temperature)
