@@ -3,7 +3,7 @@
 
     python bench/train.py [--source replay|shaped] [--scale 0.125] [--budget N] [--iters 3] [--backend hf|megatron|both]
 
-The batch: one execution per recorded harness trace (``--copies`` each, shaped only), up to
+The batch: one execution per trace of ``tests/data/traces`` (``--copies`` each, shaped only), up to
 ``J_max = 5`` admitted rows each, random advantages, behaviour log-probs near the policy's. Trees
 are real replays through the proxy core (``--source replay``, :mod:`gyre.proxy.replay`, rows of
 9k-19k tokens, default budget 20480) or trees with the traces' structure and sizes scaled by
@@ -38,7 +38,7 @@ from gyre.training.megatron_step import build_megatron_train_step  # noqa: E402
 from gyre.training.step import AdamConfig  # noqa: E402
 from tests.training.trace_trees import trace_shaped_rows  # noqa: E402
 
-SHARED = Path(os.environ.get("GYRE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
+TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 
 
 def batch_rows(hf, source: str, scale: float, copies: int, seed: int):
@@ -50,7 +50,7 @@ def batch_rows(hf, source: str, scale: float, copies: int, seed: int):
         from gyre.proxy.render import ChatRenderer
 
         renderer = ChatRenderer(load_tokenizer(ensure_tiny_model("local")))
-    for path in sorted((SHARED / "traces").glob("*/*.jsonl")):
+    for path in sorted(TRACES.glob("*/*.jsonl")):
         if source == "replay":
             from gyre.proxy.replay import replay_trace
             from gyre.trajectory import materialize, sample_trajectories

@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded models (built once into the cache), the steering repo's shared/."""
+"""Shared fixtures: the embedded models (built once into the cache), the recorded harness traces."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Real-harness request traces recorded by tools/record_trace.py and checked in (see its README).
+TRACES = ROOT / "tests" / "data" / "traces"
+#: An optional second set of traces in the same format (``$GYRE_SHARED_DIR/traces``, default
+#: ``../shared/traces``): tests that take :func:`trace_source` also run over it when it exists.
 SHARED = Path(os.environ.get("GYRE_SHARED_DIR", ROOT.parent / "shared"))
+EXTRA_TRACES = SHARED / "traces"
+
+
+def trace_sources() -> list[str]:
+    """``["recorded"]``, plus ``"extra"`` when the extra trace set exists."""
+    return ["recorded"] + (["extra"] if EXTRA_TRACES.is_dir() else [])
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +38,14 @@ def tiny_qwen_model_dir():
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """The steering repo's ``shared/`` (DESIGN.md, traces); tests skip when it is absent."""
-    if not (SHARED / "traces").is_dir():
-        pytest.skip(f"shared/ not found at {SHARED} (set GYRE_SHARED_DIR)")
-    return SHARED
+def traces_dir() -> Path:
+    """The checked-in traces, ``tests/data/traces/<harness>/<scenario>.jsonl`` (always present)."""
+    assert TRACES.is_dir(), f"{TRACES} is missing (tools/record_trace.py writes it)"
+    return TRACES
+
+
+@pytest.fixture(scope="session", params=trace_sources())
+def trace_source(request) -> tuple[str, Path]:
+    """``(name, directory)`` of each available trace set: the checked-in one, and the extra one
+    when it exists (never skipped: without the extra set the parameter is simply absent)."""
+    return request.param, TRACES if request.param == "recorded" else EXTRA_TRACES

@@ -1,7 +1,6 @@
 #!/usr/bin/env python
 """Replay a recorded harness request log through the proxy's normalisation, restoration and
-tree building. A trace is JSON lines, one logged request each: its API ``path``, ``headers``,
-request ``body`` and ``response``.
+tree building (trace format: tests/data/traces/README.md).
 
 Usage::
 
@@ -43,7 +42,7 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     ap = _Parser(prog="replay_trace.py", description="Replay harness request logs through the Gyre proxy core.")
-    ap.add_argument("traces", nargs="+", metavar="TRACE.jsonl", help="request logs (JSON lines: path, headers, body, response)")
+    ap.add_argument("traces", nargs="+", metavar="TRACE.jsonl", help="request logs (the tests/data/traces format)")
     ap.add_argument("--json", action="store_true", help="one JSON object per trace, with per-request details")
     ap.add_argument("--tokenizer", default="local",
                     help="'local' (fast embedded BPE), 'qwen' (full embedded Qwen vocabulary) or a tokenizer directory")

@@ -1,5 +1,6 @@
 """Role declarations: each real harness's rules classify every recorded request of
-shared/traces like the scripted server did; the rule engine itself."""
+tests/data/traces (and of the extra trace set, when present) like the scripted server did; the
+rule engine itself."""
 
 from __future__ import annotations
 
@@ -22,24 +23,35 @@ from gyre.harness import (
 from gyre.harness.reference_agent import COMPACTION_PROMPT, SUBAGENT_SYSTEM_PROMPT
 
 
-@pytest.mark.parametrize("harness, rules, expected", [
-    ("claude-code", CLAUDE_CODE_ROLES, {"main": 25, "subagent": 6, "compaction": 1}),
-    ("codex", CODEX_ROLES, {"main": 17, "subagent": 2, "compaction": 1}),
-    ("mini-swe-agent", MINI_SWE_AGENT_ROLES, {"main": 12}),
-])
-def test_rules_match_the_traces(shared_dir, harness, rules, expected):
+RULES = {"claude-code": CLAUDE_CODE_ROLES, "codex": CODEX_ROLES, "mini-swe-agent": MINI_SWE_AGENT_ROLES}
+
+# Per trace set and harness: requests by role that got a complete reply (failed attempts excluded).
+EXPECTED = {
+    "recorded": {"claude-code": {"main": 35, "subagent": 8, "compaction": 1}, "codex": {"main": 19, "subagent": 4, "compaction": 1},
+                 "mini-swe-agent": {"main": 12}},
+    "extra": {"claude-code": {"main": 25, "subagent": 6, "compaction": 1},
+              "codex": {"main": 17, "subagent": 2, "compaction": 1},
+              "mini-swe-agent": {"main": 12}},
+}
+
+
+@pytest.mark.parametrize("harness", sorted(RULES))
+def test_rules_match_the_traces(trace_source, harness):
+    source, root = trace_source
     got: Counter = Counter()
-    for path in sorted((shared_dir / "traces" / harness).glob("*.jsonl")):
+    paths = sorted((root / harness).glob("*.jsonl"))
+    assert paths, f"no {harness} traces in {root}"
+    for path in paths:
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             kind = rec.get("kind")
-            if kind in (None, "count_tokens", "unhandled"):  # failed attempts and non-model calls
+            if rec.get("injected") or kind in (None, "count_tokens", "unhandled"):  # failed attempts, non-model calls
                 continue
             want = "main" if kind == "main_text" else kind
-            role = rules.classify(rec["headers"], rec["body"])
+            role = RULES[harness].classify(rec["headers"], rec["body"])
             assert role == want, f"{path.name} #{rec['seq']}: {role} != {want}"
             got[role] += 1
-    assert dict(got) == expected
+    assert dict(got) == EXPECTED[source][harness]
 
 
 def test_reference_roles():

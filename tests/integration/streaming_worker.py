@@ -9,7 +9,7 @@ the max parameter difference, per-cell claim counts and exactly-once checks to `
 ``--backend raw``: a hand-written per-token-weighted loss on the HF model (AdamW);
 ``--backend megatron``: the main job's training replica, :class:`gyre.training.megatron_step.MegatronTrainStep`
 (Megatron DDP ``main_grad`` buffers, Megatron's optimizer), on GSPO micro-steps packed from the
-shared traces and grouped into work items as the controller queues them.
+recorded traces (tests/data/traces) and grouped into work items as the controller queues them.
 """
 
 import argparse
@@ -58,7 +58,7 @@ def make_batch(step: int):
 class RawReplica:
     """A ``transformers`` model with a hand-written per-token-weighted loss, AdamW on the core."""
 
-    def __init__(self, rank: int, shared: str | None):
+    def __init__(self, rank: int, traces: str | None):
         torch.manual_seed(0)
         self.model = load_hf_model(ensure_tiny_model("local"))
         self.model.train()
@@ -107,19 +107,19 @@ class RawReplica:
 
 class MegatronReplica:
     """The main job's Megatron training replica (:class:`gyre.training.megatron_step.MegatronTrainStep`) on
-    micro-steps packed from the shared traces, in work items as the controller queues them."""
+    micro-steps packed from the recorded traces, in work items as the controller queues them."""
 
-    def __init__(self, rank: int, shared: str | None):
+    def __init__(self, rank: int, traces: str | None):
         from gyre.training.megatron_step import build_megatron_train_step
         from gyre.training.step import AdamConfig
 
-        self.shared = shared
+        self.traces = traces
         self.hf = load_hf_model(ensure_tiny_model("local"))
         self.step = build_megatron_train_step(self.hf, adam=AdamConfig(lr=1e-4))
         self.params = self.step.params
 
     def batch(self, step: int) -> list:
-        """8 executions shaped like the shared traces, one row per micro-step (budget = the longest
+        """8 executions shaped like the recorded traces, one row per micro-step (budget = the longest
         row), so every execution is split and takes the forward-only log-ratio pass; one work item
         per execution."""
         import numpy as np
@@ -132,7 +132,7 @@ class MegatronReplica:
         rng = np.random.default_rng(10 + step)
         rows = []
         for e in range(MICRO_STEPS):
-            rows += trace_shaped_rows(Path(self.shared) / "traces" / TRACES[e % len(TRACES)], rng,
+            rows += trace_shaped_rows(Path(self.traces) / TRACES[e % len(TRACES)], rng,
                                       advantage=float(rng.normal()), scale=1 / 192, execution_id=f"ex-{e}")
         rows = with_behaviour_near_policy(self.hf, rows, seed=10 + step)
         packed = pack_rows(rows, PackingConfig(max(r.num_tokens for r in rows), "pad", tree=True))
@@ -174,7 +174,7 @@ def main() -> None:
     p.add_argument("--kill-cell", type=int, default=-1, help="this cell exits mid-micro-step in the last step")
     p.add_argument("--backend", choices=("raw", "megatron"), default="raw",
                    help="raw: a hand-written loss on the HF model; megatron: the main job's MegatronTrainStep")
-    p.add_argument("--shared", help="the steering repo's shared/ (traces for --backend megatron)")
+    p.add_argument("--traces", help="the trace directory, tests/data/traces (for --backend megatron)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     steps = len(a.join1)
@@ -198,8 +198,8 @@ def main() -> None:
 
         initialize_megatron_cpu(1, 1, seed=1234)  # every rank: Megatron's groups, then none of ours
     kind = MegatronReplica if a.backend == "megatron" else RawReplica
-    replica = kind(rank, a.shared)
-    reference = kind(rank, a.shared)  # built on every rank: Megatron's optimizer build is a collective
+    replica = kind(rank, a.traces)
+    reference = kind(rank, a.traces)  # built on every rank: Megatron's optimizer build is a collective
     params = replica.params
     init = [p.detach().clone() for p in params]
     normaliser = [0.0]

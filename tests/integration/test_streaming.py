@@ -29,7 +29,7 @@ def backend(request):
     (DDP ``main_grad`` buffers, Megatron's optimizer) on trace-shaped GSPO micro-steps."""
     if request.param == "raw":
         return ["--backend", "raw"]
-    return ["--backend", "megatron", "--shared", str(request.getfixturevalue("shared_dir"))]
+    return ["--backend", "megatron", "--traces", str(request.getfixturevalue("traces_dir"))]
 
 
 def test_join_schedules_equal_single_process(tmp_path, tiny_model_dir, backend):

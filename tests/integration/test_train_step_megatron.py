@@ -42,9 +42,9 @@ def mg_step(hf, adam=None, objective=None):
     return step
 
 
-def test_megatron_step_equals_hf_step(megatron, shared_dir):
+def test_megatron_step_equals_hf_step(megatron, traces_dir):
     hf = megatron
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=2), seed=2)
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=2), seed=2)
     ms = pack_rows(rows, PackingConfig(100_000, "pack", tree=True)).micro_steps
     h = HFTrainStep(copy.deepcopy(hf))
     rh = h(ms)
@@ -63,9 +63,9 @@ def test_megatron_step_equals_hf_step(megatron, shared_dir):
         assert group["weight_decay"] == (0.0 if all(p.ndim == 1 for p in group["params"]) else 0.01)
 
 
-def test_megatron_micro_step_count_and_order_do_not_change_the_update(megatron, shared_dir):
+def test_megatron_micro_step_count_and_order_do_not_change_the_update(megatron, traces_dir):
     hf = megatron
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=1), seed=1)
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=1), seed=1)
     res, grads, params = {}, {}, {}
     for k in (1, 3, 7):
         ms = pack_into(rows, k, layout="pad").micro_steps
@@ -81,9 +81,9 @@ def test_megatron_micro_step_count_and_order_do_not_change_the_update(megatron, 
         assert_same_update(grads[1], grads[k], params[1], params[k])
 
 
-def test_megatron_tree_packed_equals_per_row(megatron, shared_dir):
+def test_megatron_tree_packed_equals_per_row(megatron, traces_dir):
     hf = megatron
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=3), seed=3)
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=3), seed=3)
     out = {}
     for tree in (False, True):
         step = mg_step(hf, adam=AdamConfig(lr=0.0, weight_decay=0.0))
@@ -96,11 +96,11 @@ def test_megatron_tree_packed_equals_per_row(megatron, shared_dir):
     assert out[True][2].real_tokens < out[False][2].real_tokens
 
 
-def test_megatron_logprobs_are_of_the_tempered_distribution(megatron, shared_dir):
+def test_megatron_logprobs_are_of_the_tempered_distribution(megatron, traces_dir):
     from tests.training.test_step import tempered_batch, tempered_reference
 
     hf = megatron
-    batch = tempered_batch(shared_dir)
+    batch = tempered_batch(traces_dir)
     adam = AdamConfig(lr=0.0)
     for temperature in (1.0, 0.7):
         step = build_megatron_train_step(hf, adam=adam, temperature=temperature)
@@ -109,11 +109,11 @@ def test_megatron_logprobs_are_of_the_tempered_distribution(megatron, shared_dir
         torch.testing.assert_close(lp, tempered_reference(hf, batch, temperature), rtol=0, atol=2e-5)
 
 
-def test_megatron_tempered_step_equals_hf_tempered_step(megatron, shared_dir):
+def test_megatron_tempered_step_equals_hf_tempered_step(megatron, traces_dir):
     """At T = 0.7 the gradients through Megatron's in-place ``logits / T`` equal the HF path's
     (``hidden / T``), and both differ from the T = 1 step."""
     hf = megatron
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=5), seed=5)
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=5), seed=5)
     grads = {}
     for t in (1.0, 0.7):
         h = HFTrainStep(copy.deepcopy(hf), temperature=t)
@@ -129,7 +129,7 @@ def test_megatron_tempered_step_equals_hf_tempered_step(megatron, shared_dir):
     assert max(float((grads[0.7][n] - grads[1.0][n]).abs().max()) for n in grads[1.0]) > 1e-4
 
 
-def test_megatron_streaming_interface_equals_one_step(megatron, shared_dir, tmp_path):
+def test_megatron_streaming_interface_equals_one_step(megatron, traces_dir, tmp_path):
     """What a streaming cell does (DESIGN.md §4.4): accumulate without ``finalize_model_grads``
     (un-normalised gradients in ``main_grad``), divide by ``|E|`` in ``optimizer_step`` -- the same
     update as one Megatron step that finalizes; weights come out under HF names and save as a
@@ -138,7 +138,7 @@ def test_megatron_streaming_interface_equals_one_step(megatron, shared_dir, tmp_
     from gyre.training.step import apply_log_ratio_sums
 
     hf = megatron
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=4), seed=4)
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=4), seed=4)
     one = mg_step(hf)
     r1 = one(pack_into(rows, 3).micro_steps)
     g1, p1 = hf_named(one, "grad"), hf_named(one, "param")

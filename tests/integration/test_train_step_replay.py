@@ -1,4 +1,4 @@
-"""Tree-packed forward on trees from real trace replays (``../shared/traces`` through the proxy core,
+"""Tree-packed forward on trees from real trace replays (``tests/data/traces`` through the proxy core,
 ``gyre.proxy.replay``): every target sees exactly its original context, and the loss and gradients
 equal the per-row forward's (1e-5).
 
@@ -26,7 +26,7 @@ from tests.training.test_step import grads_of, per_row_loss, with_behaviour_near
 
 pytestmark = pytest.mark.slow
 
-BRANCHING = ("codex/cx2_gpt55_autocompact.jsonl", "codex/cx3_subagent.jsonl")
+BRANCHING = ("codex/cx2_gpt55_autocompact.jsonl", "codex/cx1_tools_subagent.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,10 @@ def renderer(tiny_model_dir):
     return ChatRenderer(load_tokenizer(tiny_model_dir))
 
 
-def replayed_rows(shared_dir, renderer, name, seed=0, advantage=0.7):
+def replayed_rows(traces_dir, renderer, name, seed=0, advantage=0.7):
     from gyre.proxy.replay import replay_trace
 
-    res = replay_trace(shared_dir / "traces" / name, renderer)
+    res = replay_trace(traces_dir / name, renderer)
     assert res.mismatches == 0 and res.duplicates == 0
     return materialize(res.tree, sample_trajectories(res.tree, np.random.default_rng(seed)), advantage)
 
@@ -61,8 +61,8 @@ def micro_model(tiny_model_dir):
 
 
 @pytest.mark.parametrize("name", BRANCHING)
-def test_replayed_tree_every_target_sees_its_context(shared_dir, renderer, name):
-    rows = replayed_rows(shared_dir, renderer, name)
+def test_replayed_tree_every_target_sees_its_context(traces_dir, renderer, name):
+    rows = replayed_rows(traces_dir, renderer, name)
     assert len(rows) >= 2
     cfg = PackingConfig(20_480, "pad", tree=True)
     res = pack_rows(rows, cfg)
@@ -71,8 +71,8 @@ def test_replayed_tree_every_target_sees_its_context(shared_dir, renderer, name)
 
 
 @pytest.mark.parametrize("name", BRANCHING)
-def test_replayed_tree_packed_forward_equals_per_row(shared_dir, renderer, micro_model, name):
-    rows = with_behaviour_near_policy(micro_model, replayed_rows(shared_dir, renderer, name))
+def test_replayed_tree_packed_forward_equals_per_row(traces_dir, renderer, micro_model, name):
+    rows = with_behaviour_near_policy(micro_model, replayed_rows(traces_dir, renderer, name))
     ref_model = copy.deepcopy(micro_model)
     ref_loss, ref_out = per_row_loss(ref_model, rows, ObjectiveConfig())
     ref_loss.backward()

@@ -23,7 +23,7 @@ from tests.training.trace_trees import trace_shaped_rows
 # shared prefix, compaction branch, sub-agent root branch; random token ids), so the 2-layer embedded
 # model runs them in seconds. Real replays (9k-19k-token rows) are in
 # tests/integration/test_train_step_replay.py.
-TRACES = ("claude-code/cc2a_autocompact.jsonl", "codex/cx2_gpt55_autocompact.jsonl", "codex/cx3_subagent.jsonl")
+TRACES = ("claude-code/cc2_autocompact.jsonl", "codex/cx2_gpt55_autocompact.jsonl", "codex/cx1_tools_subagent.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,11 @@ def hf(tiny_model_dir):
     return load_hf_model(tiny_model_dir)
 
 
-def trace_batch(shared_dir: Path, scale=1 / 48, seed=0):
+def trace_batch(traces_dir: Path, scale=1 / 48, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for i, name in enumerate(TRACES):
-        rows += trace_shaped_rows(shared_dir / "traces" / name, rng, advantage=float(rng.normal()), scale=scale,
+        rows += trace_shaped_rows(traces_dir / name, rng, advantage=float(rng.normal()), scale=scale,
                                   execution_id=f"ex-{i}")
     return rows
 
@@ -149,8 +149,8 @@ def with_behaviour_near_policy(model, rows, spread=0.004, seed=0):
 
 
 @pytest.mark.parametrize("layout, tree", [("pack", True), ("pad", True), ("pack", False)])
-def test_packed_and_tree_forward_equal_per_row_forward(hf, shared_dir, layout, tree):
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir))
+def test_packed_and_tree_forward_equal_per_row_forward(hf, traces_dir, layout, tree):
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir))
     model = copy.deepcopy(hf)
     model.zero_grad()
     ref_loss, ref_out = per_row_loss(model, rows, ObjectiveConfig())
@@ -205,8 +205,8 @@ def assert_same_update(g1, gk, p1, pk):
             torch.testing.assert_close(pk[n], p1[n], rtol=0, atol=1e-6)
 
 
-def test_micro_step_count_and_order_do_not_change_the_update(hf, shared_dir):
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=1), seed=1)
+def test_micro_step_count_and_order_do_not_change_the_update(hf, traces_dir):
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=1), seed=1)
     adam = AdamConfig()  # DESIGN.md §3.5 defaults: lr 1e-6, betas (0.9, 0.95), eps 1e-15, wd 0.01, clip 1
     results, grads, params = {}, {}, {}
     for k in (1, 3, 7):
@@ -237,10 +237,10 @@ def test_micro_step_count_and_order_do_not_change_the_update(hf, shared_dir):
     assert 0 <= m["clip_fraction"] <= 1 and m["entropy"] > 0 and m["rho_max"] <= 5.0
 
 
-def test_negative_control_per_micro_step_mean_is_caught(hf, shared_dir):
+def test_negative_control_per_micro_step_mean_is_caught(hf, traces_dir):
     """Normalising each micro-step by its own |E_m| (instead of 1/|E| once) changes the gradient:
     the invariance test above would catch it."""
-    rows = with_behaviour_near_policy(hf, trace_batch(shared_dir, scale=1 / 96, seed=1), seed=1)
+    rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=1), seed=1)
     one = HFTrainStep(copy.deepcopy(hf))
     n1, _ = one.forward_backward(pack_into(rows, 1).micro_steps)
     good = {n: g / n1 for n, g in grads_of(one.model).items()}
@@ -256,11 +256,11 @@ def test_negative_control_per_micro_step_mean_is_caught(hf, shared_dir):
     assert max(float((bad[n] - good[n]).abs().max()) for n in good) > 1e-3 * max(float(g.abs().max()) for g in good.values())
 
 
-def tempered_batch(shared_dir):
+def tempered_batch(traces_dir):
     """One execution's rows, one padded batch row each (own positions, causal mask)."""
     from gyre.training.step import MicroStepBatch
 
-    rows = [r for r in trace_batch(shared_dir, scale=1 / 96) if r.execution_id == "ex-0"]
+    rows = [r for r in trace_batch(traces_dir, scale=1 / 96) if r.execution_id == "ex-0"]
     (ms,) = pack_rows(rows, PackingConfig(100_000, "pad", False)).micro_steps
     batch = MicroStepBatch.from_micro_step(ms)
     assert batch.input_ids.shape[0] == len(rows) > 1
@@ -275,12 +275,12 @@ def tempered_reference(model, batch, temperature):
     return torch.log_softmax(logits / temperature, -1)[batch.target_index, batch.target_ids]
 
 
-def test_policy_logprobs_are_of_the_tempered_distribution(hf, shared_dir):
+def test_policy_logprobs_are_of_the_tempered_distribution(hf, traces_dir):
     """``--rollout-temperature T``: the engine returns log-probs of softmax(z / T) (SGLang does), so
     the trainer's log-probs must be of the same distribution, not of softmax(z)."""
     from gyre.training.hf_step import HFPolicy
 
-    batch = tempered_batch(shared_dir)
+    batch = tempered_batch(traces_dir)
     with torch.no_grad():
         for temperature in (1.0, 0.7, 1.3):
             lp, _ = HFPolicy(hf, temperature=temperature)(batch)
