@@ -91,10 +91,7 @@ class PackingConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "PackingConfig":
         """From ``--micro-step-tokens``, ``--packing``, ``--tree-packed-forward``."""
-        d = cls()
-        return cls(token_budget=int(getattr(args, "micro_step_tokens", d.token_budget)),
-                   layout=getattr(args, "packing", d.layout),
-                   tree=bool(getattr(args, "tree_packed_forward", d.tree)))
+        return cls(token_budget=int(args.micro_step_tokens), layout=args.packing, tree=bool(args.tree_packed_forward))
 
 
 @dataclass(slots=True)

@@ -27,7 +27,6 @@ import torch
 
 from gyre.buffer.packing import MicroStep
 from gyre.rl.objective import ObjectiveConfig, ObjectiveInputs, ObjectiveOutput, ObjectiveStats, execution_objective
-from gyre.training.logprobs import DEFAULT_CHUNK_SIZE
 
 __all__ = [
     "AdamConfig",
@@ -76,7 +75,7 @@ class AdamConfig:
         """From parsed arguments (``--lr``, ``--adam-beta1/2``, ``--adam-eps``, ``--weight-decay``,
         ``--clip-grad``, ``--lr-warmup-iters``)."""
         d = cls()
-        return cls(**{k: type(getattr(d, k))(getattr(args, k, getattr(d, k))) for k in cls.__slots__})
+        return cls(**{k: type(getattr(d, k))(vars(args)[k]) for k in cls.__slots__})
 
     def lr_at(self, num_updates: int) -> float:
         """Learning rate of the update that follows ``num_updates`` earlier ones (warm-up, then constant)."""
@@ -323,13 +322,12 @@ def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> Tra
     """
     objective = ObjectiveConfig.from_args(args)
     adam = AdamConfig.from_args(args)
-    chunk = int(getattr(args, "logprob_chunk_size", DEFAULT_CHUNK_SIZE))
-    temperature = float(getattr(args, "rollout_temperature", 1.0))
-    if getattr(args, "training_backend", "megatron") == "hf":
+    chunk, temperature = int(args.logprob_chunk_size), float(args.rollout_temperature)
+    if args.training_backend == "hf":
         from gyre.training.hf_step import HFTrainStep
 
         return HFTrainStep(hf_model, objective, adam, chunk, temperature=temperature)
     from gyre.training.megatron_step import build_megatron_train_step
 
-    return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(getattr(args, "bf16", False)),
+    return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(args.bf16),
                                      temperature=temperature)
