@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gyre.common_prefix import common_prefix_len
+
 __all__ = [
     "LAYOUTS",
     "MicroStep",
@@ -296,14 +298,6 @@ class _Unit:
         return int(self.tokens.shape[0])
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(a.shape[0], b.shape[0])
-    if m == 0:
-        return 0
-    neq = np.flatnonzero(a[:m] != b[:m])
-    return int(neq[0]) if neq.size else m
-
-
 def _build_unit(execution: int, rows: list[_Row], tree: bool) -> _Unit:
     """Lay ``rows`` (of one execution) out as a trie (``tree``) -- or as one row if ``len(rows) == 1``."""
     if not tree and len(rows) != 1:
@@ -320,7 +314,7 @@ def _build_unit(execution: int, rows: list[_Row], tree: bool) -> _Unit:
     for r, row in enumerate(rows):
         best, best_j = 0, -1
         for j in range(r):
-            lcp = _lcp(rows[j].tokens, row.tokens)
+            lcp = common_prefix_len(rows[j].tokens, row.tokens)
             if lcp > best:
                 best, best_j = lcp, j
         chain: list[tuple[int, int, int]] = []

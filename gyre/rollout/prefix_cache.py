@@ -17,6 +17,8 @@ from __future__ import annotations
 import heapq
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
+from gyre.common_prefix import common_prefix_len
+
 P = TypeVar("P")
 
 
@@ -33,14 +35,6 @@ class _Node(Generic[P]):
         self.children: dict[int, _Node[P]] = {}
         self.parent = parent
         self.last_access = t
-
-
-def _common_prefix(a: tuple[int, ...], b: Sequence[int], start: int) -> int:
-    n = min(len(a), len(b) - start)
-    i = 0
-    while i < n and a[i] == b[start + i]:
-        i += 1
-    return i
 
 
 class RadixPrefixCache(Generic[P]):
@@ -80,7 +74,7 @@ class RadixPrefixCache(Generic[P]):
             child = node.children.get(tokens[i])
             if child is None:
                 break
-            k = _common_prefix(child.key, tokens, i)
+            k = common_prefix_len(child.key, tokens, i)
             child.last_access = t
             pieces.append(child.payload if k == len(child.key) else self._slice(child.payload, 0, k))
             i += k
@@ -116,7 +110,7 @@ class RadixPrefixCache(Generic[P]):
             child = node.children.get(tokens[i])
             if child is None:
                 break
-            k = _common_prefix(child.key, tokens, i)
+            k = common_prefix_len(child.key, tokens, i)
             child.last_access = t
             if k < len(child.key):
                 child = self._split(child, k)

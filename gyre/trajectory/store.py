@@ -49,6 +49,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gyre.common_prefix import common_prefix_len
 from gyre.trajectory.records import EXECUTION_ID_RE, RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
@@ -85,21 +86,6 @@ def _unb64(s: str, dtype: str, native: type) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s, validate=True), dtype=dtype).astype(native)
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.shape[0], b.shape[0])
-    if n == 0 or a[0] != b[0]:
-        return 0
-    eq = a[:n] == b[:n]
-    return n if eq.all() else int(eq.argmin())
-
-
-def _lcp_const(a: np.ndarray, value: int) -> int:
-    if a.shape[0] == 0 or a[0] != value:
-        return 0
-    eq = a == value
-    return a.shape[0] if eq.all() else int(eq.argmin())
-
-
 class _RingEntry:
     __slots__ = ("seq", "input_ids", "output_ids", "input_provenance", "out_prov", "n_in", "length")
 
@@ -114,13 +100,14 @@ class _RingEntry:
 
     def common_prefix(self, ids: np.ndarray, prov: np.ndarray) -> int:
         """Common prefix of (ids, prov) with (input ++ output, in_prov ++ out_prov)."""
-        p = _lcp(ids, self.input_ids)
-        q = _lcp(prov[:p], self.input_provenance[:p])
+        p = common_prefix_len(ids, self.input_ids)
+        q = common_prefix_len(prov[:p], self.input_provenance[:p])
         if q < p:
             return q
         if p == self.n_in and p < ids.shape[0]:
-            t = _lcp(ids[p:], self.output_ids)
-            t = min(t, _lcp_const(prov[p:p + t], self.out_prov))
+            t = common_prefix_len(ids[p:], self.output_ids)
+            run = prov[p:p + t]
+            t = min(t, common_prefix_len(run, np.broadcast_to(self.out_prov, run.shape)))
             p += t
         return p
 

@@ -70,6 +70,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gyre.common_prefix import common_prefix_len
 from gyre.trajectory.records import RequestRecord
 
 __all__ = ["ROOT", "Node", "RecordInfo", "InsertResult", "PrefixMatch", "TrajectoryTree"]
@@ -80,17 +81,6 @@ ROOT = 0
 _EMPTY_I32 = np.zeros(0, np.int32)
 _EMPTY_I8 = np.zeros(0, np.int8)
 _EMPTY_F32 = np.zeros(0, np.float32)
-
-
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D int32 arrays (vectorised)."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0 or a[0] != b[0]:
-        return 0
-    eq = a[:n] == b[:n]
-    if eq.all():
-        return n
-    return int(eq.argmin())
 
 
 @dataclass(slots=True)
@@ -425,9 +415,9 @@ class TrajectoryTree:
         best, best_i = 0, -1
         for i in range(len(anchors) - 1, -1, -1):
             a = anchors[i]
-            p = _lcp(x, a.input_ids)
+            p = common_prefix_len(x, a.input_ids)
             if p == a.n_input and p < n:
-                p += _lcp(x[p:], a.output_ids)
+                p += common_prefix_len(x[p:], a.output_ids)
             if p > best:
                 best, best_i = p, i
         if best == 0:
@@ -461,7 +451,7 @@ class TrajectoryTree:
             nd = nodes[nid]
             ln = nd.tokens.shape[0]
             if off < ln:
-                m = _lcp(x[depth:], nd.tokens[off:])
+                m = common_prefix_len(x[depth:], nd.tokens[off:])
                 off += m
                 depth += m
                 if off < ln:
