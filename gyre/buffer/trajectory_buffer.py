@@ -41,7 +41,7 @@ import numpy as np
 from gyre.evaluation.rewards import ExecutionOutcome, OutcomeStatus
 from gyre.rl.advantages import AdvantageConfig, compute_advantages
 from gyre.trajectory.materialize import TrajectoryRow, materialize
-from gyre.trajectory.sampling import AdmissionConfig, sample_trajectories
+from gyre.trajectory.admission import AdmissionConfig, sample_trajectories
 from gyre.trajectory.tree import TrajectoryTree
 
 __all__ = [

@@ -126,7 +126,7 @@ class Controller:
         from gyre.evaluation.rewards import RewardManager
         from gyre.scheduler.config import SchedulerConfig
         from gyre.scheduler.scheduler import Scheduler
-        from gyre.trajectory.sampling import AdmissionConfig
+        from gyre.trajectory.admission import AdmissionConfig
 
         self.args, self.proxy, self.channel, self.stream = args, proxy, channel, stream
         self.harness, self.tasks, self.snapshot_server, self.sink = harness, list(tasks), snapshot_server, sink

@@ -10,7 +10,7 @@ admission :func:`sample_trajectories` picks up to ``J_max`` trajectories and
 
 from gyre.trajectory.materialize import DedupStats, TrajectoryRow, dedup_stats, materialize
 from gyre.trajectory.records import DEFAULT_ROLE_PRIORITY, ROLES, Provenance, RequestRecord, Role
-from gyre.trajectory.sampling import (
+from gyre.trajectory.admission import (
     Admission,
     AdmissionConfig,
     AdmittedTrajectory,

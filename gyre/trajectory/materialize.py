@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.trajectory.sampling import Admission, eligible_nodes, node_trainable_mask
+from gyre.trajectory.admission import Admission, eligible_nodes, node_trainable_mask
 from gyre.trajectory.tree import TrajectoryTree
 
 __all__ = ["TrajectoryRow", "DedupStats", "materialize", "dedup_stats"]
@@ -94,7 +94,7 @@ def materialize(
 
     Args:
         tree: the tree the admission was sampled from.
-        admission: output of :func:`gyre.trajectory.sampling.sample_trajectories`.
+        admission: output of :func:`gyre.trajectory.admission.sample_trajectories`.
         advantage: ``A_i`` for every row (default NaN placeholder, filled later).
 
     Raises:

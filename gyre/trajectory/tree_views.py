@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gyre.trajectory.records import Provenance
-from gyre.trajectory.sampling import AdmissionConfig, eligible_nodes, node_trainable_mask, trainable_counts
+from gyre.trajectory.admission import AdmissionConfig, eligible_nodes, node_trainable_mask, trainable_counts
 from gyre.trajectory.tree import ROOT, TrajectoryTree
 
 __all__ = ["Decoder", "load_decoder", "ids_decoder", "tree_stats", "render_text", "render_html"]
