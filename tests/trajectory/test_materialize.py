@@ -18,7 +18,7 @@ from gyre.trajectory import (
 )
 
 from .helpers import examples, lp_for, random_execution
-from .test_sampling import compaction_tree
+from .test_admission import compaction_tree
 
 
 def test_rows_exact():
