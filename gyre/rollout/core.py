@@ -43,7 +43,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from gyre.rollout.prefix_cache import RadixPrefixCache
-from gyre.rollout.protocol import (
+from gyre.rollout.sglang_api import (
     MEMORY_TAGS,
     PAUSE_MODES,
     ProtocolError,

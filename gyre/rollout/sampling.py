@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from gyre.rollout.protocol import SamplingParams
+from gyre.rollout.sglang_api import SamplingParams
 
 LOGPROB_MODES = ("tempered", "truncated")
 

@@ -2,7 +2,7 @@
 
 :class:`SGLangEngine` launches ``python -m sglang.launch_server --model-path M --host H
 --port P <passthrough>`` in its own process group, waits until ``/health`` answers 200 and
-hands out :class:`gyre.rollout.engine.EngineClient` objects; :meth:`SGLangEngine.stop` sends
+hands out :class:`gyre.rollout.engine_client.EngineClient` objects; :meth:`SGLangEngine.stop` sends
 SIGTERM to the group, then SIGKILL.
 
 **Argument passthrough (as slime does).**  Every SGLang server flag is available to Gyre as
@@ -327,7 +327,7 @@ class SGLangEngine:
         """
         import tempfile
 
-        from gyre.rollout.engine import EngineClient
+        from gyre.rollout.engine_client import EngineClient
 
         cmd = self.command()
         if self.log_path is None:
@@ -382,8 +382,8 @@ class SGLangEngine:
         return self.proc.returncode
 
     def client(self, timeout: float | None = 600.0):
-        """An :class:`~gyre.rollout.engine.EngineClient` for this server."""
-        from gyre.rollout.engine import EngineClient
+        """An :class:`~gyre.rollout.engine_client.EngineClient` for this server."""
+        from gyre.rollout.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:
     import torch
 
-    from gyre.rollout.engine import EngineClient
+    from gyre.rollout.engine_client import EngineClient
 
 
 def _items(named: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -62,12 +62,12 @@ def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None =
     ``torch.load`` runs with ``weights_only=True``.
 
     Raises:
-        gyre.rollout.protocol.ProtocolError: bad base64, an unreadable or foreign payload, or a
+        gyre.rollout.sglang_api.ProtocolError: bad base64, an unreadable or foreign payload, or a
             ``load_format`` other than ``None``/``"torch"``.
     """
     import torch
 
-    from gyre.rollout.protocol import ProtocolError
+    from gyre.rollout.sglang_api import ProtocolError
 
     if load_format not in (None, "torch"):
         raise ProtocolError(f"load_format {load_format!r} is not supported by the embedded engine "
@@ -138,7 +138,7 @@ def publish_weights(clients: Sequence["EngineClient"], *, weight_version: str,
 
     Raises:
         ValueError: both or neither source given.
-        gyre.rollout.engine.EngineError: an engine rejected the update (later engines untouched).
+        gyre.rollout.engine_messages.EngineError: an engine rejected the update (later engines untouched).
     """
     if (named_tensors is None) == (model_path is None):
         raise ValueError("give exactly one of named_tensors or model_path")

@@ -125,8 +125,8 @@ class CellWorker:
                  initial_role: str = "rollout", optimizer_state: str | None = None):
         from gyre.embedded_model import load_hf_model
         from gyre.rollout.config import EngineConfig
-        from gyre.rollout.embedded import EngineServer
-        from gyre.rollout.engine import EngineClient
+        from gyre.rollout.embedded_server import EngineServer
+        from gyre.rollout.engine_client import EngineClient
         from gyre.training.step import build_train_step
 
         self.args, self.cell, self.groups, self.snapshot = args, cell, groups, snapshot

@@ -184,7 +184,7 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, ctrl_state, s
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.engine import AsyncEngineClient
+    from gyre.rollout.engine_client import AsyncEngineClient
     from gyre.runtime.controller import Controller
     from gyre.runtime.plot import plot_run
     from gyre.tasks import load_tasks

@@ -1,8 +1,9 @@
-"""SGLang-native request/response shapes: parsing, validation and building (pure, no I/O).
+"""SGLang's native API as the embedded engine serves it: parsing, validation, building (no I/O).
 
-Everything the embedded engine accepts or returns over HTTP is defined here so the server
-shell (``gyre/rollout/embedded.py``) and the clients (``gyre/rollout/engine.py``) agree on
-one contract.  Upstream references (sgl-project/sglang):
+Sampling parameters, request bodies and their checks, finish reasons, ``meta_info`` and
+log-prob triples, stop-string trimming and incremental detokenisation: the server
+(``gyre/rollout/embedded_server.py``) and the engine core use these, and the clients send
+:class:`SamplingParams`.  Upstream references (sgl-project/sglang):
 
 * ``python/sglang/srt/managers/io_struct.py``: ``GenerateReqInput`` (``text`` | ``input_ids``,
   ``sampling_params``, ``rid``, ``return_logprob``, ``logprob_start_len``,
