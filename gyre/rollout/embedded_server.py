@@ -378,7 +378,7 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Accepted sockets inherit TCP_NODELAY (Linux); asyncio only sets it itself for sockets
     # created with proto=IPPROTO_TCP.  Without it a response written in two parts waits for
-    # the client's delayed ACK (~40 ms per request).
+    # the client's delayed ACK.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
