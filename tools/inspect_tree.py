@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Print or render a stored trajectory tree (DESIGN.md §3.2).
+"""Print or render a stored trajectory tree.
 
 Usage::
 

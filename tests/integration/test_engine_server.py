@@ -1,4 +1,4 @@
-"""The embedded engine over real HTTP on 127.0.0.1 (issue 3 "Done when").
+"""The embedded engine over real HTTP on 127.0.0.1.
 
 One server (cumulative streaming, SGLang's default) serves the read-only checks; a second one
 (incremental streaming, the embedded default) takes the weight updates, memory release and

@@ -1,4 +1,4 @@
-"""Materialisation into rows and dedup statistics (DESIGN.md §3.4)."""
+"""Materialisation into rows and dedup statistics."""
 
 from __future__ import annotations
 
