@@ -10,8 +10,8 @@ the per-sequence sinks the requests registered.
 
 Weight updates: requests already running finish on the old weights and carry the old
 ``weight_version`` while new requests wait for the swap, unless the update aborts them; the
-prefix cache is always flushed on a weight change.  A model error during a step aborts the
-running requests and the engine keeps serving.
+prefix cache is always flushed on a weight change.  A model error during a step aborts every
+waiting and running request and the engine keeps serving.
 
 :mod:`gyre.rollout.embedded_server` puts this engine behind SGLang's native HTTP API.
 """
