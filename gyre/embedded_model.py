@@ -6,18 +6,15 @@ sha256-checked):
 
 * ``qwen``: the full 151,643-rank vocabulary plus Qwen2/Qwen3's 26 added tokens at their
   usual ids (``<|endoftext|>`` = 151643, ``<|im_start|>`` = 151644, ``<|im_end|>`` = 151645,
-  ``<tool_call>`` = 151657, ``<think>`` = 151667, ...); token ids equal Qwen3's.
+  ``<think>`` = 151667, ...); token ids equal Qwen3's.
 * ``local``: the same BPE truncated to its first :data:`LOCAL_BPE_RANKS` ranks (a prefix of a
-  rank-ordered BPE is itself a valid BPE: each kept token's merges only use lower ranks), with
-  the same added tokens renumbered right after it.  10-30x faster for tests and CPU demos.
+  rank-ordered BPE is itself a valid BPE), with the same added tokens renumbered after it;
+  the smaller vocabulary keeps tests and CPU demos light.
 
-Both get our own ``tokenizer_config.json`` (eos ``<|im_end|>``, pad ``<|endoftext|>``, no bos)
-and our own Qwen-format chat template (``gyre/chat_template.jinja``).  The model is a
-``Qwen3ForCausalLM`` built from :func:`tiny_qwen3_config` with a fixed seed and saved as
-safetensors; everything loads with ``transformers`` ``from_pretrained(local_dir)``.
-
-Directories are cached under :func:`default_cache_dir` and built on first use by
-:func:`ensure_tiny_model` (safe to call from several torchrun ranks at once).
+Both get Gyre's ``tokenizer_config.json`` (eos ``<|im_end|>``, pad ``<|endoftext|>``, no bos)
+and Qwen-format chat template (``gyre/chat_template.jinja``).  The model is a
+``Qwen3ForCausalLM`` from :func:`tiny_qwen3_config` with a fixed seed, saved as safetensors
+under :func:`default_cache_dir` by :func:`ensure_tiny_model` (safe from several ranks at once).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Print or render a stored trajectory tree (DESIGN.md §3.2).
+"""Print or render a stored trajectory tree.
 
 Usage::
 
@@ -30,8 +30,8 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.trajectory.inspect import load_decoder, render_html, render_text, tree_stats  # noqa: E402
-from gyre.trajectory.sampling import AdmissionConfig  # noqa: E402
+from gyre.trajectory.tree_views import load_decoder, render_html, render_text, tree_stats  # noqa: E402
+from gyre.trajectory.admission import AdmissionConfig  # noqa: E402
 from gyre.trajectory.store import StoreCorruptError, TornTailWarning, load_tree  # noqa: E402
 
 

@@ -1,43 +1,17 @@
-"""Stream packing: admitted trajectory rows -> micro-steps under a token budget (DESIGN.md §3.5, §4.4).
+"""Stream packing: admitted trajectory rows -> micro-steps under a token budget.
 
 Input: :class:`~gyre.trajectory.materialize.TrajectoryRow` s of one batch (all admitted rows of
-its executions, advantages filled in). Output: :class:`MicroStep` s, each a self-contained unit
+its executions, advantages filled in).  Output: :class:`MicroStep` s, each a self-contained unit
 of training input with its targets and the per-execution numbers the objective needs
-(:mod:`gyre.rl.objective`).
+(:mod:`gyre.rl.objective`).  :class:`MicroStepPacker` gives the placement rules.
 
-Rules
------
-* Rows without targets are dropped; each row is cut after its last target's *predecessor*
-  (token ``t`` is predicted from position ``t - 1``, so tokens from the last target on are never
-  an input). An execution whose rows carry no target (``L_i = 0``) is not in ``E``.
-* An execution's rows stay in one micro-step when they fit the budget. Otherwise its rows
-  (or tries, see below) are placed separately, the execution is marked ``split`` and its
-  ``s_i`` must come from a forward-only pass first (``log_ratio_sum``;
-  :func:`gyre.training.step.precompute_log_ratio_sums`). Exactly one micro-step (the first
-  holding the execution) counts it in ``|E|``.
-* Placement is first-fit decreasing by cost (deterministic, ties in input order).
-
-Layouts (``--packing``)
------------------------
-* ``pack``: one sequence per micro-step (``b = 1``), rows concatenated; position ids restart
-  per row and the attention mask is block-diagonal causal, so each row sees only itself.
-  Cost = tokens; no padding.
-* ``pad``: one row per batch entry, right-padded to the longest (``b x s``). Cost = ``b * s``.
-  Megatron's local attention and HF sdpa are ``O(s^2)`` per sequence, so on CPU ``pad`` of
-  similar-length rows can beat one long packed sequence; ``bench/train.py`` measures both.
-
-Tree-packed forward (``--tree-packed-forward``, beyond the paper)
------------------------------------------------------------------
-Rows of one execution that share a token prefix (main trajectory, compaction branch, ...) are
-merged into a token trie: each row's longest common prefix with an earlier row of the
-execution is not repeated; the rest becomes a *segment* whose parent is the last shared token.
-Attention follows the trie (a token sees its own segment causally and, in each ancestor
-segment, the tokens up to the branching point); position ids are the depth along the row, so
-every target sees exactly its original context and the logits equal the per-row forward.
-``forward tokens saved = row tokens - trie tokens``.
-
-Representation: segments are contiguous column spans of one batch row; non-tree rows are
-single root segments. :meth:`MicroStep.attention_mask` derives the ``[b, s, s]`` mask.
+Layouts (``--packing``, :data:`LAYOUTS`): ``pack`` concatenates rows into one sequence per
+micro-step (position ids restart per row, block-diagonal causal attention; cost = tokens);
+``pad`` puts one row per batch entry, right-padded to the longest (cost = ``b * s``).
+With ``--tree-packed-forward`` the rows of one execution that share a token prefix are merged
+into a token trie whose attention and position ids give every target exactly its original
+context (:func:`_build_unit`).  Segments are contiguous column spans of one batch row;
+:meth:`MicroStep.attention_mask` derives the ``[b, s, s]`` mask.
 """
 
 from __future__ import annotations
@@ -49,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gyre.common_prefix import common_prefix_len
+
 __all__ = [
     "LAYOUTS",
     "MicroStep",
@@ -59,6 +35,8 @@ __all__ = [
     "pack_rows",
 ]
 
+#: ``--packing`` values.  On CPU, ``pad`` of similar-length rows can beat one long packed
+#: sequence, since attention is ``O(s^2)`` per sequence; ``bench/train.py`` measures both.
 LAYOUTS = ("pack", "pad")
 
 
@@ -96,7 +74,7 @@ class PackingConfig:
 
 @dataclass(slots=True)
 class MicroStep:
-    """One micro-step (DESIGN.md §1): model input, targets and per-execution objective inputs.
+    """One micro-step: model input, targets and per-execution objective inputs.
 
     Model input (``b`` sequences of ``s`` columns; ``pack``: ``b = 1``):
 
@@ -293,16 +271,15 @@ class _Unit:
         return int(self.tokens.shape[0])
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(a.shape[0], b.shape[0])
-    if m == 0:
-        return 0
-    neq = np.flatnonzero(a[:m] != b[:m])
-    return int(neq[0]) if neq.size else m
-
-
 def _build_unit(execution: int, rows: list[_Row], tree: bool) -> _Unit:
-    """Lay ``rows`` (of one execution) out as a trie (``tree``) -- or as one row if ``len(rows) == 1``."""
+    """Lay ``rows`` (of one execution) out as a trie (``tree``) -- or as one row if ``len(rows) == 1``.
+
+    Each row's longest common prefix with an earlier row of the execution is not repeated; the
+    rest becomes a *segment* whose parent is the last shared token.  Attention follows the trie
+    (a token sees its own segment causally and, in each ancestor segment, the tokens up to the
+    branching point); position ids are the depth along the row, so the logits equal the per-row
+    forward.  Forward tokens saved = row tokens - trie tokens.
+    """
     if not tree and len(rows) != 1:
         raise AssertionError("non-tree units hold one row")
     seg_start: list[int] = []
@@ -317,7 +294,7 @@ def _build_unit(execution: int, rows: list[_Row], tree: bool) -> _Unit:
     for r, row in enumerate(rows):
         best, best_j = 0, -1
         for j in range(r):
-            lcp = _lcp(rows[j].tokens, row.tokens)
+            lcp = common_prefix_len(rows[j].tokens, row.tokens)
             if lcp > best:
                 best, best_j = lcp, j
         chain: list[tuple[int, int, int]] = []
@@ -364,7 +341,17 @@ def _cost(layout: str, lengths: list[int]) -> int:
 
 
 class MicroStepPacker:
-    """Rows of admitted trajectories -> micro-steps (see the module docstring).
+    """Rows of admitted trajectories -> micro-steps.
+
+    * Rows without targets are dropped; each row is cut after its last target's *predecessor*
+      (token ``t`` is predicted from position ``t - 1``, so tokens from the last target on are
+      never an input).  An execution whose rows carry no target (``L_i = 0``) is not in ``E``.
+    * An execution's rows stay in one micro-step when they fit the budget.  Otherwise its rows
+      (or tries) are placed separately, the execution is marked ``split`` and its ``s_i`` must
+      come from a forward-only pass first (``log_ratio_sum``;
+      :func:`gyre.training.step.precompute_log_ratio_sums`).  Exactly one micro-step (the first
+      holding the execution) counts it in ``|E|``.
+    * Placement is first-fit decreasing by cost (ties in input order).
 
     Pure and deterministic: the same rows in the same order give the same micro-steps.
     """

@@ -1,27 +1,17 @@
 """Trajectory buffer: rollout groups, reward validity, group readiness and advantages.
 
-DESIGN.md §3.3-§3.4, paper §5.2-§5.3. A pure core (time injected as a clock callable; an
-internal lock only serialises callers from several evaluator threads).
-
-A group is registered with its ``N + oversample`` execution ids. Each closed execution
+A group is registered with its ``N + oversample`` execution ids.  Each closed execution
 reports one :class:`~gyre.evaluation.ExecutionOutcome` (valid reward, placeholder 0, or
-excluded) and optionally its trajectory tree. Then:
-
-* **ready** -- as soon as ``N`` executions have a reward (valid or placeholder), taking the
-  first ``N`` in arrival order: these are the group's *designated* executions; the others
-  are surplus (those still open are listed for the shell to close; later outcomes are
-  counted and ignored). With ``N`` executions and no oversampling this means all of them
-  closed with a valid reward. Advantages are computed over the ``N`` designated rewards
-  (:func:`gyre.rl.compute_advantages`); excluded executions never enter the baseline;
-* **dropped** -- as soon as ``N`` rewards can no longer be reached (too many exclusions or
-  lost executions), or, with ``filter_zero_std_groups``, when the designated rewards are
-  all equal. All-equal groups are reported (:attr:`ReadyGroup.zero_std`, a counter and a
-  log line) either way.
+excluded) and optionally its trajectory tree; the group becomes ready once ``N`` executions
+have a reward, with advantages over those ``N`` (:func:`gyre.rl.compute_advantages`), or is
+dropped once that can no longer happen (:class:`TrajectoryBuffer` gives the rules).
 
 Each call returns the events it produced, in order: :class:`ReadyGroup` or
-:class:`GroupDropped`. A ready group stays in the buffer until :meth:`TrajectoryBuffer.take`;
+:class:`GroupDropped`.  A ready group stays in the buffer until :meth:`TrajectoryBuffer.take`;
 :meth:`ReadyGroup.to_scheduler_event` makes the scheduler's
 :class:`gyre.scheduler.GroupReady` once the stream packer knows the micro-step count.
+A pure core: time is an injected clock callable, and an internal lock only serialises
+callers from several evaluator threads.
 """
 
 from __future__ import annotations
@@ -41,7 +31,7 @@ import numpy as np
 from gyre.evaluation.rewards import ExecutionOutcome, OutcomeStatus
 from gyre.rl.advantages import AdvantageConfig, compute_advantages
 from gyre.trajectory.materialize import TrajectoryRow, materialize
-from gyre.trajectory.sampling import AdmissionConfig, sample_trajectories
+from gyre.trajectory.admission import AdmissionConfig, sample_trajectories
 from gyre.trajectory.tree import TrajectoryTree
 
 __all__ = [
@@ -63,7 +53,7 @@ class DropReason(str, enum.Enum):
 
 @dataclass(slots=True, frozen=True)
 class ReadyGroup:
-    """A group whose ``N`` designated executions have rewards (DESIGN.md §3.4).
+    """A group whose ``N`` designated executions have rewards.
 
     * ``execution_ids`` / ``outcomes`` / ``rewards`` / ``advantages`` / ``trajectories`` --
       aligned tuples over the ``N`` designated executions, in arrival order
@@ -107,7 +97,7 @@ class ReadyGroup:
 
 @dataclass(slots=True, frozen=True)
 class GroupDropped:
-    """A group that will never train (module docstring).
+    """A group that will never train (see :class:`TrajectoryBuffer`).
 
     ``open_execution_ids``: executions still open, for the shell to close as surplus.
     """
@@ -166,7 +156,17 @@ BufferEvent = ReadyGroup | GroupDropped
 
 
 class TrajectoryBuffer:
-    """Holds rollout groups until they are ready (module docstring).
+    """Holds rollout groups until they are ready.
+
+    * **ready** -- as soon as ``N`` executions have a reward (valid or placeholder), taking the
+      first ``N`` in arrival order: these are the group's *designated* executions; the others
+      are surplus (those still open are listed for the shell to close; later outcomes are
+      counted and ignored).  Advantages are computed over the ``N`` designated rewards;
+      excluded executions never enter the baseline;
+    * **dropped** -- as soon as ``N`` rewards can no longer be reached (too many exclusions or
+      lost executions), or, with ``filter_zero_std_groups``, when the designated rewards are
+      all equal.  All-equal groups are reported (:attr:`ReadyGroup.zero_std`, a counter and a
+      log line) either way.
 
     Args:
         n_per_group: ``N``, designated executions per group (``--n-samples-per-prompt``).
@@ -362,7 +362,7 @@ class TrajectoryBuffer:
 def materialize_group(ready: ReadyGroup, rng: np.random.Generator,
                       config: AdmissionConfig | None = None) -> list[TrajectoryRow]:
     """Admission for a ready group: sample each designated execution's tree and materialise
-    its rows with the execution's advantage (DESIGN.md §3.4).
+    its rows with the execution's advantage.
 
     Executions whose payload is not a :class:`~gyre.trajectory.TrajectoryTree` (``None``)
     yield no rows; a placeholder's empty tree yields none either.

@@ -10,7 +10,7 @@ Engines speak SGLang's native ``/generate`` API (``input_ids`` in, output ids wi
 * ``abort(rid)`` -- cancel an in-flight request (it then ends with ``"abort"``).
 
 Transport failures raise :class:`EngineUnavailable`. :class:`ClientEngine` adapts Gyre's
-SGLang-native client (``gyre.rollout.engine.AsyncEngineClient``: its ``stream`` yields chunks with
+SGLang-native client (``gyre.rollout.engine_client.AsyncEngineClient``: its ``stream`` yields chunks with
 ``delta_output_ids``/``delta_logprobs``/``finish_reason.type``/``weight_version``) -- the same for
 the embedded CPU engine and a real SGLang server. :class:`ScriptedEngine` emits scripted token
 sequences (teacher forcing, tests, ``bench/proxy.py``).
@@ -68,7 +68,7 @@ def parse_version(v: Any) -> int | None:
 
 
 class ClientEngine:
-    """Adapter for an SGLang-native async client (``gyre.rollout.engine.AsyncEngineClient``).
+    """Adapter for an SGLang-native async client (``gyre.rollout.engine_client.AsyncEngineClient``).
 
     Args:
         client: object with ``stream(input_ids, sampling_params, *, rid, return_logprob)`` (an

@@ -23,7 +23,7 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from gyre.proxy.engines import Engine, EngineChunk, EngineUnavailable

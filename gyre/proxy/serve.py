@@ -5,9 +5,9 @@ supplies defaults) plus ``--port`` and ``--save-dir``; the Megatron (training) f
 needed here.
 
 ``main`` starts ``--num-cells + --standalone-engines`` embedded engines (the SGLang-native HTTP
-API of ``gyre.rollout.embedded``, each in this process on its own threads), a
+API of ``gyre.rollout.embedded_server``, each in this process on its own threads), a
 :class:`~gyre.proxy.server.ProxyServer` routing to them through
-``gyre.rollout.engine.AsyncEngineClient``, and a :class:`~gyre.trajectory.store.TrajectoryStore`
+``gyre.rollout.engine_client.AsyncEngineClient``, and a :class:`~gyre.trajectory.store.TrajectoryStore`
 under ``--save-dir`` (one record file per execution = its trajectory tree;
 ``tools/inspect_tree.py`` renders it). Executions are registered over HTTP (``POST
 /gyre/executions`` with ``{"task_id": ..., "harness": ...}`` -> ``{"execution_id", "api_key"}``;
@@ -103,8 +103,8 @@ class RolloutService:
         from gyre.proxy.render import ChatRenderer
         from gyre.proxy.server import ProxyConfig, ProxyServer
         from gyre.rollout.config import EngineConfig
-        from gyre.rollout.embedded import EngineServer
-        from gyre.rollout.engine import AsyncEngineClient
+        from gyre.rollout.embedded_server import EngineServer
+        from gyre.rollout.engine_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
 
         a = self.args

@@ -7,29 +7,11 @@ weight-update / memory state and the weight version.  The model is behind the sm
 use a fake), randomness is per-sequence ``torch.Generator`` and time is an injected clock, so
 a script of calls always produces the same outputs.
 
-One :meth:`EngineCore.step`:
-
-1. **Admission** (not paused, no memory released, no weight update pending): while a slot is
-   free and the prefill budget (``max_prefill_tokens``) allows, take the oldest waiting
-   sequence, look up the longest cached prefix of its tokens, copy that KV into its slot and
-   prefill the rest *except the last token* (``prompt_tokens - 1`` positions of KV); then store
-   the prompt's KV in the prefix cache so parallel samples and later calls share it.
-2. **Decode**: one batched forward of every running sequence's last token at its own position
-   (left-over columns are masked), sample per sequence, append, check stop conditions.
-3. **Retire** finished sequences: store their KV in the prefix cache (only if computed under
-   the current weights and cache epoch), free the slot (the last slot moves into the hole).
-
-Upstream analogue: SGLang ``managers/scheduler.py`` (``get_next_batch_to_run``: prefill new
-requests, then decode the running batch) and ``schedule_batch.py`` (``Req.check_finished``).
-
-**Weight updates** (see :meth:`begin_weight_update`): by default in-flight sequences *finish
-on the old weights* -- admission stops, the running batch drains, then the caller swaps the
-weights and calls :meth:`finish_weight_update`, which flushes the prefix cache and changes the
-version.  Every output carries the version it was computed with (constant per sequence).  With
-``abort=True`` (SGLang ``abort_all_requests``) running sequences are aborted instead
-(``finish_reason.type == "abort"``, labelled with the old version).  Sequences that hold old
-tokens but cannot run (paused in place, or retracted) are always aborted.  Waiting sequences
-that have not started are kept and served on the new weights.
+Each :meth:`EngineCore.step` admits and prefills waiting sequences, decodes every running
+sequence by one token and retires finished ones; :meth:`EngineCore.begin_weight_update` and
+:meth:`EngineCore.finish_weight_update` bracket a weight swap.  Upstream analogue: SGLang
+``managers/scheduler.py`` (``get_next_batch_to_run``: prefill new requests, then decode the
+running batch) and ``schedule_batch.py`` (``Req.check_finished``).
 """
 
 from __future__ import annotations
@@ -43,7 +25,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from gyre.rollout.prefix_cache import RadixPrefixCache
-from gyre.rollout.protocol import (
+from gyre.rollout.sglang_api import (
     MEMORY_TAGS,
     PAUSE_MODES,
     ProtocolError,
@@ -136,7 +118,7 @@ class CoreConfig:
 
 
 class EngineCore:
-    """Continuous batching over a :class:`ModelRunner` (see module docstring).
+    """Continuous batching over a :class:`ModelRunner`.
 
     Args:
         runner: the model.
@@ -276,7 +258,16 @@ class EngineCore:
         self.released -= set(tags)
 
     def begin_weight_update(self, abort: bool) -> list[str]:
-        """Stop admission before a weight swap (see module docstring for the policy).
+        """Stop admission before a weight swap.
+
+        By default in-flight sequences *finish on the old weights*: admission stops, the running
+        batch drains, then the caller swaps the weights and calls :meth:`finish_weight_update`,
+        which flushes the prefix cache and changes the version.  Every output carries the
+        version it was computed with (constant per sequence).  With ``abort`` (SGLang
+        ``abort_all_requests``) running sequences are aborted instead (``finish_reason.type ==
+        "abort"``, labelled with the old version).  Sequences that hold old tokens but cannot
+        run (paused in place, or retracted) are always aborted.  Waiting sequences that have not
+        started are kept and served on the new weights.
 
         Returns:
             Ids of sequences aborted because of the update.
@@ -312,7 +303,19 @@ class EngineCore:
         return bool(self.running) or (bool(self.waiting) and not self.update_pending)
 
     def step(self) -> list[tuple[Seq, SeqOutput]]:
-        """Admit, decode once, retire (see module docstring); return emitted outputs."""
+        """Admit, decode once, retire; return the emitted outputs.
+
+        1. **Admission** (not paused, no memory released, no weight update pending): while a
+           slot is free and the prefill budget (``max_prefill_tokens``) allows, take the oldest
+           waiting sequence, look up the longest cached prefix of its tokens, copy that KV into
+           its slot and prefill the rest *except the last token*; then store the prompt's KV in
+           the prefix cache so parallel samples and later calls share it.
+        2. **Decode**: one batched forward of every running sequence's last token at its own
+           position (left-over columns are masked), sample per sequence, append, check stops.
+        3. **Retire** finished sequences: store their KV in the prefix cache (only if computed
+           under the current weights and cache epoch), free the slot (the last slot moves into
+           the hole).
+        """
         if not self.has_work():
             return self.drain_outputs()
         self.num_steps += 1

@@ -1,22 +1,17 @@
 """A Hugging Face causal LM behind the :class:`gyre.rollout.core.ModelRunner` protocol, on CPU.
 
 KV storage is one preallocated fp32 tensor ``[layers, 2, slots, kv_heads, capacity, head_dim]``
-(grown by doubling).  Slot ``b`` holds running sequence ``b``; position ``t`` of a sequence is
-column ``t``.  The HF model runs unchanged: a ``transformers`` ``Cache`` whose layers are
-:class:`_SlotLayerImpl` writes the new K/V in place and hands the attention the slot rows up to the
-longest sequence.  Sequences are *right*-padded: in a decode step row ``b`` writes column
-``positions[b]``, its RoPE position is ``positions[b]`` (explicit ``position_ids``) and a 2-D
-attention mask hides columns ``> positions[b]``; masked columns get exactly zero weight, so a
-padded batch equals per-sequence forwards up to fp32 summation order (~1e-6).
-
-Prefill runs one sequence at a time (no padding), in chunks of ``prefill_chunk_tokens``, with
-``logits_to_keep=1`` (its logits are not needed: the last prompt token is fed by the next
-decode step).
+(grown by doubling); slot ``b`` holds running sequence ``b`` and position ``t`` is column
+``t``.  The HF model runs unchanged: a ``transformers`` ``Cache`` whose layers are
+:class:`_SlotLayerImpl` writes the new K/V in place.  Sequences are right-padded: in a decode
+step row ``b`` writes column ``positions[b]`` at RoPE position ``positions[b]`` and a 2-D
+attention mask hides later columns, so a padded batch equals per-sequence forwards up to fp32
+summation order.  Prefill runs one sequence at a time in chunks of ``prefill_chunk_tokens``.
 
 Weights: :meth:`HFModelRunner.load_weights` copies named tensors (HF state-dict names) into the
-live parameters; :meth:`release_weights` frees parameter storage (spilling to a temporary
-safetensors file first unless they still equal the initial model directory) and
-:meth:`resume_weights` reloads them bit-identically.
+live parameters; :meth:`~HFModelRunner.release_weights` frees parameter storage (spilling to a
+temporary safetensors file first unless they still equal the model directory) and
+:meth:`~HFModelRunner.resume_weights` reloads them bit-identically.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ caller can refuse to insert state computed before the flush (e.g. under old weig
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
+
+from gyre.common_prefix import common_prefix_len
 
 P = TypeVar("P")
 
@@ -33,14 +35,6 @@ class _Node(Generic[P]):
         self.children: dict[int, _Node[P]] = {}
         self.parent = parent
         self.last_access = t
-
-
-def _common_prefix(a: tuple[int, ...], b: Sequence[int], start: int) -> int:
-    n = min(len(a), len(b) - start)
-    i = 0
-    while i < n and a[i] == b[start + i]:
-        i += 1
-    return i
 
 
 class RadixPrefixCache(Generic[P]):
@@ -67,6 +61,27 @@ class RadixPrefixCache(Generic[P]):
         self._clock += 1
         return self._clock
 
+    def _descend(self, tokens: Sequence[int]) -> Iterator[tuple[_Node[P], int, int]]:
+        """Follow ``tokens`` down from the root, stamping each edge entered with a new clock tick.
+
+        Yields ``(child, start, k)``: the edge entered at token position ``start`` and the
+        ``k >= 1`` leading tokens of its key that match; stops after an edge matched only in part.
+        """
+        t = self._tick()
+        node, i = self._root, 0
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                return
+            k = common_prefix_len(child.key, tokens, i)
+            child.last_access = t
+            partial = k < len(child.key)
+            yield child, i, k
+            if partial:
+                return
+            i += k
+            node = child
+
     def match(self, tokens: Sequence[int]) -> tuple[int, list[P]]:
         """Longest stored prefix of ``tokens``.
 
@@ -74,19 +89,10 @@ class RadixPrefixCache(Generic[P]):
             ``(m, pieces)``: ``m`` tokens matched and the payload pieces covering positions
             ``[0, m)`` in order (the last may be a slice of an edge).
         """
-        t = self._tick()
-        node, i, pieces = self._root, 0, []
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            k = _common_prefix(child.key, tokens, i)
-            child.last_access = t
+        i, pieces = 0, []
+        for child, start, k in self._descend(tokens):
             pieces.append(child.payload if k == len(child.key) else self._slice(child.payload, 0, k))
-            i += k
-            if k < len(child.key):
-                break
-            node = child
+            i = start + k
         self.queried_tokens += len(tokens)
         self.hit_tokens += i
         return i, pieces
@@ -110,18 +116,12 @@ class RadixPrefixCache(Generic[P]):
         """
         if self.capacity_tokens == 0 or not tokens:
             return 0
-        t = self._tick()
         node, i = self._root, 0
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            k = _common_prefix(child.key, tokens, i)
-            child.last_access = t
+        for child, start, k in self._descend(tokens):
             if k < len(child.key):
                 child = self._split(child, k)
-            i += k
-            node = child
+            node, i = child, start + k
+        t = self._clock  # the tick _descend stamped on this walk
         if i == len(tokens):
             return 0
         leaf = _Node(tuple(tokens[i:]), payload_fn(i, len(tokens)), node, t)

@@ -5,29 +5,16 @@ Semantics follow SGLang's sampler (``python/sglang/srt/layers/sampler.py`` and
 
 * ``temperature == 0`` is greedy: ``argmax(logits)``; its log-prob is ``log_softmax(logits)``
   (temperature 1), because SGLang rewrites greedy to ``top_k = 1, temperature = 1``.
-* otherwise ``scaled = logits / temperature``, ``p = softmax(scaled)``; top-k, top-p (nucleus,
-  keeping the smallest prefix of the sorted distribution whose mass reaches ``top_p``) and
-  min-p (drop tokens with ``p < min_p * p_max``) truncate ``p``, which is renormalised and
-  sampled with the request's own ``torch.Generator`` by the Gumbel-max trick
-  (``argmax(log p + G)``, ``G = -log(-log U)``, ``U ~ Uniform[0, 1)^V`` drawn from that
-  generator): an exact draw from ``p`` that, unlike a batched ``torch.multinomial``, depends
-  only on the request's own seed and position, never on the rest of the batch.
+* otherwise ``p = softmax(logits / temperature)``; top-k, top-p (the smallest prefix of the
+  sorted distribution whose mass reaches ``top_p``) and min-p (drop tokens with
+  ``p < min_p * p_max``) truncate ``p``, which is renormalised and sampled with the request's
+  own ``torch.Generator`` by the Gumbel-max trick (``argmax(log p + G)``, ``G = -log(-log U)``):
+  an exact draw from ``p`` that depends only on the request's own seed and position, never on
+  the rest of the batch.
+* ``min_new_tokens`` sets the stop ids' logits to ``-inf`` before all of the above (SGLang's
+  min-new-tokens penalizer), so returned log-probs then come from those masked logits.
 
-**Returned behaviour log-prob** (``logprob_mode``):
-
-* ``"tempered"`` (default): ``log_softmax(logits / T)[token]`` -- the untruncated, tempered
-  distribution, computed from exactly the logits that were sampled from.  A trainer that runs a
-  forward pass at the same weights and computes ``log_softmax(logits / T)`` at the same
-  temperature reproduces it (fp32: within ~1e-6).  With ``top_p < 1``, ``top_k > 0`` or
-  ``min_p > 0`` the *sampling* distribution is the truncated one, so this value is then not the
-  exact probability of the draw: the trainer must either roll out with truncation off (Gyre's
-  default ``--rollout-top-p 1``) or accept/correct that bias (e.g. its token importance cap).
-* ``"truncated"``: ``log(p_truncated_renormalised[token])`` -- the exact probability of the draw.
-  A trainer must then apply the same truncation to its own distribution to compare.
-
-``min_new_tokens`` is applied by setting the stop ids' logits to ``-inf`` before all of the
-above (SGLang's min-new-tokens penalizer), so returned log-probs then come from those
-masked logits.
+Which log-prob is returned is :func:`sample_next_tokens`'s ``logprob_mode``.
 """
 
 from __future__ import annotations
@@ -37,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from gyre.rollout.protocol import SamplingParams
+from gyre.rollout.sglang_api import SamplingParams
 
 LOGPROB_MODES = ("tempered", "truncated")
 
@@ -96,7 +83,12 @@ def sample_next_tokens(
         generators: ``B`` CPU ``torch.Generator`` (consumed only by non-greedy rows).
         banned: per row ids whose logits are set to ``-inf`` first (``min_new_tokens``), or None.
         top_logprobs_num: per row how many top ``(logprob, id)`` pairs to return (0: none).
-        logprob_mode: ``"tempered"`` or ``"truncated"`` (see module docstring).
+        logprob_mode: ``"tempered"``: ``log_softmax(logits / T)[token]``, the untruncated
+            tempered distribution, from exactly the logits that were sampled from (a trainer
+            computing ``log_softmax(logits / T)`` at the same weights reproduces it).  With
+            top-k, top-p or min-p truncation the draw came from the truncated distribution, so
+            this is then not its exact probability.  ``"truncated"``:
+            ``log(p_truncated_renormalised[token])``, the exact probability of the draw.
     Returns:
         :class:`SampleResult` with ``B`` ids and log-probs.
     Raises:

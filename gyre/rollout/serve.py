@@ -2,7 +2,7 @@
 
 ``python -m gyre.rollout.serve`` (or ``tools/serve_engine.py``) parses and checks its flags
 first -- bad input exits 2 with one line on stderr before any heavy import -- then builds an
-:class:`gyre.rollout.embedded.EngineServer`, prints ``{"url": "http://HOST:PORT"}`` once the
+:class:`gyre.rollout.embedded_server.EngineServer`, prints ``{"url": "http://HOST:PORT"}`` once the
 engine accepts requests and serves until SIGTERM/SIGINT (in-flight requests are aborted, exit
 status 0).  :class:`EmbeddedEngineProcess` runs that command as a child process (one engine per
 cell process, or tests).
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded import EngineServer
+    from gyre.rollout.embedded_server import EngineServer
 
     hf_logging.disable_progress_bar()
 
@@ -191,7 +191,7 @@ class EmbeddedEngineProcess:
         return self.proc.returncode
 
     def client(self, timeout: float | None = 600.0):
-        from gyre.rollout.engine import EngineClient
+        from gyre.rollout.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

@@ -2,21 +2,15 @@
 
 :class:`SGLangEngine` launches ``python -m sglang.launch_server --model-path M --host H
 --port P <passthrough>`` in its own process group, waits until ``/health`` answers 200 and
-hands out :class:`gyre.rollout.engine.EngineClient` objects; :meth:`SGLangEngine.stop` sends
-SIGTERM to the group, then SIGKILL.
+hands out :class:`gyre.rollout.engine_client.EngineClient` objects; :meth:`SGLangEngine.stop`
+sends SIGTERM to the group, then SIGKILL.
 
-**Argument passthrough (as slime does).**  Every SGLang server flag is available to Gyre as
-``--sglang-<flag>`` (dest ``sglang_<name>``); :func:`sglang_server_argv` strips the prefix and
-rebuilds SGLang's own command line from the values that were set.  When SGLang is importable
-(the GPU environment, ``requirements-gpu.txt``), :func:`add_sglang_arguments` registers *all*
-of ``ServerArgs.add_cli_args`` that way (upstream: ``sglang/srt/server_args.py``); on the CPU
-environment a curated subset (:data:`CURATED_FLAGS`) is registered.  Every flag defaults to
-``None`` = not passed, so SGLang's own defaults apply.  ``--sglang-extra-args "..."`` appends
-raw SGLang flags (shell-quoted) for anything else.  Gyre sets :data:`MANAGED_FLAGS`
-(``model_path``, ``host``, ``port``) itself.
-
-Weight updates on SGLang: ``/update_weights_from_disk`` works unchanged; for
-``/update_weights_from_tensor`` SGLang expects its own serializer (CUDA IPC handles, one
+Every SGLang server flag is available to Gyre as ``--sglang-<flag>`` (dest ``sglang_<name>``):
+:func:`add_sglang_arguments` registers all of ``ServerArgs.add_cli_args`` when SGLang is
+importable, else the curated subset :data:`CURATED_FLAGS`; :func:`sglang_server_argv` rebuilds
+SGLang's command line from the flags that were set (unset flags keep SGLang's defaults).
+``--sglang-extra-args "..."`` appends raw flags; Gyre sets :data:`MANAGED_FLAGS` itself.
+For ``/update_weights_from_tensor`` SGLang expects its own serializer (CUDA IPC handles, one
 payload per TP rank): :func:`serialize_named_tensors_for_sglang`.
 """
 
@@ -327,7 +321,7 @@ class SGLangEngine:
         """
         import tempfile
 
-        from gyre.rollout.engine import EngineClient
+        from gyre.rollout.engine_client import EngineClient
 
         cmd = self.command()
         if self.log_path is None:
@@ -382,8 +376,8 @@ class SGLangEngine:
         return self.proc.returncode
 
     def client(self, timeout: float | None = 600.0):
-        """An :class:`~gyre.rollout.engine.EngineClient` for this server."""
-        from gyre.rollout.engine import EngineClient
+        """An :class:`~gyre.rollout.engine_client.EngineClient` for this server."""
+        from gyre.rollout.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

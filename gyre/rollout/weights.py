@@ -2,21 +2,17 @@
 
 Two transports, both SGLang-native endpoints:
 
-* **tensor** (``/update_weights_from_tensor``): for the embedded CPU engine the payload is
-  ``base64(torch.save({name: tensor}))`` -- :func:`serialize_named_tensors`; names are HF
-  state-dict names (``model.layers.0.self_attn.q_proj.weight``), any float dtype (cast to the
-  engine's).  Large state dicts are split into several payloads of one call
-  (:func:`bucket_named_tensors`), so the engine swaps all of them at once: no request is ever
-  served on a half-updated model.
+* **tensor** (``/update_weights_from_tensor``): for the embedded CPU engine each payload is
+  ``base64(torch.save({name: tensor}))`` (:func:`serialize_named_tensors`; HF state-dict
+  names, any float dtype); a large state dict is split into several payloads of one call
+  (:func:`bucket_named_tensors`), which the engine swaps at once.
 * **disk** (``/update_weights_from_disk``): :func:`save_weights_for_disk_update` writes one
-  ``model.safetensors`` (tied tensors stored once) into a directory the engine can read, e.g.
-  under ``/dev/shm``.
+  ``model.safetensors`` (tied tensors stored once) into a directory the engine can read.
 
 :func:`publish_weights` pushes one version to many engines and reports per-engine results;
 with ``abort_in_flight`` (SGLang ``abort_all_requests``) running requests are aborted rather
-than finished on the old weights.  SGLang GPU servers expect their own serializer for tensor
-updates (CUDA IPC handles); use the disk transport or SGLang's
-``MultiprocessingSerializer`` there.
+than finished on the old weights.  SGLang GPU servers need their own tensor serializer
+(:func:`gyre.rollout.sglang_engine.serialize_named_tensors_for_sglang`) or the disk transport.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:
     import torch
 
-    from gyre.rollout.engine import EngineClient
+    from gyre.rollout.engine_client import EngineClient
 
 
 def _items(named: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -62,12 +58,12 @@ def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None =
     ``torch.load`` runs with ``weights_only=True``.
 
     Raises:
-        gyre.rollout.protocol.ProtocolError: bad base64, an unreadable or foreign payload, or a
+        gyre.rollout.sglang_api.ProtocolError: bad base64, an unreadable or foreign payload, or a
             ``load_format`` other than ``None``/``"torch"``.
     """
     import torch
 
-    from gyre.rollout.protocol import ProtocolError
+    from gyre.rollout.sglang_api import ProtocolError
 
     if load_format not in (None, "torch"):
         raise ProtocolError(f"load_format {load_format!r} is not supported by the embedded engine "
@@ -138,7 +134,7 @@ def publish_weights(clients: Sequence["EngineClient"], *, weight_version: str,
 
     Raises:
         ValueError: both or neither source given.
-        gyre.rollout.engine.EngineError: an engine rejected the update (later engines untouched).
+        gyre.rollout.engine_messages.EngineError: an engine rejected the update (later engines untouched).
     """
     if (named_tensors is None) == (model_path is None):
         raise ValueError("give exactly one of named_tensors or model_path")

@@ -88,8 +88,8 @@ class CellWorker:
     def __init__(self, config: CellConfig, cell: int, store, groups, model_dir: str, train_step,
                  snapshot: Snapshot | None = None, *, start_version: int = 0, initial_role: str = "rollout"):
         from gyre.rollout.config import EngineConfig
-        from gyre.rollout.embedded import EngineServer
-        from gyre.rollout.engine import EngineClient
+        from gyre.rollout.embedded_server import EngineServer
+        from gyre.rollout.engine_client import EngineClient
 
         self.cfg, self.cell, self.groups, self.snapshot = config, cell, groups, snapshot
         self.channel = ctl.ControlChannel(store, f"cell{cell}")

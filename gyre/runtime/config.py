@@ -10,7 +10,7 @@ from gyre.buffer.packing import PackingConfig
 from gyre.evaluation.validity import RetryPolicy
 from gyre.rl.advantages import AdvantageConfig
 from gyre.scheduler.config import SchedulerConfig
-from gyre.trajectory.sampling import AdmissionConfig
+from gyre.trajectory.admission import AdmissionConfig
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.engine import AsyncEngineClient
+    from gyre.rollout.engine_client import AsyncEngineClient
     from gyre.runtime.config import ControllerConfig
     from gyre.runtime.controller import Controller
     from gyre.runtime.plot import plot_run

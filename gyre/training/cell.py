@@ -36,7 +36,7 @@ class RouteControl(Protocol):
 
 
 class EngineControl(Protocol):
-    """What a cell needs from its engine (``gyre.rollout.engine.EngineClient`` satisfies it)."""
+    """What a cell needs from its engine (``gyre.rollout.engine_client.EngineClient`` satisfies it)."""
 
     def release_memory_occupation(self, tags=None) -> dict: ...
 

@@ -1,16 +1,12 @@
 """Request records, trajectory trees, provenance masks, admission sampling, materialisation, storage.
 
-DESIGN.md §3.1 (TITO records), §3.2 (trajectory trees), §3.4 (admission); paper §5.1, §5.3.
-
 Flow: the proxy builds a :class:`RequestRecord` per model call, appends it to a
 :class:`TrajectoryStore` and inserts it into the execution's :class:`TrajectoryTree`; at
 admission :func:`sample_trajectories` picks up to ``J_max`` trajectories and
 :func:`materialize` turns them into :class:`TrajectoryRow` s.
 """
 
-from gyre.trajectory.materialize import DedupStats, TrajectoryRow, dedup_stats, materialize
-from gyre.trajectory.records import DEFAULT_ROLE_PRIORITY, ROLES, Provenance, RequestRecord, Role
-from gyre.trajectory.sampling import (
+from gyre.trajectory.admission import (
     Admission,
     AdmissionConfig,
     AdmittedTrajectory,
@@ -19,6 +15,8 @@ from gyre.trajectory.sampling import (
     sample_trajectories,
     trainable_counts,
 )
+from gyre.trajectory.materialize import DedupStats, TrajectoryRow, dedup_stats, materialize
+from gyre.trajectory.records import DEFAULT_ROLE_PRIORITY, ROLES, Provenance, RequestRecord, Role
 from gyre.trajectory.store import (
     RecordWriter,
     StoreCorruptError,

@@ -1,7 +1,5 @@
 """Materialisation: admitted trajectories -> training token rows, and dedup statistics.
 
-Source: DESIGN.md §3.4 ("Materialisation") and §3.5 (``L_i``), paper §5.3.
-
 Each admitted trajectory becomes one row holding its full root-to-leaf token sequence (the
 original context of every target), a target mask and the behaviour log-probs aligned to
 the tokens. Alignment convention: position ``t`` describes token ``input_ids[t]``;
@@ -16,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.trajectory.sampling import Admission, eligible_nodes, node_trainable_mask
+from gyre.trajectory.admission import Admission, eligible_nodes, node_trainable_mask
 from gyre.trajectory.tree import TrajectoryTree
 
 __all__ = ["TrajectoryRow", "DedupStats", "materialize", "dedup_stats"]
@@ -32,7 +30,7 @@ class TrajectoryRow:
     * ``behaviour_logprobs`` -- ``float32[T]``: behaviour log-prob of each target token,
       0.0 where ``target_mask`` is False.
     * ``num_execution_targets`` -- ``L_i``: targets over *all* admitted trajectories of the
-      execution (the GSPO ratio and the ``1/L_i`` weight use it; DESIGN.md §3.5).
+      execution (the GSPO ratio and the ``1/L_i`` weight use it).
     * ``advantage`` -- ``A_i``; NaN until the group's advantage is computed.
     * ``num_targets`` -- targets in this row; ``leaf``/``role`` -- the drawn leaf and class;
       ``policy_version_min``/``policy_version_max`` -- over the records owning this row's
@@ -90,11 +88,11 @@ class DedupStats:
 def materialize(
     tree: TrajectoryTree, admission: Admission, advantage: float = math.nan
 ) -> list[TrajectoryRow]:
-    """Turn an :class:`Admission` into rows, in draw order (DESIGN.md §3.4).
+    """Turn an :class:`Admission` into rows, in draw order.
 
     Args:
         tree: the tree the admission was sampled from.
-        admission: output of :func:`gyre.trajectory.sampling.sample_trajectories`.
+        admission: output of :func:`gyre.trajectory.admission.sample_trajectories`.
         advantage: ``A_i`` for every row (default NaN placeholder, filled later).
 
     Raises:
@@ -143,7 +141,7 @@ def materialize(
 
 
 def dedup_stats(tree: TrajectoryTree, admission: Admission, rows: list[TrajectoryRow] | None = None) -> DedupStats:
-    """Dedup statistics for one execution (issue: "what flattening every path would cost")."""
+    """Dedup statistics for one execution (what flattening every path would cost)."""
     if rows is None:
         rows = materialize(tree, admission)
     leaves = tree.leaves()

@@ -1,7 +1,5 @@
 """Request records (TITO records): one model call, token-in / token-out.
 
-Source: DESIGN.md §3.1 ("Every model call becomes one request record") and paper §5.1.
-
 A :class:`RequestRecord` holds the *exact* token ids the engine saw (``input_ids``), the
 token ids it sampled (``output_ids``) with their behaviour log-probs, and a per-input-token
 provenance mask. The proxy builds records; the trajectory tree
@@ -30,7 +28,7 @@ __all__ = [
 
 
 class Provenance(enum.IntEnum):
-    """Per-token provenance (DESIGN.md §1, §3.3), stored as ``int8``.
+    """Per-token provenance stored as ``int8``.
 
     * ``POLICY`` (0): sampled by our engine for an earlier call of this execution. Only
       policy tokens that are a node's *output* (i.e. carry a behaviour log-prob) can become
@@ -46,7 +44,7 @@ class Provenance(enum.IntEnum):
 
 
 class Role(str, enum.Enum):
-    """Who issued a model call (DESIGN.md §1 vocabulary)."""
+    """Who issued a model call."""
 
     MAIN = "main"
     SUBAGENT = "subagent"
@@ -58,7 +56,7 @@ class Role(str, enum.Enum):
 #: All role names, in the default priority order followed by ``evaluator``.
 ROLES: tuple[str, ...] = tuple(r.value for r in Role)
 
-#: Default admission priority (DESIGN.md §3.4): main > subagent > compaction > auxiliary.
+#: Default admission priority: main > subagent > compaction > auxiliary.
 #: ``evaluator`` is never trainable and may not appear in a priority list.
 DEFAULT_ROLE_PRIORITY: tuple[str, ...] = ("main", "subagent", "compaction", "auxiliary")
 
@@ -86,7 +84,7 @@ def _as_1d(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One model call of one execution (a TITO record; DESIGN.md §3.1).
+    """One model call of one execution (a token-in / token-out record).
 
     Fields (arrays are converted and validated in ``__post_init__``; they are *not*
     copied when already of the right dtype, so treat them as immutable):

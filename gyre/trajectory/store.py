@@ -1,38 +1,18 @@
 """Durable, append-only storage of request records; trees rebuilt bit-identically.
 
-Source: DESIGN.md §3.1 ("Records are appended to durable storage as they complete") and
-§3.2 ("Trees serialise to a compact on-disk format and load back bit-identically").
+One file per execution, ``<root>/<execution_id>.jsonl``, one record per line in insertion
+order, in the ``gyre-tito/1`` format (:func:`encode_record`): a CRC-checked JSON line whose
+token arrays are base64 bytes and whose input is delta-encoded against a recent earlier record,
+so a file grows with the new tokens of each call, not with its context length.
 
-Format (``gyre-tito/1``)
-------------------------
-One file per execution, ``<root>/<execution_id>.jsonl``, one record per line, in insertion
-order. Each line is a JSON object (ASCII, no spaces) ending in ``,"crc":<crc32>}`` where the
-CRC-32 covers the line's bytes with that suffix replaced by ``}``. Token arrays are base64
-of little-endian ``int32``/``int8``/``float32`` bytes. Inputs are delta-encoded: ``"base":
-[seq, n]`` says that the first ``n`` input tokens *and* their provenance equal the first
-``n`` entries of ``input ++ output`` (provenance ``input_provenance ++ output provenance``)
-of the record on line ``seq`` (one of the previous ``ring_size`` lines); only the remaining
-input (``"input_tail"``, ``"prov_tail"``) is stored. A file therefore grows with the new
-tokens of each call, not with its context length.
-
-Fields: ``v, seq, execution_id, call_index, role, policy_version, engine_id, delivered,
-finish_reason, timings, metadata, n_in, base, input_tail, prov_tail, output_ids,
-output_logprobs, crc``.
-
-Durability (fsync policy)
--------------------------
-:meth:`RecordWriter.append` writes the whole line with one ``write`` and flushes it to the
-OS before returning, so a crash of the process loses no appended record. It calls
-``os.fsync`` every ``fsync_every`` records (default 1: every record, so a machine crash
-loses nothing appended either; ``0``: only on :meth:`~RecordWriter.close`) and always on
-close.
-
-Crash recovery
---------------
-A crash can leave a torn final line (partial write, or garbage after the last newline).
-Readers detect it (missing newline, bad JSON or CRC) *only at the end of the file*, skip it
-and emit a :class:`TornTailWarning`; a writer reopening the file truncates it first. A bad
-line followed by good ones is corruption and raises :class:`StoreCorruptError`.
+:class:`RecordWriter` appends (flushed to the OS before returning, ``fsync`` per its policy);
+:func:`read_records` and :func:`load_tree` read a file back and rebuild the execution's
+:class:`~gyre.trajectory.tree.TrajectoryTree`; :class:`TrajectoryStore` manages one writer per
+execution under a root directory.  A crash can leave a torn final line (partial write, or
+garbage after the last newline): readers detect it (missing newline, bad JSON or CRC) *only
+at the end of the file*, skip it and emit a :class:`TornTailWarning`; a writer reopening the
+file truncates it first.  A bad line followed by good ones is corruption and raises
+:class:`StoreCorruptError`.
 """
 
 from __future__ import annotations
@@ -49,6 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gyre.common_prefix import common_prefix_len
 from gyre.trajectory.records import EXECUTION_ID_RE, RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
@@ -85,21 +66,6 @@ def _unb64(s: str, dtype: str, native: type) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s, validate=True), dtype=dtype).astype(native)
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.shape[0], b.shape[0])
-    if n == 0 or a[0] != b[0]:
-        return 0
-    eq = a[:n] == b[:n]
-    return n if eq.all() else int(eq.argmin())
-
-
-def _lcp_const(a: np.ndarray, value: int) -> int:
-    if a.shape[0] == 0 or a[0] != value:
-        return 0
-    eq = a == value
-    return a.shape[0] if eq.all() else int(eq.argmin())
-
-
 class _RingEntry:
     __slots__ = ("seq", "input_ids", "output_ids", "input_provenance", "out_prov", "n_in", "length")
 
@@ -114,13 +80,14 @@ class _RingEntry:
 
     def common_prefix(self, ids: np.ndarray, prov: np.ndarray) -> int:
         """Common prefix of (ids, prov) with (input ++ output, in_prov ++ out_prov)."""
-        p = _lcp(ids, self.input_ids)
-        q = _lcp(prov[:p], self.input_provenance[:p])
+        p = common_prefix_len(ids, self.input_ids)
+        q = common_prefix_len(prov[:p], self.input_provenance[:p])
         if q < p:
             return q
         if p == self.n_in and p < ids.shape[0]:
-            t = _lcp(ids[p:], self.output_ids)
-            t = min(t, _lcp_const(prov[p:p + t], self.out_prov))
+            t = common_prefix_len(ids[p:], self.output_ids)
+            run = prov[p:p + t]
+            t = min(t, common_prefix_len(run, np.broadcast_to(self.out_prov, run.shape)))
             p += t
         return p
 
@@ -178,7 +145,15 @@ class _Ring:
 def encode_record(rec: RequestRecord, seq: int, base: tuple[int, int] | None) -> bytes:
     """One line (with trailing newline) of the ``gyre-tito/1`` format for ``rec``.
 
-    ``base`` is ``(seq, n)`` of the reference line or ``None`` (see module docstring).
+    The line is a JSON object (ASCII, no spaces) ending in ``,"crc":<crc32>}``, the CRC-32
+    covering the line's bytes with that suffix replaced by ``}``.  Token arrays are base64 of
+    little-endian ``int32``/``int8``/``float32`` bytes.  ``base`` is ``(seq, n)`` or ``None``:
+    the first ``n`` input tokens *and* their provenance equal the first ``n`` entries of
+    ``input ++ output`` (provenance ``input_provenance ++ output provenance``) of the record
+    on line ``seq``, so only the remaining input (``"input_tail"``, ``"prov_tail"``) is stored.
+    Fields: ``v, seq, execution_id, call_index, role, policy_version, engine_id, delivered,
+    finish_reason, timings, metadata, n_in, base, input_tail, prov_tail, output_ids,
+    output_logprobs, crc``.
     """
     n = base[1] if base else 0
     payload: dict[str, Any] = {
@@ -344,7 +319,12 @@ def load_tree(path: str | os.PathLike[str], *, anchor_slots: int = 8, ring_size:
 
 
 class RecordWriter:
-    """Append-only writer of one execution's record file (see module docstring).
+    """Append-only writer of one execution's record file.
+
+    :meth:`append` writes the whole line with one ``write`` and flushes it to the OS before
+    returning, so a crash of the process loses no appended record.  It calls ``os.fsync``
+    every ``fsync_every`` records (default 1: every record, so a machine crash loses nothing
+    appended either; ``0``: only on :meth:`close`) and always on close.
 
     Args:
         path: the file; created if missing. An existing file is scanned (its records

@@ -1,62 +1,16 @@
 """Trajectory tree: one prefix-sharing tree of request records per execution.
 
-Source: DESIGN.md §3.2 and paper §5.1.
+The tree is a token trie (radix tree) whose nodes are runs of tokens *owned by one record*:
+each node's tokens are ``[new input tokens | output tokens]`` (``n_input`` tells where the
+output starts).  Inserting a :class:`~gyre.trajectory.records.RequestRecord` finds the longest
+stored path that its ``input_ids`` extend and appends one node there (splitting a node when the
+input diverges inside it); :meth:`TrajectoryTree.insert` gives the rules.  Only inputs are
+matched against stored paths: two records with the same input give two sibling output nodes.
 
-Structure
----------
-The tree is a token trie (radix tree) whose nodes are runs of tokens *owned by one
-record*. Inserting a :class:`~gyre.trajectory.records.RequestRecord` finds the longest
-stored token path that its ``input_ids`` extend (inputs *and* outputs of earlier nodes
-count) and appends **one new node** there holding only the new input tokens followed by
-the record's output tokens:
-
-* the input ends exactly at a node boundary -> the new node is a child of that node;
-* the input diverges (or ends) *inside* a node -> that node is split at the exact token
-  (a new *head* node takes the shared tokens, the original node keeps the rest, its
-  children and its identity) and the new node becomes a sibling of the remainder;
-* nothing matches -> the new node is a child of the root.
-
-Outputs are never matched against each other: two records with the same input (a retried
-identical request) give two sibling output nodes under the node that ends at that input,
-even when the sampled tokens coincide. Only inputs are matched against stored paths.
-
-Each node's tokens are ``[new input tokens | output tokens]`` (``n_input`` tells where the
-output starts). Output tokens carry behaviour log-probs and provenance ``POLICY``
-(``EVALUATOR`` for evaluator calls); input tokens carry the record's input provenance.
-On the shared (matched) part the stored path is authoritative: a record's provenance for
-tokens it re-uses is not re-read.
-
-Insert cost
------------
-Python-level work per insert is O(1) anchors + the nodes created/visited past the reused
-prefix; the reused prefix itself is verified once by a vectorised comparison (memcmp speed,
-~0.2-0.6 ns/token). The index is a small set of *anchors*: the full token paths
-(``input_ids ++ output_ids``) of the most recently extended records, one per active thread
-(main agent, each sub-agent, ...). A new input is checked against anchors deepest first:
-
-1. full match of an anchor's path -> continue walking from the anchor's end node;
-2. match of an anchor's input only (e.g. the harness stripped ``<think>`` from the
-   previous output) -> continue from the anchor's input boundary;
-3. otherwise the longest common prefix with any anchor -> continue from there (or from
-   the root).
-
-The continuation walks child edges by first token (a per-node ``first token -> children``
-index), comparing each edge vectorised. The tree is a trie over inputs except where
-independent sibling outputs start with the same token (*ambiguous branching points*, e.g. a
-retried request whose outputs both begin with ``<think>``). There the walk follows every
-such child; and a match found from an anchor is made exact by revisiting the ambiguous
-points above it, which each node chains (``Node.amb_parent``). Ambiguous points are rare, so
-this costs O(retries on the path). Among equally long matches the one ending in a
-delivered record's node wins, then the most recent record. The result is therefore
-canonical: it does not depend on the anchors, and a tree rebuilt from its records in order
-is bit-identical (:mod:`gyre.trajectory.store`). When no anchor shares a prefix with the
-input (a fresh context) the walk starts at the root, which costs one step per node of the
-matched path -- short for fresh contexts.
-
-Measured (``bench/tree.py``, 500 calls, 1.04M unique tokens, 24.5M context tokens in
-total, compaction, sub-agents, edited outputs, retries; 2 shared CPU cores): 0.03-0.05 s
-total insert (≈0.1 ms per call); ≈7.2 bytes per stored token (int32 id, int8
-provenance, float32 log-prob for output tokens, node objects) plus the anchors' references.
+Output tokens carry behaviour log-probs and provenance ``POLICY`` (``EVALUATOR`` for evaluator
+calls); input tokens carry the record's input provenance.  On the shared (matched) part the
+stored path is authoritative.  A tree rebuilt from its records in order is bit-identical
+(:meth:`TrajectoryTree.digest`, :mod:`gyre.trajectory.store`).
 
 Not thread-safe: one writer per tree (the proxy serialises the calls of one execution).
 """
@@ -70,6 +24,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gyre.common_prefix import common_prefix_len
 from gyre.trajectory.records import RequestRecord
 
 __all__ = ["ROOT", "Node", "RecordInfo", "InsertResult", "PrefixMatch", "TrajectoryTree"]
@@ -82,20 +37,9 @@ _EMPTY_I8 = np.zeros(0, np.int8)
 _EMPTY_F32 = np.zeros(0, np.float32)
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D int32 arrays (vectorised)."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0 or a[0] != b[0]:
-        return 0
-    eq = a[:n] == b[:n]
-    if eq.all():
-        return n
-    return int(eq.argmin())
-
-
 @dataclass(slots=True)
 class Node:
-    """One node: a run of tokens owned by one record (see module docstring).
+    """One node: a run of tokens owned by one record.
 
     * ``tokens`` -- ``int32[n]``; ``provenance`` -- ``int8[n]`` (:class:`Provenance`);
     * ``logprobs`` -- ``float32[n - n_input]``: behaviour log-probs of the output part;
@@ -205,7 +149,20 @@ class _Anchor:
 
 
 class TrajectoryTree:
-    """The trajectory tree of one execution (DESIGN.md §3.2).
+    """The trajectory tree of one execution.
+
+    Finding where an input continues (:meth:`match`, :meth:`insert`) costs O(1) anchors plus
+    the nodes visited past the reused prefix; the reused prefix itself is verified once by a
+    vectorised comparison.  The *anchors* are the full token paths (``input_ids ++
+    output_ids``) of the most recently extended records, one per active thread (main agent,
+    each sub-agent, ...).  A new input is checked against them deepest first: (1) full match of
+    an anchor's path; (2) match of an anchor's input only (e.g. the harness stripped ``<think>``
+    from the previous output); (3) the longest common prefix with any anchor; else the root.
+    From there the walk follows child edges by first token.  Where independent sibling outputs
+    start with the same token (*ambiguous branching points*, chained by ``Node.amb_parent``)
+    every such child is followed, and a match found from an anchor is made exact by revisiting
+    the ambiguous points above it.  Among equally long matches the one ending in a delivered
+    record's node wins, then the most recent record; the result does not depend on the anchors.
 
     Args:
         execution_id: the execution; if ``None`` it is taken from the first record.
@@ -376,7 +333,7 @@ class TrajectoryTree:
     def match(self, input_ids: np.ndarray) -> PrefixMatch:
         """Longest stored path that ``input_ids`` (``int32[n]``) extends; does not modify the tree.
 
-        The proxy can use this to reuse stored token ids (TITO, DESIGN.md §3.1).
+        The proxy can use this to reuse stored token ids (token-in / token-out).
         """
         x = np.asarray(input_ids, dtype=np.int32)
         node, off, depth, _ = self._find(x)
@@ -425,9 +382,9 @@ class TrajectoryTree:
         best, best_i = 0, -1
         for i in range(len(anchors) - 1, -1, -1):
             a = anchors[i]
-            p = _lcp(x, a.input_ids)
+            p = common_prefix_len(x, a.input_ids)
             if p == a.n_input and p < n:
-                p += _lcp(x[p:], a.output_ids)
+                p += common_prefix_len(x[p:], a.output_ids)
             if p > best:
                 best, best_i = p, i
         if best == 0:
@@ -461,7 +418,7 @@ class TrajectoryTree:
             nd = nodes[nid]
             ln = nd.tokens.shape[0]
             if off < ln:
-                m = _lcp(x[depth:], nd.tokens[off:])
+                m = common_prefix_len(x[depth:], nd.tokens[off:])
                 off += m
                 depth += m
                 if off < ln:
@@ -497,10 +454,20 @@ class TrajectoryTree:
 
     # ------------------------------------------------------------------ insertion
     def insert(self, record: RequestRecord) -> InsertResult:
-        """Insert one request record (DESIGN.md §3.2); see the module docstring for the rules.
+        """Insert one request record as one new node holding its new input tokens and its output.
 
-        Cost: O(new tokens) Python-level work plus one vectorised comparison of the reused
-        prefix (see "Insert cost").
+        The longest stored path its ``input_ids`` extend (inputs *and* outputs of earlier nodes
+        count) decides where:
+
+        * the input ends exactly at a node boundary -> the new node is a child of that node;
+        * the input diverges (or ends) *inside* a node -> that node is split at the exact token
+          (a new *head* node takes the shared tokens, the original node keeps the rest, its
+          children and its identity) and the new node becomes a sibling of the remainder;
+        * nothing matches -> the new node is a child of the root.
+
+        Outputs are never matched against each other, so a retried identical request gives a
+        sibling output node even when the sampled tokens coincide.  Cost: O(new tokens)
+        Python-level work plus one vectorised comparison of the reused prefix.
 
         Raises:
             ValueError: the record belongs to another execution, or its ``call_index`` is

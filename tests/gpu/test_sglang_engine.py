@@ -7,7 +7,7 @@ Run on a GPU box with the GPU environment (requirements-gpu.txt)::
 
 Without ``GYRE_SGLANG_TEST_MODEL`` the embedded tiny Qwen3 is built (needs dashscope) and served
 in bfloat16.  ``GYRE_SGLANG_TEST_ARGS`` adds SGLang flags (default: a small, fast config).
-The same :class:`gyre.rollout.engine.EngineClient` as the embedded engine is used, so this
+The same :class:`gyre.rollout.engine_client.EngineClient` as the embedded engine is used, so this
 checks that the protocol Gyre relies on holds on SGLang: generate with log-probs, streaming,
 abort, pause/continue, weight update from disk with a version label, memory release/resume.
 """

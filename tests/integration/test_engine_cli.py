@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre.rollout.engine import EngineClient
+from gyre.rollout.engine_client import EngineClient
 from gyre.rollout.serve import EmbeddedEngineProcess
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The embedded engine over real HTTP on 127.0.0.1 (issue 3 "Done when").
+"""The embedded engine over real HTTP on 127.0.0.1.
 
 One server (cumulative streaming, SGLang's default) serves the read-only checks; a second one
 (incremental streaming, the embedded default) takes the weight updates, memory release and
@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from gyre.embedded_model import load_hf_model
-from gyre.rollout.embedded import EngineConfig, EngineServer
-from gyre.rollout.engine import AsyncEngineClient, EngineClient, EngineError
+from gyre.rollout.config import EngineConfig
+from gyre.rollout.embedded_server import EngineServer
+from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
+from gyre.rollout.engine_messages import EngineError
 from gyre.rollout.model_runner import read_weights
 from gyre.rollout.weights import serialize_named_tensors
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.rollout.core import CoreConfig, EngineCore
-from gyre.rollout.protocol import ProtocolError, SamplingParams, SeqSpec
+from gyre.rollout.sglang_api import ProtocolError, SamplingParams, SeqSpec
 from gyre.rollout.sampling import sample_next_tokens
 
 V = 16

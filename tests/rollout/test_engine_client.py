@@ -1,4 +1,4 @@
-"""The engine client (gyre/rollout/engine.py) against a scripted transport: request bodies,
+"""The engine client (gyre/rollout/engine_client.py, engine_messages.py) against a scripted transport: request bodies,
 typed results, stream normalisation (cumulative and incremental), error mapping."""
 
 import asyncio
@@ -8,15 +8,9 @@ import httpx
 import pytest
 import torch
 
-from gyre.rollout.engine import (
-    AsyncEngineClient,
-    EngineClient,
-    EngineConnectionError,
-    EngineError,
-    FinishReason,
-    build_generate_body,
-)
-from gyre.rollout.protocol import SamplingParams
+from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
+from gyre.rollout.engine_messages import EngineConnectionError, EngineError, FinishReason, build_generate_body
+from gyre.rollout.sglang_api import SamplingParams
 from gyre.rollout.weights import deserialize_named_tensors
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gyre.rollout.protocol import SamplingParams
+from gyre.rollout.sglang_api import SamplingParams
 from gyre.rollout.sampling import sample_next_tokens, truncate_probs
 
 

@@ -142,7 +142,7 @@ def test_from_args_uses_model_dir_and_passthrough():
 
 def test_create_rollout_engine_picks_the_backend(tiny_model_dir):
     from gyre.rollout import create_rollout_engine
-    from gyre.rollout.embedded import EngineServer
+    from gyre.rollout.embedded_server import EngineServer
 
     assert isinstance(create_rollout_engine(parse_args(["--rollout-engine", "sglang"]), port=31001), SGLangEngine)
     srv = create_rollout_engine(parse_args(["--model-dir", str(tiny_model_dir)]))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gyre.rollout.model_runner import read_weights
-from gyre.rollout.protocol import ProtocolError
+from gyre.rollout.sglang_api import ProtocolError
 from gyre.rollout.weights import (
     bucket_named_tensors,
     deserialize_named_tensors,

@@ -1,4 +1,4 @@
-"""tools/inspect_tree.py and gyre.trajectory.inspect: text, JSON and HTML views of a stored tree."""
+"""tools/inspect_tree.py and gyre.trajectory.tree_views: text, JSON and HTML views of a stored tree."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gyre.trajectory import RecordWriter, TrajectoryTree
-from gyre.trajectory.inspect import render_html, tree_stats
+from gyre.trajectory.tree_views import render_html, tree_stats
 
 from .helpers import EXT, POL, rec
 

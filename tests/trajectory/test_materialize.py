@@ -1,4 +1,4 @@
-"""Materialisation into rows and dedup statistics (DESIGN.md §3.4)."""
+"""Materialisation into rows and dedup statistics."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gyre.trajectory import (
 )
 
 from .helpers import examples, lp_for, random_execution
-from .test_sampling import compaction_tree
+from .test_admission import compaction_tree
 
 
 def test_rows_exact():

@@ -1,4 +1,4 @@
-"""Request record validation (DESIGN.md §3.1)."""
+"""Request record validation."""
 
 from __future__ import annotations
 

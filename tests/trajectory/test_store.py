@@ -1,4 +1,4 @@
-"""Durable record store (DESIGN.md §3.1/§3.2): round trips, delta encoding, torn tails, fsync policy."""
+"""Durable record store: round trips, delta encoding, torn tails, fsync policy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Trajectory tree: exact structures for the agent patterns of issue 4, plus properties."""
+"""Trajectory tree: exact structures for the agent patterns (compaction, sub-agents, edited
+outputs, retries), plus properties."""
 
 from __future__ import annotations
 

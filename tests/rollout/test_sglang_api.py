@@ -1,8 +1,8 @@
-"""Parsing and checking of SGLang-native bodies (gyre/rollout/protocol.py)."""
+"""Parsing and checking of SGLang-native bodies (gyre/rollout/sglang_api.py)."""
 
 import pytest
 
-from gyre.rollout.protocol import (
+from gyre.rollout.sglang_api import (
     ProtocolError,
     SamplingParams,
     final_text,
@@ -177,7 +177,7 @@ def test_incremental_detokenizer_matches_full_decode(tokenizer):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from gyre.rollout.protocol import IncrementalDetokenizer
+    from gyre.rollout.sglang_api import IncrementalDetokenizer
 
     def decode(ids, skip):
         return tokenizer.decode(ids, skip_special_tokens=skip)

@@ -1,6 +1,6 @@
 """Human views of a trajectory tree: stats, a text tree and a self-contained HTML page.
 
-Used by ``tools/inspect_tree.py`` (DESIGN.md §3.2). Text decoding goes through one function,
+Used by ``tools/inspect_tree.py``. Text decoding goes through one function,
 :func:`load_decoder`; without a tokenizer the views show token ids.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gyre.trajectory.records import Provenance
-from gyre.trajectory.sampling import AdmissionConfig, eligible_nodes, node_trainable_mask, trainable_counts
+from gyre.trajectory.admission import AdmissionConfig, eligible_nodes, node_trainable_mask, trainable_counts
 from gyre.trajectory.tree import ROOT, TrajectoryTree
 
 __all__ = ["Decoder", "load_decoder", "ids_decoder", "tree_stats", "render_text", "render_html"]
@@ -48,7 +48,7 @@ def load_decoder(tokenizer_dir: str | None) -> Decoder:
 
 
 def tree_stats(tree: TrajectoryTree, config: AdmissionConfig | None = None) -> dict[str, Any]:
-    """Machine-readable stats (keys fixed by issue 4).
+    """Machine-readable stats (a fixed set of keys).
 
     * ``records`` -- records inserted; ``nodes`` -- nodes (root excluded); ``leaves``;
     * ``leaves_by_role`` -- ``{role: leaves}`` (role of the leaf's record), sorted by role;

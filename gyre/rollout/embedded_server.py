@@ -1,72 +1,42 @@
-"""The embedded CPU rollout engine: SGLang's native HTTP API over a torch causal LM.
+"""SGLang's native HTTP API over the embedded engine: the FastAPI app and its uvicorn server.
 
-Three layers (pure core, thin shells):
-
-* :class:`gyre.rollout.core.EngineCore` -- continuous batching, prefix cache, stop conditions,
-  pause / abort / weight-update policy (deterministic; unit-tested with a fake model);
-* :class:`EmbeddedEngine` -- owns the model (:class:`~gyre.rollout.model_runner.HFModelRunner`),
-  the tokenizer and **one engine thread** that runs core steps and every state change between
-  steps (callers get ``concurrent.futures.Future``);
-* :func:`build_app` -- a FastAPI app serving the SGLang-native endpoints; :class:`EngineServer`
-  runs it with uvicorn on a socket (in a background thread, or in the foreground for
-  ``tools/serve_engine.py`` / ``python -m gyre.rollout.serve``, see ``gyre/rollout/serve.py``).
-
-Endpoints (shapes: ``gyre/rollout/protocol.py``; upstream:
-``sglang/srt/entrypoints/http_server.py``): ``POST /generate`` (non-stream, or SSE
-``data: {...}`` chunks then ``data: [DONE]``), ``/abort_request``, ``/pause_generation``,
-``/continue_generation``, ``/release_memory_occupation``, ``/resume_memory_occupation``,
-``/flush_cache``, ``/update_weights_from_disk``, ``/update_weights_from_tensor``,
-``/update_weight_version``; ``GET /health``, ``/health_generate``, ``/get_model_info``,
-``/get_server_info``, ``/get_weight_version``.  Bad input: HTTP 400
-``{"error": {"message", "code"}}``; unknown rid on abort: 400 with ``"success": false``.
-
-Choices specific to this engine (documented contract):
-
-* **Weight updates**: in-flight requests finish on the old weights and carry the old
-  ``weight_version`` (new requests wait for the swap); ``abort_all_requests: true`` aborts them
-  instead (``finish_reason.type == "abort"``).  The prefix cache is *always* flushed on a weight
-  change (``flush_cache: false`` is ignored) so no KV from old weights is ever reused.
-* **``/update_weights_from_tensor`` on CPU**: ``serialized_named_tensors`` is a list of base64
-  strings, each the bytes of ``torch.save(obj)`` where ``obj`` is a ``{name: tensor}`` dict or a
-  list of ``(name, tensor)`` pairs (HF state-dict names; read with ``weights_only=True``);
-  ``load_format`` must be null or ``"torch"``.  Partial updates are allowed.  Use
-  :func:`gyre.rollout.weights.serialize_named_tensors`.  For large models prefer
-  ``/update_weights_from_disk`` with a directory in ``/dev/shm``.
-* **Memory release**: ``weights`` frees parameter storage (spilled to a temp file when they
-  differ from their source directory) and ``resume`` restores them bit-identically;
-  ``kv_cache`` frees the KV store and the prefix cache.  Release requires no running request
-  (pause first); requests that arrive meanwhile wait.
-* **Streaming**: with ``incremental_streaming_output`` (this engine's default; an SGLang server
-  option, off by default there) every chunk holds the *new* ``text``, ``output_ids`` and
-  ``output_token_logprobs``; with it off (SGLang's default) chunks are cumulative.
-  ``/get_server_info`` reports which; :class:`gyre.rollout.engine.EngineClient` normalises both.
-  Text that could still become a stop string, or an incomplete UTF-8 character, is held back
-  until it cannot.
+:func:`build_app` serves an :class:`~gyre.rollout.embedded_engine.EmbeddedEngine`;
+:class:`EngineServer` runs it with uvicorn on a socket, from a background thread
+(:meth:`~EngineServer.start`) or the calling thread (:meth:`~EngineServer.serve_forever`, used
+by :mod:`gyre.rollout.serve`).  Routes (bodies parsed and built by :mod:`gyre.rollout.sglang_api`):
+``POST /generate`` (one JSON answer, or SSE ``data: {...}`` chunks then ``data: [DONE]``),
+``/abort_request``, ``/pause_generation``, ``/continue_generation``,
+``/release_memory_occupation``, ``/resume_memory_occupation``, ``/flush_cache``,
+``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weight_version``;
+``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
+``/get_weight_version``.  Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown
+rid on abort answers 400 with ``"success": false``; the distributed weight-update routes answer
+400 (not supported).  Tensor updates take base64 ``torch.save`` payloads
+(:func:`gyre.rollout.weights.serialize_named_tensors`); memory release requires no running
+request.  Streams are incremental by default (``incremental_streaming_output``), cumulative
+otherwise; text that could still become a stop string, or an incomplete UTF-8 character, is
+held back until it cannot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import dataclasses
+import contextlib
 import json
-import logging
-import queue
 import socket
 import threading
 import time
 import uuid
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gyre.rollout.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
-from gyre.rollout.core import CoreConfig, EngineCore, Seq
-from gyre.rollout.model_runner import HFModelRunner, WeightError, load_model_dir, read_weights
-from gyre.rollout.protocol import (
+from gyre.rollout.config import EngineConfig
+from gyre.rollout.core import EngineCore
+from gyre.rollout.embedded_engine import EmbeddedEngine
+from gyre.rollout.model_runner import WeightError, read_weights
+from gyre.rollout.sglang_api import (
     IncrementalDetokenizer,
     ProtocolError,
     SamplingParams,
@@ -87,251 +57,7 @@ from gyre.rollout.protocol import (
 )
 from gyre.rollout.weights import deserialize_named_tensors
 
-logger = logging.getLogger(__name__)
-ENGINE_NAME = "gyre-embedded"
 HEALTH_CHECK_TIMEOUT_S = 20.0
-
-
-class _Command:
-    __slots__ = ("fn", "future")
-
-    def __init__(self, fn: Callable[[EngineCore], Any]):
-        self.fn = fn
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-
-
-class _Update:
-    __slots__ = ("named", "source", "version", "abort", "future", "aborted")
-
-    def __init__(self, named, source, version, abort):
-        self.named, self.source, self.version, self.abort = named, source, version, abort
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-        self.aborted: list[str] = []
-
-
-_STOP = object()
-
-
-class EmbeddedEngine:
-    """Model, tokenizer, :class:`EngineCore` and the engine thread (see module docstring).
-
-    Every method that changes state is executed on the engine thread between two steps and
-    returns a ``concurrent.futures.Future`` (exceptions: :class:`ProtocolError`,
-    :class:`WeightError` -> HTTP 400).
-    """
-
-    def __init__(self, config: EngineConfig | None = None):
-        self.config = config = config or EngineConfig()
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        if config.model_dir is None:
-            from gyre.embedded_model import ensure_tiny_model
-
-            config.model_dir = str(ensure_tiny_model("local"))
-        self.model_path = str(config.model_dir)
-        self.tokenizer_path = str(config.tokenizer_dir or config.model_dir)
-        model = load_model_dir(self.model_path)
-        self.runner = HFModelRunner(model, source_dir=self.model_path, context_len=config.context_length,
-                                    max_slots=config.max_running_requests,
-                                    prefill_chunk_tokens=config.prefill_chunk_tokens)
-        self.tokenizer = self._load_tokenizer(self.tokenizer_path)
-        self.prefix_cache_tokens = (config.prefix_cache_tokens if config.prefix_cache_tokens is not None
-                                    else PREFIX_CACHE_DEFAULT_BYTES // self.runner.kv_bytes_per_token)
-        self.eos_token_ids = self._eos_ids(model)
-        self.core = EngineCore(
-            self.runner,
-            CoreConfig(max_running_requests=config.max_running_requests,
-                       max_prefill_tokens=config.max_prefill_tokens,
-                       prefix_cache_tokens=self.prefix_cache_tokens, logprob_mode=config.logprob_mode,
-                       weight_version=config.weight_version, random_seed=config.random_seed),
-            eos_token_ids=self.eos_token_ids,
-            decode_tail=(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
-            if self.tokenizer is not None else None)
-        self._queue: queue.Queue = queue.Queue()
-        self._updates: list[_Update] = []
-        self._thread = threading.Thread(target=self._run, name="gyre-engine", daemon=True)
-        self._stopped = threading.Event()
-
-    # ------------------------------------------------------------------ setup
-
-    @staticmethod
-    def _load_tokenizer(path: str):
-        if not (Path(path) / "tokenizer.json").exists() and not (Path(path) / "tokenizer_config.json").exists():
-            return None
-        from gyre.embedded_model import load_tokenizer
-
-        return load_tokenizer(path)
-
-    def _eos_ids(self, model) -> set[int]:
-        ids: set[int] = set()
-
-        def add(v):
-            if isinstance(v, int):
-                ids.add(v)
-            elif isinstance(v, (list, tuple)):
-                ids.update(int(x) for x in v)
-
-        add(getattr(model.config, "eos_token_id", None))
-        gen = getattr(model, "generation_config", None)
-        if gen is not None:
-            add(getattr(gen, "eos_token_id", None))
-        if self.tokenizer is not None:
-            add(self.tokenizer.eos_token_id)
-        return ids
-
-    def tokenize(self, text: str) -> list[int]:
-        """Text -> ids with no special tokens added (``ProtocolError`` without a tokenizer)."""
-        if self.tokenizer is None:
-            raise ProtocolError("this engine has no tokenizer; send input_ids")
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """Ids -> text (``""`` without a tokenizer)."""
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def token_text(self, token_id: int) -> str:
-        """Text of one token (for ``return_text_in_logprobs``)."""
-        return self.decode([token_id], skip_special_tokens=False)
-
-    # ------------------------------------------------------------------ thread
-
-    def start(self) -> "EmbeddedEngine":
-        """Start the engine thread."""
-        self._thread.start()
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopped.is_set()
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Abort everything, stop the thread."""
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
-        self._stopped.set()
-
-    def call(self, fn: Callable[[EngineCore], Any]) -> concurrent.futures.Future:
-        """Run ``fn(core)`` on the engine thread between steps; its outputs are dispatched."""
-        cmd = _Command(fn)
-        if not self.alive:
-            cmd.future.set_exception(RuntimeError("engine is stopped"))
-            return cmd.future
-        self._queue.put(cmd)
-        return cmd.future
-
-    def update_weights(self, named: dict[str, torch.Tensor], *, source: str | None, version: str | None,
-                       abort: bool) -> concurrent.futures.Future:
-        """Swap weights (see module docstring); the future yields a result dict."""
-        upd = _Update(named, source, version, abort)
-        if not self.alive:
-            upd.future.set_exception(RuntimeError("engine is stopped"))
-            return upd.future
-        self._queue.put(upd)
-        return upd.future
-
-    def _run(self) -> None:
-        core = self.core
-        while True:
-            idle = not core.has_work() and not (self._updates and core.ready_for_weight_update())
-            try:
-                item = self._queue.get(timeout=0.05) if idle else self._queue.get_nowait()
-            except queue.Empty:
-                item = None
-            while item is not None:
-                if item is _STOP:
-                    self._shutdown_core()
-                    return
-                self._execute(item)
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    item = None
-            self._progress_updates()
-            if core.has_work():
-                try:
-                    outs = core.step()
-                except Exception as exc:  # a model error must not kill the engine
-                    logger.exception("engine step failed; aborting running requests")
-                    core.abort(abort_all=True, message=f"engine error: {type(exc).__name__}: {exc}"[:300])
-                    outs = core.drain_outputs()
-                self._dispatch(outs)
-
-    def _execute(self, item) -> None:
-        if isinstance(item, _Update):
-            self._updates.append(item)
-            if len(self._updates) == 1:
-                item.aborted = self.core.begin_weight_update(item.abort)
-            self._dispatch(self.core.drain_outputs())
-            return
-        try:
-            result = item.fn(self.core)
-        except Exception as exc:
-            item.future.set_exception(exc)
-        else:
-            item.future.set_result(result)
-        self._dispatch(self.core.drain_outputs())
-
-    def _progress_updates(self) -> None:
-        core = self.core
-        while self._updates and core.ready_for_weight_update():
-            upd = self._updates.pop(0)
-            try:
-                self.runner.load_weights(upd.named, source_dir=upd.source)
-            except Exception as exc:
-                core.cancel_weight_update()
-                upd.future.set_exception(exc)
-            else:
-                old = core.version
-                core.finish_weight_update(upd.version)
-                upd.future.set_result({"success": True, "weight_version": core.version, "previous_version": old,
-                                       "num_aborted_requests": len(upd.aborted), "num_paused_requests": 0,
-                                       "message": f"Weights updated ({len(upd.named)} tensors); "
-                                                  f"weight version {core.version}."})
-            if self._updates:
-                self._updates[0].aborted = core.begin_weight_update(self._updates[0].abort)
-            self._dispatch(core.drain_outputs())
-
-    def _shutdown_core(self) -> None:
-        self.core.continue_generation()
-        self.core.abort(abort_all=True, message="engine shutting down")
-        self._dispatch(self.core.drain_outputs())
-        for upd in self._updates:
-            upd.future.set_exception(RuntimeError("engine shutting down"))
-        self._updates.clear()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, (_Command, _Update)):
-                item.future.set_exception(RuntimeError("engine shutting down"))
-        self._stopped.set()
-
-    @staticmethod
-    def _dispatch(outs: Iterable[tuple[Seq, SeqOutput]]) -> None:
-        for seq, out in outs:
-            if seq.sink is not None:
-                try:
-                    seq.sink(out)
-                except Exception:  # a closed event loop (client gone) must not stop the engine
-                    logger.debug("dropping output for %s", seq.rid, exc_info=True)
-
-    # ------------------------------------------------------------------ weights helpers
-
-    def server_info(self) -> dict[str, Any]:
-        """``/get_server_info`` body (configuration, version, internal state)."""
-        from gyre import __version__
-
-        info = dataclasses.asdict(self.config)
-        info.update({"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "engine": ENGINE_NAME,
-                     "version": __version__, "weight_version": self.core.version,
-                     "context_length": self.runner.context_len, "vocab_size": self.runner.vocab_size,
-                     "prefix_cache_tokens": self.prefix_cache_tokens,
-                     "eos_token_ids": sorted(self.eos_token_ids)})
-        return info
 
 
 # ---------------------------------------------------------------------------- HTTP app
@@ -652,7 +378,7 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Accepted sockets inherit TCP_NODELAY (Linux); asyncio only sets it itself for sockets
     # created with proto=IPPROTO_TCP.  Without it a response written in two parts waits for
-    # the client's delayed ACK (~40 ms per request).
+    # the client's delayed ACK.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
@@ -681,8 +407,6 @@ class EngineServer:
 
         class _Server(uvicorn.Server):
             def capture_signals(self):  # the owner handles signals
-                import contextlib
-
                 return contextlib.nullcontext()
 
         self.server = _Server(ucfg)
@@ -739,8 +463,8 @@ class EngineServer:
         self.sock.close()
 
     def client(self, timeout: float | None = 600.0):
-        """An :class:`~gyre.rollout.engine.EngineClient` for this server."""
-        from gyre.rollout.engine import EngineClient
+        """An :class:`~gyre.rollout.engine_client.EngineClient` for this server."""
+        from gyre.rollout.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

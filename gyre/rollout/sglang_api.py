@@ -1,26 +1,18 @@
-"""SGLang-native request/response shapes: parsing, validation and building (pure, no I/O).
+"""SGLang's native API as the embedded engine serves it: parsing, validation, building (no I/O).
 
-Everything the embedded engine accepts or returns over HTTP is defined here so the server
-shell (``gyre/rollout/embedded.py``) and the clients (``gyre/rollout/engine.py``) agree on
-one contract.  Upstream references (sgl-project/sglang):
+Sampling parameters, request bodies and their checks, finish reasons, ``meta_info`` and
+log-prob triples, stop-string trimming and incremental detokenisation: the server
+(``gyre/rollout/embedded_server.py``) and the engine core use these, and the clients send
+:class:`SamplingParams`.  Names, defaults and shapes follow sgl-project/sglang:
+``managers/io_struct.py`` (``GenerateReqInput`` and the control bodies),
+``sampling/sampling_params.py`` (``max_new_tokens`` 128, ``temperature`` 1.0, ``top_p`` 1.0,
+``top_k`` -1, ``min_p`` 0.0; ``temperature == 0`` is greedy), ``managers/schedule_batch.py``
+(finish reasons ``stop`` with ``matched``, ``length`` with ``length``, ``abort`` with
+``message``; the length check runs first) and ``managers/tokenizer_manager.py`` (``meta_info``
+keys, ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]``).
 
-* ``python/sglang/srt/managers/io_struct.py``: ``GenerateReqInput`` (``text`` | ``input_ids``,
-  ``sampling_params``, ``rid``, ``return_logprob``, ``logprob_start_len``,
-  ``top_logprobs_num``, ``return_text_in_logprobs``, ``stream``), ``AbortReq``,
-  ``PauseGenerationReqInput``, ``ReleaseMemoryOccupationReqInput``,
-  ``UpdateWeightFromDiskReqInput``, ``UpdateWeightsFromTensorReqInput``,
-  ``UpdateWeightVersionReqInput``.
-* ``python/sglang/srt/sampling/sampling_params.py``: field names, defaults
-  (``max_new_tokens`` 128, ``temperature`` 1.0, ``top_p`` 1.0, ``top_k`` -1, ``min_p`` 0.0)
-  and their checks; ``temperature == 0`` means greedy.
-* ``python/sglang/srt/managers/schedule_batch.py``: finish reasons
-  ``{"type": "stop", "matched": int | str}``, ``{"type": "length", "length": n}``,
-  ``{"type": "abort", "message": str}``; the length check runs before the stop checks.
-* ``python/sglang/srt/managers/tokenizer_manager.py``: ``meta_info`` keys and
-  ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples.
-
-Bad input raises :class:`ProtocolError`; the server maps it to HTTP 400
-``{"error": {"message": ..., "code": 400}}`` (never a 500).
+Bad input raises :class:`ProtocolError`, which the server answers with HTTP 400
+``{"error": {"message": ..., "code": 400}}``.
 """
 
 from __future__ import annotations
@@ -310,7 +302,8 @@ def parse_generate(
     Returns:
         The request; ``single`` is true when ``text``/``input_ids`` was one prompt.
     Raises:
-        ProtocolError: any contract violation (see module docstring).
+        ProtocolError: unknown or unsupported fields, wrong types, ids outside the vocabulary,
+            a prompt as long as the context, bad or duplicate rids.
     """
     body = _want_object("body", body)
     _check_keys("generate", body, set(GENERATE_KEYS))

@@ -1,4 +1,4 @@
-"""Admission sampling (DESIGN.md §3.4): exact cases, properties, and a seeded chi-square test."""
+"""Admission sampling: exact cases, properties, and a seeded chi-square test."""
 
 from __future__ import annotations
 

@@ -1,35 +1,12 @@
-"""Admission: provenance masks and ``J_max`` trajectory sampling per execution.
+"""Admission: which tokens of a trajectory tree are trainable, and ``J_max`` sampling per execution.
 
-Source: DESIGN.md §3.4 ("Sampling per execution, one trajectory at a time") and paper §5.3.
-
-Trainable tokens
-----------------
-A token of the tree is *trainable* iff
-
-* it is an **output** token of its node (it has a behaviour log-prob) with provenance
-  ``POLICY`` -- input tokens are never targets, whatever their provenance, because the
-  policy's log-prob for them in this context was never recorded;
-* the record that owns it has a role listed in ``role_priority`` (``evaluator`` can never
-  be listed, so evaluator outputs and critiques are never trainable);
-* that record was delivered to the harness, unless ``include_undelivered`` is set;
-* it lies on the path of at least one leaf whose role is listed (only such paths can be
-  admitted; e.g. with ``role_priority=("main",)`` a main output whose only continuation is
-  a compaction call is not trainable).
-
-So with ``j_max=None`` the union of the admitted targets is exactly the trainable set.
-
-Sampling
---------
-Masking is per node: admitting a trajectory masks every node on its root-to-leaf path.
-Each round takes the highest-priority role class (a leaf's class is the role of the record
-that owns the leaf) that still has a leaf with unmasked trainable tokens, draws one of its
-leaves with probability proportional to that count, fixes the trajectory's targets to the
-trainable tokens of the still-unmasked nodes on its path, and masks the path. It stops when
-no unmasked trainable token is left on any eligible leaf or ``j_max`` trajectories are
-admitted. Target sets are therefore disjoint.
-
-Randomness: an injected ``numpy.random.Generator``; one ``rng.integers`` call per admitted
-trajectory (exact integer proportionality, no float normalisation).
+:func:`node_trainable_mask` / :func:`trainable_counts` say which tokens may be training targets
+(policy outputs of delivered records whose role is listed in the role priority, on the path of
+an eligible leaf); :func:`sample_trajectories` admits up to ``J_max`` root-to-leaf trajectories
+of one execution, highest-priority role first, each drawn with probability proportional to its
+still-unclaimed trainable tokens, with disjoint target sets.  With ``j_max=None`` the union of
+the admitted targets is exactly the trainable set.  Randomness comes from an injected
+``numpy.random.Generator`` (one ``integers`` draw per admitted trajectory).
 """
 
 from __future__ import annotations
@@ -54,7 +31,7 @@ __all__ = [
 
 @dataclass(slots=True)
 class AdmissionConfig:
-    """Admission settings (DESIGN.md §3.4).
+    """Admission settings.
 
     * ``j_max`` -- cap on admitted trajectories per execution (default 5; ``None`` = no cap).
     * ``role_priority`` -- trainable roles, highest priority first (default
@@ -141,7 +118,19 @@ def node_trainable_mask(
     config: AdmissionConfig | None = None,
     eligible: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``bool[n]``: trainable tokens of node ``node_id`` (see module docstring).
+    """``bool[n]``: trainable tokens of node ``node_id``.
+
+    A token is trainable iff
+
+    * it is an **output** token of its node (it has a behaviour log-prob) with provenance
+      ``POLICY`` -- input tokens are never targets, whatever their provenance, because the
+      policy's log-prob for them in this context was never recorded;
+    * the record that owns it has a role listed in ``role_priority`` (``evaluator`` can never
+      be listed, so evaluator outputs and critiques are never trainable);
+    * that record was delivered to the harness, unless ``include_undelivered`` is set;
+    * it lies on the path of at least one leaf whose role is listed (only such paths can be
+      admitted; e.g. with ``role_priority=("main",)`` a main output whose only continuation
+      is a compaction call is not trainable).
 
     ``eligible`` (from :func:`eligible_nodes`) saves an O(nodes) pass when given.
     """
@@ -180,7 +169,15 @@ def sample_trajectories(
     rng: np.random.Generator,
     config: AdmissionConfig | None = None,
 ) -> Admission:
-    """Admit up to ``config.j_max`` trajectories of one execution (DESIGN.md §3.4).
+    """Admit up to ``config.j_max`` trajectories of one execution.
+
+    Masking is per node: admitting a trajectory masks every node on its root-to-leaf path.
+    Each round takes the highest-priority role class (a leaf's class is the role of the record
+    that owns the leaf) that still has a leaf with unmasked trainable tokens, draws one of its
+    leaves with probability proportional to that count (exact integer proportionality), fixes
+    the trajectory's targets to the trainable tokens of the still-unmasked nodes on its path,
+    and masks the path.  It stops when no unmasked trainable token is left on any eligible leaf
+    or ``j_max`` trajectories are admitted.
 
     Args:
         tree: the execution's trajectory tree (not modified).

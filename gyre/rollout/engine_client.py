@@ -1,0 +1,367 @@
+"""Clients of one rollout engine over SGLang's native HTTP API (the proxy, cells and tools use them).
+
+:class:`EngineClient` (blocking, ``httpx.Client``) and :class:`AsyncEngineClient`
+(``httpx.AsyncClient``) expose the same methods: ``generate``, ``generate_batch``, ``stream``,
+``abort``, ``abort_all``, ``pause_generation``, ``continue_generation``,
+``release_memory_occupation``, ``resume_memory_occupation``, ``flush_cache``,
+``update_weights_from_disk``, ``update_weights_from_tensor``, ``update_weight_version``,
+``get_weight_version``, ``health``, ``health_generate``, ``wait_until_ready``,
+``get_model_info``, ``get_server_info``.  Each method sends one call built in
+:mod:`gyre.rollout.engine_messages` (which also defines the results and errors they return
+and raise); the clients only add the transport.  A transport failure raises
+:class:`~gyre.rollout.engine_messages.EngineConnectionError`.
+
+:class:`RolloutEngine` is what a cell needs from an engine it owns: ``start``, ``stop``,
+``url`` and ``client``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Protocol, Sequence
+
+import httpx
+
+from gyre.rollout.engine_messages import (
+    EngineConnectionError,
+    EngineError,
+    GenerateResult,
+    Op,
+    SamplingLike,
+    StreamChunk,
+    StreamNormalizer,
+    build_generate_body,
+    incremental_streaming,
+    iter_sse_events,
+    op_abort,
+    op_generate,
+    op_health,
+    op_json,
+    op_memory,
+    op_update_weight_version,
+    op_update_weights_from_disk,
+    op_update_weights_from_tensor,
+    raise_for_status,
+    sample_count,
+)
+
+_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+
+
+class _ClientBase:
+    def __init__(self, base_url: str, timeout: float | None):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = httpx.Timeout(timeout, connect=10.0)
+        self._incremental: bool | None = None
+
+    @staticmethod
+    def _pick(results: list[GenerateResult], sampling_params: SamplingLike) -> GenerateResult | list[GenerateResult]:
+        return results[0] if sample_count(sampling_params) == 1 and len(results) == 1 else results
+
+    def _connection_error(self, path: str, exc: Exception) -> EngineConnectionError:
+        return EngineConnectionError(f"{self.base_url}{path}: {type(exc).__name__}: {exc}")
+
+
+class EngineClient(_ClientBase):
+    """Blocking client of one engine at ``base_url`` (``http://host:port``).
+
+    Args:
+        base_url: engine address.
+        timeout: seconds per HTTP operation (``None``: no limit); connect timeout is 10 s.
+        transport: optional ``httpx`` transport (tests).
+    """
+
+    def __init__(self, base_url: str, *, timeout: float | None = 600.0,
+                 transport: httpx.BaseTransport | None = None):
+        super().__init__(base_url, timeout)
+        self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, transport=transport, limits=_LIMITS)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "EngineClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _do(self, op: Op) -> Any:
+        try:
+            resp = self._http.request(op.method, op.path, json=op.body)
+        except httpx.TransportError as exc:
+            raise self._connection_error(op.path, exc) from exc
+        return op.parse(resp)
+
+    # generation ---------------------------------------------------------------
+
+    def generate(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *, rid: str | None = None,
+                 return_logprob: bool = True, top_logprobs_num: int = 0,
+                 return_text_in_logprobs: bool = False) -> GenerateResult | list[GenerateResult]:
+        """Generate from one prompt; a list of ``n`` results when ``sampling_params.n > 1``."""
+        res = self._do(op_generate(input_ids, sampling_params, rid, return_logprob, top_logprobs_num,
+                                   return_text_in_logprobs))
+        return self._pick(res, sampling_params)
+
+    def generate_batch(self, batch_input_ids: Sequence[Sequence[int]], sampling_params: SamplingLike = None, *,
+                       rids: Sequence[str] | None = None, return_logprob: bool = True,
+                       top_logprobs_num: int = 0) -> list[GenerateResult]:
+        """Generate from several prompts in one request (input-major, ``n`` samples each)."""
+        return self._do(op_generate([list(x) for x in batch_input_ids], sampling_params, rids, return_logprob,
+                                    top_logprobs_num, False))
+
+    def stream(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *, rid: str | None = None,
+               return_logprob: bool = True) -> Iterator[StreamChunk]:
+        """Stream one prompt's generation (SSE); closing the iterator early aborts it server-side."""
+        norm = StreamNormalizer(self._incremental_mode())
+        body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
+        try:
+            with self._http.stream("POST", "/generate", json=body) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise_for_status(resp)
+                for event in iter_sse_events(resp.iter_lines()):
+                    yield norm.feed(event)
+        except httpx.TransportError as exc:
+            raise self._connection_error("/generate", exc) from exc
+
+    def _incremental_mode(self) -> bool:
+        if self._incremental is None:
+            try:
+                self._incremental = incremental_streaming(self.get_server_info())
+            except EngineError:
+                self._incremental = False
+        return self._incremental
+
+    # control --------------------------------------------------------------------
+
+    def abort(self, rid: str) -> bool:
+        """Abort request ``rid`` (all its samples); the request then answers with
+        ``finish_reason.type == "abort"`` and its partial output.  Returns ``False`` when the
+        embedded engine does not know ``rid`` (finished or never seen); SGLang always says ``True``."""
+        return self._do(op_abort(rid, False))
+
+    def abort_all(self) -> None:
+        """Abort every running and waiting request."""
+        self._do(op_abort(None, True))
+
+    def pause_generation(self, mode: str = "abort") -> dict:
+        """Pause with mode ``abort`` | ``in_place`` | ``retract`` (see :mod:`gyre.rollout.core`)."""
+        return self._do(op_json("POST", "/pause_generation", {"mode": mode}))
+
+    def continue_generation(self) -> dict:
+        return self._do(op_json("POST", "/continue_generation", {}))
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict:
+        """Free ``weights`` and/or ``kv_cache`` (``None``: both); requires no running request."""
+        return self._do(op_memory("release", tags))
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict:
+        return self._do(op_memory("resume", tags))
+
+    def flush_cache(self) -> None:
+        self._do(op_json("POST", "/flush_cache"))
+
+    def update_weights_from_disk(self, model_path: str, *, weight_version: str, abort_all_requests: bool = False,
+                                 flush_cache: bool = True, load_format: str | None = None) -> dict:
+        """Load HF-named weights from a directory or file visible to the engine."""
+        return self._do(op_update_weights_from_disk(model_path, load_format, weight_version, abort_all_requests,
+                                                    flush_cache))
+
+    def update_weights_from_tensor(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+                                   *, weight_version: str, serialized_named_tensors: Sequence[str] | None = None,
+                                   load_format: str | None = None, abort_all_requests: bool = False,
+                                   flush_cache: bool = True) -> dict:
+        """Update weights from tensors.
+
+        ``named_tensors`` is serialised in the embedded engine's CPU format
+        (:func:`gyre.rollout.weights.serialize_named_tensors`); for a real SGLang server pass
+        ``serialized_named_tensors`` built by SGLang's own serializer (one per TP rank).
+        """
+        return self._do(op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format,
+                                                      weight_version, abort_all_requests, flush_cache))
+
+    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict:
+        return self._do(op_update_weight_version(new_version, abort_all_requests))
+
+    def get_weight_version(self) -> str:
+        return str(self._do(op_json("GET", "/get_weight_version"))["weight_version"])
+
+    # status ---------------------------------------------------------------------
+
+    def health(self) -> bool:
+        """``GET /health`` answered 200 (``False`` on errors or no answer)."""
+        try:
+            return self._do(op_health("/health"))
+        except EngineConnectionError:
+            return False
+
+    def health_generate(self) -> bool:
+        """``GET /health_generate`` (runs a one-token generation) answered 200."""
+        try:
+            return self._do(op_health("/health_generate"))
+        except EngineConnectionError:
+            return False
+
+    def wait_until_ready(self, timeout: float = 300.0, poll_s: float = 0.2) -> None:
+        """Poll ``/health`` until it answers 200.
+
+        Raises:
+            TimeoutError: not ready within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine at {self.base_url} not ready after {timeout:.0f} s")
+            time.sleep(poll_s)
+
+    def get_model_info(self) -> dict:
+        return self._do(op_json("GET", "/get_model_info"))
+
+    def get_server_info(self) -> dict:
+        return self._do(op_json("GET", "/get_server_info"))
+
+
+class AsyncEngineClient(_ClientBase):
+    """``asyncio`` twin of :class:`EngineClient` (same methods, ``async``; ``stream`` is an
+    async iterator)."""
+
+    def __init__(self, base_url: str, *, timeout: float | None = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(base_url, timeout)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, transport=transport,
+                                       limits=_LIMITS)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncEngineClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _do(self, op: Op) -> Any:
+        try:
+            resp = await self._http.request(op.method, op.path, json=op.body)
+        except httpx.TransportError as exc:
+            raise self._connection_error(op.path, exc) from exc
+        return op.parse(resp)
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *,
+                       rid: str | None = None, return_logprob: bool = True, top_logprobs_num: int = 0,
+                       return_text_in_logprobs: bool = False) -> GenerateResult | list[GenerateResult]:
+        res = await self._do(op_generate(input_ids, sampling_params, rid, return_logprob, top_logprobs_num,
+                                         return_text_in_logprobs))
+        return self._pick(res, sampling_params)
+
+    async def generate_batch(self, batch_input_ids: Sequence[Sequence[int]], sampling_params: SamplingLike = None, *,
+                             rids: Sequence[str] | None = None, return_logprob: bool = True,
+                             top_logprobs_num: int = 0) -> list[GenerateResult]:
+        return await self._do(op_generate([list(x) for x in batch_input_ids], sampling_params, rids,
+                                          return_logprob, top_logprobs_num, False))
+
+    async def stream(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *,
+                     rid: str | None = None, return_logprob: bool = True) -> AsyncIterator[StreamChunk]:
+        norm = StreamNormalizer(await self._incremental_mode())
+        body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
+        try:
+            async with self._http.stream("POST", "/generate", json=body) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise_for_status(resp)
+                async for line in resp.aiter_lines():
+                    for event in iter_sse_events([line]):
+                        yield norm.feed(event)
+                    if line.strip() == "data: [DONE]":
+                        return
+        except httpx.TransportError as exc:
+            raise self._connection_error("/generate", exc) from exc
+
+    async def _incremental_mode(self) -> bool:
+        if self._incremental is None:
+            try:
+                self._incremental = incremental_streaming(await self.get_server_info())
+            except EngineError:
+                self._incremental = False
+        return self._incremental
+
+    async def abort(self, rid: str) -> bool:
+        return await self._do(op_abort(rid, False))
+
+    async def abort_all(self) -> None:
+        await self._do(op_abort(None, True))
+
+    async def pause_generation(self, mode: str = "abort") -> dict:
+        return await self._do(op_json("POST", "/pause_generation", {"mode": mode}))
+
+    async def continue_generation(self) -> dict:
+        return await self._do(op_json("POST", "/continue_generation", {}))
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict:
+        return await self._do(op_memory("release", tags))
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict:
+        return await self._do(op_memory("resume", tags))
+
+    async def flush_cache(self) -> None:
+        await self._do(op_json("POST", "/flush_cache"))
+
+    async def update_weights_from_disk(self, model_path: str, *, weight_version: str,
+                                       abort_all_requests: bool = False, flush_cache: bool = True,
+                                       load_format: str | None = None) -> dict:
+        return await self._do(op_update_weights_from_disk(model_path, load_format, weight_version,
+                                                          abort_all_requests, flush_cache))
+
+    async def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str,
+                                         serialized_named_tensors: Sequence[str] | None = None,
+                                         load_format: str | None = None, abort_all_requests: bool = False,
+                                         flush_cache: bool = True) -> dict:
+        return await self._do(op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format,
+                                                            weight_version, abort_all_requests, flush_cache))
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict:
+        return await self._do(op_update_weight_version(new_version, abort_all_requests))
+
+    async def get_weight_version(self) -> str:
+        return str((await self._do(op_json("GET", "/get_weight_version")))["weight_version"])
+
+    async def health(self) -> bool:
+        try:
+            return await self._do(op_health("/health"))
+        except EngineConnectionError:
+            return False
+
+    async def health_generate(self) -> bool:
+        try:
+            return await self._do(op_health("/health_generate"))
+        except EngineConnectionError:
+            return False
+
+    async def wait_until_ready(self, timeout: float = 300.0, poll_s: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine at {self.base_url} not ready after {timeout:.0f} s")
+            await asyncio.sleep(poll_s)
+
+    async def get_model_info(self) -> dict:
+        return await self._do(op_json("GET", "/get_model_info"))
+
+    async def get_server_info(self) -> dict:
+        return await self._do(op_json("GET", "/get_server_info"))
+
+
+class RolloutEngine(Protocol):
+    """A running engine a cell owns (:class:`~gyre.rollout.embedded_server.EngineServer`,
+    :class:`~gyre.rollout.serve.EmbeddedEngineProcess` or
+    :class:`~gyre.rollout.sglang_engine.SGLangEngine`)."""
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> "RolloutEngine": ...
+
+    def stop(self) -> None: ...
+
+    def client(self, timeout: float | None = 600.0) -> EngineClient: ...
