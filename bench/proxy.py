@@ -72,7 +72,6 @@ def _tokenizer(kind: str):
 
 def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool) -> None:
     """The stand-in SGLang engine (see the module docstring)."""
-    import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 

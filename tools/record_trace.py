@@ -5,8 +5,8 @@ and mini-swe-agent (PyPI, in its own venv) into the harness cache with
 :func:`gyre.harness.install.ensure_package` (``--cache`` or ``$GYRE_HARNESS_CACHE``), launches
 each one non-interactively with the command its Gyre adapter builds
 (:mod:`gyre.harness.claude_code`, :mod:`gyre.harness.codex`, :mod:`gyre.harness.mini_swe_agent`),
-pointed at :class:`gyre.harness.fake_llm.FakeLLMServer`, and writes every request the harness
-made to ``<out>/<harness>/<scenario>.jsonl`` (record format: the :mod:`gyre.harness.fake_llm`
+pointed at :class:`tools.fake_llm.FakeLLMServer`, and writes every request the harness
+made to ``<out>/<harness>/<scenario>.jsonl`` (record format: the :mod:`tools.fake_llm`
 docstring).
 
 The server's script (:class:`ScriptPolicy`) works out each request's kind and step from its
@@ -48,10 +48,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gyre.harness.base import ProxyEndpoint  # noqa: E402
+from gyre.harness.base import ExecutionDir, ProxyEndpoint  # noqa: E402
 from gyre.harness.claude_code import ClaudeCodeHarness  # noqa: E402
 from gyre.harness.codex import CodexHarness  # noqa: E402
-from gyre.harness.fake_llm import FakeLLMServer, FakeRequest, Reply  # noqa: E402
+from tools.fake_llm import FakeLLMServer, FakeRequest, Reply  # noqa: E402
 from gyre.harness.install import ensure_package  # noqa: E402
 from gyre.harness.mini_swe_agent import MiniSweAgentHarness  # noqa: E402
 
@@ -301,33 +301,6 @@ HARNESS_CLASSES = {"claude-code": ClaudeCodeHarness, "codex": CodexHarness, "min
 
 
 @dataclass
-class _Dirs:
-    """What the adapters' ``build_command`` reads from an execution directory."""
-
-    root: Path
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
-
-    @property
-    def workspace(self) -> Path:
-        return self.root / "work"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "harness.log"
-
-    @property
-    def final_message_path(self) -> Path:
-        return self.root / "final_message.txt"
-
-
-@dataclass
 class _Task:
     instruction: str
     id: str = "trace"
@@ -336,13 +309,13 @@ class _Task:
 @dataclass
 class _Ctx:
     task: _Task
-    dirs: _Dirs
+    dirs: ExecutionDir
     endpoint: ProxyEndpoint
     execution_id: str = "trace"
     timeout_s: float = 300.0
 
 
-def build_launch(sc: Scenario, base_url: str, dirs: _Dirs, cache: Path | None) -> tuple[list[str], dict[str, str]]:
+def build_launch(sc: Scenario, base_url: str, dirs: ExecutionDir, cache: Path | None) -> tuple[list[str], dict[str, str]]:
     """The adapter's command and environment for one scenario (installs the harness if needed)."""
     opts = dict(sc.options)
     textbased = opts.pop("textbased", False)
@@ -366,7 +339,7 @@ def build_launch(sc: Scenario, base_url: str, dirs: _Dirs, cache: Path | None) -
 def record(sc: Scenario, out: Path, work_root: Path, cache: Path | None, timeout_s: float,
            port: int = 0) -> dict[str, Any]:
     """Run one scenario; write ``out/<harness>/<name>.jsonl``; return a short summary."""
-    dirs = _Dirs(work_root / sc.name)
+    dirs = ExecutionDir(work_root / sc.name, work_root)
     shutil.rmtree(dirs.root, ignore_errors=True)
     for d in (dirs.home, dirs.workspace, dirs.tmp):
         d.mkdir(parents=True)

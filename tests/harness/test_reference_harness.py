@@ -13,7 +13,7 @@ from gyre.evaluation import OutcomeStatus, RewardManager, RetryPolicy, Terminati
 from gyre.harness import REFERENCE_ROLES, ProxyEndpoint, ReferenceHarness
 from gyre.harness.reference_agent import COMPACTION_PROMPT
 from gyre.tasks import load_tasks
-from gyre.harness.fake_llm import FakeLLMServer, FakeRequest, Reply
+from tools.fake_llm import FakeLLMServer, FakeRequest, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 
