@@ -2,7 +2,7 @@
 
 Names are read from inline code spans and fenced code blocks: repository paths must exist,
 dotted ``gyre.`` names must import (module, then attributes), and a ``--flag`` must appear in the
-``--help`` of the script named before it in the same span or line (``pretrain_gyre.py`` when none).
+``--help`` of the script named last before it (``pretrain_gyre.py`` when none).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ FLAG = re.compile(r"^--[a-z][a-z0-9-]*$")
 
 
 def snippets(text: str) -> list[str]:
-    """Inline code spans and the lines of fenced code blocks."""
+    """Inline code spans and the lines of fenced code blocks, in document order."""
     out: list[str] = []
-    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
-    for block in fenced:
-        out += [line.split("#")[0] for line in block.splitlines()]
-    rest = re.sub(r"```[^\n]*\n.*?```", "", text, flags=re.S)
-    out += re.findall(r"`([^`\n]+)`", rest)
+    for m in re.finditer(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", text, flags=re.S):
+        if m.group(1) is not None:
+            out += [line.split("#")[0] for line in m.group(1).splitlines()]
+        else:
+            out.append(m.group(2))
     return out
 
 
@@ -69,8 +69,10 @@ def resolve(name: str) -> object:
 
 def named(doc: Path) -> tuple[set[str], set[str], set[tuple[str, str]]]:
     """Paths, dotted names and ``(script, flag)`` pairs named in ``doc``.  A flag belongs to the
-    script before it in its span; flags before a script (a launcher's, e.g. torchrun's) are skipped."""
+    script named last before it (in its span, else earlier in the page; ``pretrain_gyre.py`` when
+    none); flags before a script in the same span (a launcher's, e.g. torchrun's) are skipped."""
     paths, names, flags = set(), set(), set()
+    last = "pretrain_gyre.py"
     for snip in snippets(doc.read_text()):
         toks = tokens(snip)
         scripts = [i for i, t in enumerate(toks) if t.endswith(".py") and is_path(t)
@@ -81,11 +83,13 @@ def named(doc: Path) -> tuple[set[str], set[str], set[tuple[str, str]]]:
                 if before:
                     flags.add((before[-1], tok))
                 elif not scripts:
-                    flags.add(("pretrain_gyre.py", tok))
+                    flags.add((last, tok))
             elif DOTTED.match(tok):
                 names.add(tok)
             elif is_path(tok):
                 paths.add(tok)
+        if scripts:
+            last = toks[scripts[-1]]
     return paths, names, flags
 
 
@@ -123,11 +127,12 @@ def test_every_named_flag_is_in_its_commands_help(doc):
 def test_the_checker_catches_what_does_not_exist(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("Run `tools/simulate.py --no-such-flag` on `gyre/no_such.py`; see `gyre.runtime.pipeline.nope`.\n"
-                   "```\ntorchrun --nproc-per-node 3 pretrain_gyre.py --train-steps 3\n```\n")
+                   "```\ntorchrun --nproc-per-node 3 pretrain_gyre.py --train-steps 3\n```\nthen `--load`.\n")
     paths, names, flags = named(doc)
     assert paths == {"tools/simulate.py", "gyre/no_such.py", "pretrain_gyre.py"}
     assert names == {"gyre.runtime.pipeline.nope"}
-    assert flags == {("tools/simulate.py", "--no-such-flag"), ("pretrain_gyre.py", "--train-steps")}
+    assert flags == {("tools/simulate.py", "--no-such-flag"), ("pretrain_gyre.py", "--train-steps"),
+                     ("pretrain_gyre.py", "--load")}
     assert "--no-such-flag" not in help_text("tools/simulate.py")
     with pytest.raises(AttributeError):
         resolve("gyre.runtime.pipeline.nope")
