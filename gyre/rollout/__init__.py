@@ -30,7 +30,7 @@ def create_rollout_engine(args: argparse.Namespace, *, host: str = "127.0.0.1", 
     Raises:
         ValueError: unknown ``rollout_engine``.
     """
-    kind = getattr(args, "rollout_engine", "embedded")
+    kind = args.rollout_engine
     if kind == "sglang":
         from gyre.rollout.sglang_engine import SGLangEngine
 
@@ -41,6 +41,5 @@ def create_rollout_engine(args: argparse.Namespace, *, host: str = "127.0.0.1", 
     from gyre.rollout.config import EngineConfig
     from gyre.rollout.embedded_server import EngineServer
 
-    model_dir = args.model_dir or str(ensure_tiny_model(getattr(args, "tokenizer_kind", "local"),
-                                                       getattr(args, "model_cache_dir", None)))
+    model_dir = args.model_dir or str(ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir))
     return EngineServer(EngineConfig(model_dir=model_dir), host=host, port=port or 0)

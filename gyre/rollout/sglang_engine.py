@@ -297,7 +297,7 @@ class SGLangEngine:
         if model is None:
             from gyre.embedded_model import ensure_tiny_model
 
-            model = ensure_tiny_model(getattr(args, "tokenizer_kind", "local"), getattr(args, "model_cache_dir", None))
+            model = ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir)
         return cls(model, host=host, port=port, server_argv=sglang_server_argv(args), **kwargs)
 
     def command(self) -> list[str]:
