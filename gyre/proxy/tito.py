@@ -216,7 +216,7 @@ class TitoSession:
         """
         t0 = time.perf_counter()
         plan, t1 = self._plan_request(request)
-        prep = plan.finish(self._encode_texts(plan.texts))
+        prep = plan.finish(self.renderer.encode_batch(plan.texts))
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
         return prep
 
@@ -232,9 +232,9 @@ class TitoSession:
         plan, t1 = self._plan_request(request)
         t2 = time.perf_counter()
         if plan.texts and sum(len(t) for t in plan.texts) > 4096:
-            enc = await asyncio.get_running_loop().run_in_executor(executor, self._encode_texts, plan.texts)
+            enc = await asyncio.get_running_loop().run_in_executor(executor, self.renderer.encode_batch, plan.texts)
         else:
-            enc = self._encode_texts(plan.texts)
+            enc = self.renderer.encode_batch(plan.texts)
         t3 = time.perf_counter()
         prep = plan.finish(enc)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": t3 - t2}
@@ -341,13 +341,6 @@ class TitoSession:
             prev = e.message
             i = j + 1
         return plan
-
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text (the tokenizer's batch encoder releases the GIL)."""
-        fast = self.renderer._fast
-        if fast is not None and len(texts) > 1:
-            return [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)]
-        return [self.renderer.encode(t) for t in texts]
 
     # ------------------------------------------------------------------ commit
     def next_call_index(self) -> int:
