@@ -11,7 +11,7 @@ behaviour log-probs ``b_t`` and current log-probs ``l_t``:
 ``rho_t`` is a stop-gradient weight; each execution weighs the same whatever its length.
 :func:`execution_objective` computes one micro-step's un-normalised share; whoever aggregates
 all micro-steps divides once by ``|E|``. ``--loss-type ppo``/``grpo`` switch to token-level
-PPO-clip baselines (:class:`ObjectiveConfig`).
+PPO-clip baselines (see :func:`execution_objective`).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def decode_payload(data: bytes) -> Any:
 
 
 class MicroStepStream:
-    """TCPStore-backed shared micro-step queue .
+    """TCPStore-backed shared micro-step queue.
 
     Store keys for step ``s`` (``torch.distributed.TCPStore``)::
 
