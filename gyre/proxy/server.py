@@ -282,7 +282,7 @@ class ProxyServer(ExecutionAdmin):
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # accepted connections inherit TCP_NODELAY: without it a response written in two parts
-        # (headers, body) waits ~40 ms for the client's delayed ACK (Nagle)
+        # (headers, body) waits for the client's delayed ACK (Nagle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(2048)
