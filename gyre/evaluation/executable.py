@@ -1,46 +1,15 @@
 """Executable checks: run the task's tests on a copy of the preserved workspace.
 
-One attempt of :class:`ExecutableCheck`:
+:class:`ExecutableCheck` copies the preserved workspace into a fresh evaluation directory,
+runs the test command there in its own process group under a time limit
+(:func:`~gyre.evaluation.process.run_command`), and scores the result with a scoring rule:
+``"junit"`` (:func:`fraction_passed_rule`, default), ``"exit_code"`` (:func:`exit_code_rule`),
+``"stdout_score"`` (:func:`stdout_score_rule`) or a custom callable / dotted path
+(:func:`load_callable`). The preserved workspace is digested before and after, and mounted
+read-only during the command where supported; any change discards the attempt.
 
-1. (``verify_source``) digest the preserved workspace (:func:`~gyre.evaluation.tree_digest`);
-   if it no longer matches a ``sha256:`` ``assessed_ref`` the preserved state was changed
-   after preservation and the attempt is unresolved;
-2. copy it (``shutil.copytree``, symlinks kept as links) to a fresh evaluation directory
-   ``<eval_root>/<execution>-a<attempt>-XXXX/`` holding ``workspace/`` (the copy),
-   ``home/``, ``tmp/``, ``junit.xml``, ``stdout.txt`` and ``stderr.txt``;
-3. run the test command with ``cwd`` = the copy, ``HOME``/``TMPDIR``/``TMP``/``TEMP``/
-   ``XDG_CACHE_HOME`` pointed into the evaluation directory, in its own process group with
-   the time limit (:func:`~gyre.evaluation.process.run_command`: ``SIGTERM`` then
-   ``SIGKILL`` to the whole group);
-4. score the result with the task's scoring rule: ``"junit"`` (fraction of tests passed in
-   the JUnit XML report, default), ``"exit_code"`` (0 -> 1.0, else 0.0), ``"stdout_score"``
-   (the number on the last line of the command's stdout), or a custom rule
-   given as a callable or a dotted path (``pkg.mod:fn`` or ``pkg.mod.fn``);
-5. digest the preserved workspace again; a change makes the attempt unresolved (and is
-   logged as an error);
-6. delete the evaluation directory (unless ``keep_eval_dirs``).
-
-Command placeholders, replaced literally in every argument (or, for a shell-string command,
-by shell-quoted words; other braces are left alone): ``{junit_xml}`` (report path), ``{workspace}`` (the copy),
-``{python}`` (this interpreter), ``{eval_dir}``. Example:
-``["{python}", "-m", "pytest", "-q", "--junitxml={junit_xml}"]``.
-
-Unresolved, never 0: the command ran past its limit; the report is missing, not XML or has
-no tests (``"junit"``); the command was not found / not executable (exit 126/127) or died
-by a signal (``"exit_code"``); a custom rule raised, returned ``None`` or a non-finite
-score; the copy or the command could not be started; the preserved workspace changed.
-
-What "an evaluator cannot write outside its workspace copy" means here (no more is
-claimed): the command's cwd, ``HOME`` and temporary directories are inside the evaluation
-directory, so ordinary relative and home/temp writes land in the copy; when the machine
-supports it (``readonly_source="auto"``, the default; probed with
-:func:`~gyre.evaluation.readonly_mounts_supported`) the preserved workspace is also
-bind-mounted **read-only** in a private mount namespace for the duration of the command,
-so even an absolute-path write to it fails (root included) -- if that mount fails at run
-time (``"auto"``) the command runs without it, with a warning; and the preserved tree is
-digested before and after, so any change is detected and the attempt discarded. Writes to
-other absolute paths (``/tmp``, the network) are *not* prevented: this is not a security
-sandbox -- run untrusted code inside the harness's container/sandbox.
+An attempt the check cannot score is :class:`~gyre.evaluation.Unresolved`, never 0. This is
+not a security sandbox: run untrusted code inside the harness's container/sandbox.
 """
 
 from __future__ import annotations
@@ -231,7 +200,43 @@ def _rmtree(path: Path) -> None:
 
 
 class ExecutableCheck(Evaluator):
-    """Run the task's test command on a copy of the preserved workspace (module docstring).
+    """Run the task's test command on a copy of the preserved workspace.
+
+    One attempt:
+
+    1. (``verify_source``) digest the preserved workspace (:func:`~gyre.evaluation.tree_digest`);
+       if it no longer matches a ``sha256:`` ``assessed_ref`` the attempt is unresolved;
+    2. copy it (``shutil.copytree``, symlinks kept as links) to a fresh evaluation directory
+       ``<eval_root>/<execution>-a<attempt>-XXXX/`` holding ``workspace/`` (the copy),
+       ``home/``, ``tmp/``, ``junit.xml``, ``stdout.txt`` and ``stderr.txt``;
+    3. run the command with ``cwd`` = the copy, ``HOME``/``TMPDIR``/``TMP``/``TEMP``/
+       ``XDG_CACHE_HOME`` inside the evaluation directory, in its own process group with the
+       time limit (``SIGTERM`` then ``SIGKILL`` to the whole group);
+    4. score the result with the scoring rule (``"junit"``: fraction of tests passed in the
+       JUnit report; ``"exit_code"``: 0 -> 1.0, else 0.0; ``"stdout_score"``: the number on the
+       last line of stdout; or a custom rule, ``pkg.mod:fn`` or ``pkg.mod.fn``);
+    5. digest the preserved workspace again; a change makes the attempt unresolved (logged as
+       an error);
+    6. delete the evaluation directory (unless ``keep_eval_dirs``).
+
+    Command placeholders, replaced literally in every argument (for a shell-string command, by
+    shell-quoted words; other braces are left alone): ``{junit_xml}`` (report path),
+    ``{workspace}`` (the copy), ``{python}`` (this interpreter), ``{eval_dir}``. Example:
+    ``["{python}", "-m", "pytest", "-q", "--junitxml={junit_xml}"]``.
+
+    Unresolved, never 0: the command ran past its limit; the report is missing, not XML or has
+    no tests (``"junit"``); the command was not found / not executable (exit 126/127) or died
+    by a signal (``"exit_code"``); a custom rule raised, returned ``None`` or a non-finite
+    score; the copy or the command could not be started; the preserved workspace changed.
+
+    Write confinement (no more is claimed): cwd, ``HOME`` and temporary directories are inside
+    the evaluation directory, so relative and home/temp writes land in the copy; with
+    ``readonly_source="auto"`` (default; probed with
+    :func:`~gyre.evaluation.readonly_mounts_supported`) the preserved workspace is also
+    bind-mounted read-only in a private mount namespace for the command, so an absolute-path
+    write to it fails (root included) -- if that mount fails at run time the command runs
+    without it, with a warning; and the before/after digests detect any change. Writes to
+    other absolute paths (``/tmp``, the network) are *not* prevented.
 
     Args:
         command: argument list (no shell) or a shell string (run with ``sh -c``).

@@ -1,24 +1,13 @@
 """Agentic judge: a model assesses the preserved workspace against a rubric.
 
-The judge calls an OpenAI-compatible Chat Completions endpoint (``POST {base_url}/chat/completions``;
-in a Gyre run that is the proxy's ``/v1``) with the headers
+:class:`AgenticJudge` calls an OpenAI-compatible Chat Completions endpoint (in a Gyre run, the
+proxy's ``/v1``) with the execution's key and ``x-gyre-role: evaluator``, so the proxy records
+its output tokens with ``Provenance.EVALUATOR`` and never trains on them. The model gets the
+task instruction, the rubric, a listing of the workspace and two read-only tools confined to
+the preserved workspace, for at most ``max_turns`` calls; :func:`parse_score` reads the score
+from its final reply.
 
-* ``Authorization: Bearer <execution key>`` -- ties the call to the execution being assessed;
-* ``x-gyre-role: evaluator`` -- the proxy records the call with role ``evaluator``, so its
-  output tokens get ``Provenance.EVALUATOR`` and are never training targets; if a critique
-  reaches a later policy request it keeps that provenance;
-* ``x-gyre-execution-id`` / ``x-gyre-attempt`` -- for the proxy's logs.
-
-It is agentic in a small, bounded way: besides the task instruction, the rubric and a listing
-of the workspace, the model gets two read-only tools, ``list_files(path)`` and
-``read_file(path, offset)``, confined to the preserved workspace (paths resolving outside it,
-symlinks included, are refused), for at most ``max_turns`` model calls. Its final reply must
-hold a score: a JSON object ``{"score": x}`` (fenced or bare) or a line ``SCORE: x`` (``x/y``
-is read as a fraction of ``y``), with ``0 <= x <= score_scale``; the reward is
-``x / score_scale``. ``<think>...</think>`` blocks are ignored.
-
-Unresolved, never 0: HTTP/transport errors or timeouts, a non-JSON or malformed response,
-no parsable score, a score out of range, or no final answer within ``max_turns``.
+Anything that yields no valid score is :class:`~gyre.evaluation.Unresolved`, never 0.
 """
 
 from __future__ import annotations
@@ -69,7 +58,9 @@ _LINE = re.compile(r"(?im)^[\s>*_#-]*score[\s*_]*[:=]\s*\**\s*([-+]?\d+(?:\.\d+)
 
 
 def parse_score(text: str, scale: float = 1.0) -> float:
-    """Score in ``[0, 1]`` from a judge reply (module docstring); the last score given wins.
+    """Score in ``[0, 1]`` from a judge reply (``{"score": x}``, fenced or bare, or a
+    line ``SCORE: x``; ``x/y`` is read as a fraction of ``y``; ``<think>...</think>`` blocks are
+    ignored); the last score given wins.
 
     Raises:
         Unresolved: no score, or a score outside ``[0, scale]``.
@@ -105,7 +96,20 @@ def parse_score(text: str, scale: float = 1.0) -> float:
 
 
 class AgenticJudge(Evaluator):
-    """Model-with-a-rubric evaluator (module docstring).
+    """Model-with-a-rubric evaluator.
+
+    Requests go to ``POST {base_url}/chat/completions`` with the headers
+    ``Authorization: Bearer <execution key>`` (ties the call to the execution assessed),
+    ``x-gyre-role: evaluator`` (the proxy gives its output tokens ``Provenance.EVALUATOR``;
+    never training targets, and a critique that reaches a later policy request keeps that
+    provenance) and ``x-gyre-execution-id`` / ``x-gyre-attempt`` (for the proxy's logs).
+
+    Tools: ``list_files(path)`` and ``read_file(path, offset)``, confined to the preserved
+    workspace (paths resolving outside it, symlinks included, are refused). The final reply
+    must hold a score (:func:`parse_score`); the reward is ``x / score_scale``.
+
+    Unresolved, never 0: HTTP/transport errors or timeouts, a non-JSON or malformed response,
+    no parsable score, a score out of range, or no final answer within ``max_turns``.
 
     Args:
         base_url: OpenAI-compatible base URL, e.g. ``http://127.0.0.1:8000/v1``.

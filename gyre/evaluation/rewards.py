@@ -1,21 +1,12 @@
 """From a closed execution to its reward: partial scoring, retries, exclusion, placeholders.
 
-Paper §5.2. :class:`RewardManager` is the thin shell around the pure retry
-policy (:class:`~gyre.evaluation.RetryState`): it calls the task's designated evaluator on the
-execution's preserved workspace, records every attempt in the :class:`~gyre.evaluation.AssessmentLog`,
-sleeps the backoff (injected ``sleep``/``clock``), and returns an :class:`ExecutionOutcome`:
-
-* **partial scoring** -- every closed execution with a preserved workspace is assessed the
-  same way, whatever its :class:`TerminationStatus` (completed, harness exit, timeout,
-  cancelled, crashed). The evaluator never sees the termination status, the elapsed time or
-  the trajectory length (:class:`~gyre.evaluation.EvaluationTarget` has no such fields); the
-  status is recorded *beside* the reward in the outcome;
-* **validity** -- ``VALID`` with the designated assessment's score, or ``EXCLUDED`` (no
-  reward at all, *not* 0) when every attempt the budget allowed was unresolved; the
-  execution's records stay stored, it just never enters training or a baseline;
-* **placeholder** -- a closure without an assessable workspace (workspace creation or image
-  pull failed) gets ``PLACEHOLDER`` with reward 0.0: a valid zero in its group's baseline
-  whose trajectory tree is empty (:func:`placeholder_tree`), so it contributes no tokens.
+Paper §5.2. :class:`RewardManager` is the thin shell around the pure retry policy
+(:class:`~gyre.evaluation.RetryState`): it calls the task's designated evaluator on the
+execution's preserved workspace, records every attempt in the
+:class:`~gyre.evaluation.AssessmentLog`, sleeps the backoff (injected ``sleep``/``clock``), and
+returns an :class:`ExecutionOutcome` -- ``VALID`` with a score, ``EXCLUDED`` when every allowed
+attempt was unresolved (no reward, *not* 0), or ``PLACEHOLDER`` (reward 0.0, empty tree:
+:func:`placeholder_tree`) when there is no workspace to assess.
 """
 
 from __future__ import annotations
@@ -153,7 +144,19 @@ def placeholder_tree(execution_id: str) -> TrajectoryTree:
 
 
 class RewardManager:
-    """Assess closed executions with retries and record every attempt (module docstring).
+    """Assess closed executions with retries and record every attempt.
+
+    * **partial scoring** -- every closed execution with a preserved workspace is assessed the
+      same way, whatever its :class:`TerminationStatus` (completed, harness exit, timeout,
+      cancelled, crashed). The evaluator never sees the termination status, the elapsed time
+      or the trajectory length (:class:`~gyre.evaluation.EvaluationTarget` has no such
+      fields); the status is recorded *beside* the reward in the outcome;
+    * **validity** -- ``VALID`` with the designated assessment's score, or ``EXCLUDED`` when
+      every attempt the budget allowed was unresolved; the execution's records stay stored, it
+      just never enters training or a baseline;
+    * **placeholder** -- a closure without an assessable workspace (workspace creation or
+      image pull failed) gets ``PLACEHOLDER`` with reward 0.0: a valid zero in its group's
+      baseline whose trajectory tree is empty, so it contributes no tokens.
 
     Args:
         policy: retry/backoff/budget (:meth:`RetryPolicy.from_args` for a run).

@@ -4,19 +4,10 @@ A pure, deterministic core -- time is a number the caller passes in (``now``, se
 monotonic clock); nothing here sleeps. :class:`~gyre.evaluation.RewardManager` is the shell
 that sleeps and calls evaluators.
 
-Policy (per execution):
-
-* attempt 1 starts at once; attempt ``k + 1`` (retry ``k``, ``k >= 1``) may start
-  ``backoff(k) = min(backoff_s * backoff_factor ** (k - 1), backoff_max_s)`` seconds after
-  attempt ``k`` finished -- e.g. 5, 10, 20, 40 s;
-* at most ``1 + max_retries`` attempts;
-* all attempts and waits must fit in ``budget_s`` seconds from the start of the first
-  attempt: an attempt never starts at or past the deadline, and its limit is
-  ``min(attempt_timeout_s, deadline - start)``; a retry whose backoff would end at or past
-  the deadline is not scheduled;
-* the first ``VALID`` attempt resolves the execution (later attempts never happen);
-* when no attempt may start any more, the execution is **exhausted**: excluded from
-  training (its records stay stored). Unresolved is never a zero.
+:class:`RetryPolicy` holds the settings (backoff, retries, budget); :class:`RetryState` applies
+them to one execution's attempts and tells the shell what to do next (:class:`NextAction`).
+When no attempt may start any more the execution is **exhausted**: excluded from training (its
+records stay stored). Unresolved is never a zero.
 """
 
 from __future__ import annotations
@@ -33,7 +24,19 @@ __all__ = ["RetryPolicy", "RetryState", "NextAction", "ActionKind", "AttemptInfo
 
 @dataclass(slots=True, frozen=True)
 class RetryPolicy:
-    """Retry/backoff/budget settings (module docstring). Seconds throughout.
+    """Retry/backoff/budget settings; seconds throughout.
+
+    Policy (per execution):
+
+    * attempt 1 starts at once; attempt ``k + 1`` (retry ``k``, ``k >= 1``) may start
+      ``backoff(k) = min(backoff_s * backoff_factor ** (k - 1), backoff_max_s)`` seconds after
+      attempt ``k`` finished;
+    * at most ``1 + max_retries`` attempts;
+    * all attempts and waits must fit in ``budget_s`` seconds from the start of the first
+      attempt: an attempt never starts at or past the deadline, and its limit is
+      ``min(attempt_timeout_s, deadline - start)``; a retry whose backoff would end at or past
+      the deadline is not scheduled;
+    * the first ``VALID`` attempt resolves the execution (later attempts never happen).
 
     Raises:
         ValueError: negative retries/backoff, factor < 1, non-positive limits.

@@ -2,25 +2,18 @@
 
 How the main job runs one execution (each in its own thread; all calls are thread-safe)::
 
-    harness = harness_from_args(args)                          # once; then harness.ensure_installed()
+    harness = harness_from_args(args); harness.ensure_installed()           # once
     ex = proxy.register_execution(execution_id, task_id=task.id, harness=harness.name,
-                                  role_rules=harness.roles)            # the adapter's role rules
-    result = harness.run(task, args.run_dir, execution_id,     # workspace -> child -> closure
-                         ProxyEndpoint(proxy.url, ex.api_key),
-                         timeout_s=task.timeout_s or args.execution_timeout_s,
-                         model_calls=lambda: proxy.counters(execution_id)["calls"],
-                         on_launch=lambda r: running.update({execution_id: r}))  # r.cancel() later
+                                  role_rules=harness.roles)
+    result = harness.run(task, args.run_dir, execution_id, ProxyEndpoint(proxy.url, ex.api_key),
+                         timeout_s=..., model_calls=..., on_launch=...)     # workspace -> child -> closure
     outcome = reward_manager.assess(result.closure(task, ex.api_key), task.build_evaluator(...))
-    proxy.close_execution(execution_id)                        # after a judge has used the key
+    proxy.close_execution(execution_id)                                     # after a judge used the key
 
-The interface and the execution lifecycle are in :mod:`gyre.harness.base`; the child process
-(process group, time limit, isolation) in :mod:`gyre.harness.process`; role declarations in
-:mod:`gyre.harness.roles`; installs from the registries in :mod:`gyre.harness.install`; Gyre's
-own agent in :mod:`gyre.harness.reference_agent`.
-
-Names are imported lazily (PEP 562), so a harness child such as ``python -m
-gyre.harness.reference_agent`` does not pay for the adapters, evaluation and proxy imports it
-never uses.
+The interface and lifecycle are in :mod:`gyre.harness.base`, the child process in
+:mod:`gyre.harness.process`, role declarations in :mod:`gyre.harness.roles`, registry installs
+in :mod:`gyre.harness.install`, Gyre's own agent in :mod:`gyre.harness.reference_agent`. Names
+are imported lazily (PEP 562), so a harness child does not pay for imports it never uses.
 """
 
 import importlib

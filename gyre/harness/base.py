@@ -10,33 +10,8 @@ One execution, as the main job's harness launcher drives it::
     outcome = reward_manager.assess(result.closure(task), task.build_evaluator(...))
 
 or all of it at once, setup failures included: ``result = harness.run(task, run_dir, id, endpoint)``.
-
-**Execution directory** (:class:`ExecutionDir`), one per execution, kept after closure::
-
-    <run_dir>/executions/<execution_id>/
-        workspace/         the live workspace: the harness's working directory
-        snapshot/          the preserved copy handed to evaluation (preserve="snapshot")
-        home/  tmp/        the harness's HOME (its config files) and TMPDIR
-        harness.log        the harness's stdout and stderr, written as it runs
-        final_message.txt  the harness's last answer, when it gives one
-        execution.json     task, harness, command (key redacted), timings, exit status, termination
-
-The harness sees its own execution directory only: with isolation (see
-:mod:`gyre.harness.process`) the whole run directory and every path the task lists as
-``hidden`` (evaluator-only tests, solutions) are masked in its mount namespace. The proxy URL
-and the execution's API key reach it through its environment/config
-(:meth:`Harness.build_command`), never through the parent's environment: the child gets a
-minimal environment (``PATH``, locale, ``HOME``/``TMPDIR`` of the execution, no provider keys).
-
-**Closure** (:class:`HarnessResult`): ``termination`` is ``completed`` (exit 0),
-``harness_exit`` (non-zero exit after doing some work), ``timeout`` (killed at the limit:
-``SIGTERM`` to the group, ``SIGKILL`` after the grace), ``cancelled``, ``crashed`` (killed
-by a signal, or exited non-zero before any work: see below) or ``setup_failed`` (the
-workspace could not be created). Every closure with a workspace is scored the same way
-(partial scoring); ``workspace is None`` -- setup failed, the harness could not be started,
-or it *crashed at start* (non-zero exit with no model call made; without a call counter: with
-the workspace unchanged) -- gets the failure placeholder from
-:class:`~gyre.evaluation.RewardManager`.
+:class:`ExecutionDir` is the per-execution directory layout, :class:`Harness` the adapter base
+and :class:`HarnessResult` the closure handed to evaluation.
 """
 
 from __future__ import annotations
@@ -149,7 +124,16 @@ def executions_root(run_dir: str | os.PathLike[str]) -> Path:
 
 @dataclass(slots=True, frozen=True)
 class ExecutionDir:
-    """Paths of one execution directory (module docstring)."""
+    """Paths of one execution directory, one per execution, kept after closure::
+
+        <run_dir>/executions/<execution_id>/
+            workspace/         the live workspace: the harness's working directory
+            snapshot/          the preserved copy handed to evaluation (preserve="snapshot")
+            home/  tmp/        the harness's HOME (its config files) and TMPDIR
+            harness.log        the harness's stdout and stderr, written as it runs
+            final_message.txt  the harness's last answer, when it gives one
+            execution.json     task, harness, command (key redacted), timings, exit status, termination
+    """
 
     root: Path
     run_dir: Path
@@ -235,7 +219,16 @@ class LaunchSpec:
 
 @dataclass(slots=True, frozen=True)
 class HarnessResult:
-    """A closed execution as the launcher saw it (module docstring).
+    """A closed execution as the launcher saw it.
+
+    ``termination`` is ``completed`` (exit 0), ``harness_exit`` (non-zero exit after doing some
+    work), ``timeout`` (killed at the limit: ``SIGTERM`` to the group, ``SIGKILL`` after the
+    grace), ``cancelled``, ``crashed`` (killed by a signal, or exited non-zero before any work)
+    or ``setup_failed`` (the workspace could not be created). Every closure with a workspace is
+    scored the same way (partial scoring); ``workspace is None`` -- setup failed, the harness
+    could not be started, or it *crashed at start* (non-zero exit with no model call made;
+    without a call counter: with the workspace unchanged) -- gets the failure placeholder from
+    :class:`~gyre.evaluation.RewardManager`.
 
     * ``exit_code`` -- exit status; negative: killed by that signal; ``None`` when Gyre killed
       it (timeout/cancel) or it never started;
@@ -316,7 +309,14 @@ class RunningExecution:
 
 
 class Harness(abc.ABC):
-    """A black-box harness adapter (module docstring).
+    """A black-box harness adapter.
+
+    The harness sees its own execution directory only: with isolation
+    (:mod:`gyre.harness.process`) the whole run directory and every path the task lists as
+    ``hidden`` (evaluator-only tests, solutions) are masked in its mount namespace. The proxy
+    URL and the execution's API key reach it through its environment/config
+    (:meth:`build_command`), never through the parent's environment: the child gets a minimal
+    environment (``PATH``, locale, ``HOME``/``TMPDIR`` of the execution, no provider keys).
 
     Subclasses set :attr:`name` and :attr:`roles` and implement :meth:`build_command`;
     they may override :meth:`ensure_installed` and :meth:`final_message`.

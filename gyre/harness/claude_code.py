@@ -1,21 +1,15 @@
 """``claude-code``: Anthropic's Claude Code CLI, unmodified (npm ``@anthropic-ai/claude-code``).
 
-Command::
-
-    claude -p "<instruction>" --dangerously-skip-permissions --output-format json [--model M] [--max-turns N]
-
-with ``HOME`` = the execution's home, ``ANTHROPIC_BASE_URL`` = the proxy root,
-``ANTHROPIC_API_KEY`` = the execution's key, and non-essential traffic, telemetry, auto-update
-and error reporting off (``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE_TELEMETRY``,
-``DISABLE_AUTOUPDATER``, ``DISABLE_ERROR_REPORTING``); ``IS_SANDBOX=1`` lets the permission
-bypass run as root. The final answer is the ``result`` of the JSON object it prints.
+:class:`ClaudeCodeHarness` runs ``claude -p "<instruction>"`` in print mode with JSON output,
+pointed at the proxy (``ANTHROPIC_BASE_URL``) with the execution's key, non-essential traffic
+and telemetry off; the final answer is the ``result`` of the JSON object it prints.
 
 Compaction: Claude Code compacts *reactively* when the proxy answers HTTP 400 "prompt is too
 long" (the proxy's ``max_context_tokens``), and proactively when its context passes
-``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` percent of the window it assumes for the model (1M tokens for
-an unknown model name; ``autocompact_pct``). Both were checked with 2.1.332 through Gyre's proxy.
+``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` percent of the window it assumes for the model (1M tokens
+for an unknown model name; ``autocompact_pct``).
 
-Roles (from the traces): compaction requests append "...create a detailed summary of the
+Roles (from request logs): compaction requests append "...create a detailed summary of the
 conversation so far..." to the last user message; sub-agent requests carry
 ``x-claude-code-agent-id``; requests without tools (title generation, interactive mode only)
 are auxiliary; everything else is main.
@@ -60,7 +54,15 @@ def last_json_object(text: str) -> dict[str, Any] | None:
 
 
 class ClaudeCodeHarness(PackagedHarness):
-    """Claude Code in headless mode (module docstring).
+    """Claude Code in headless mode::
+
+        claude -p "<instruction>" --dangerously-skip-permissions --output-format json [--model M] [--max-turns N]
+
+    with ``HOME`` = the execution's home, ``ANTHROPIC_BASE_URL`` = the proxy root,
+    ``ANTHROPIC_API_KEY`` = the execution's key, and non-essential traffic, telemetry,
+    auto-update and error reporting off (``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``,
+    ``DISABLE_TELEMETRY``, ``DISABLE_AUTOUPDATER``, ``DISABLE_ERROR_REPORTING``);
+    ``IS_SANDBOX=1`` lets the permission bypass run as root.
 
     Args:
         version: npm version to install (default: the traced one).

@@ -2,21 +2,12 @@
 
 :class:`PackagedHarness` is the base of the adapters of such harnesses (install, locate, "not
 installed" error); the ones here are Claude Code, Codex and mini-swe-agent.
+:func:`ensure_package` installs one :class:`HarnessPackage` -- npm packages with
+``npm install --prefix``, PyPI packages into a separate virtual environment -- under
+:func:`harness_cache_dir`.
 
-* npm packages (``@anthropic-ai/claude-code``, ``@openai/codex``):
-  ``npm install --prefix <cache>/<name>-<version> <package>@<version>``;
-* PyPI packages (``mini-swe-agent``): a separate virtual environment
-  ``<cache>/<name>-<version>/venv`` (made with this interpreter's ``venv``) so the harness's
-  dependencies never touch Gyre's.
-
-The cache is ``$GYRE_HARNESS_CACHE``, else ``<sys.prefix>/share/gyre/harnesses`` (inside the
-active venv), else ``~/.cache/gyre/harnesses``. An install is complete when its directory holds
-``.gyre-complete``; concurrent installers serialise on a lock file, and a half-finished
-directory is removed and redone.
-
-Before installing, the registry is asked for the exact version (``npm view`` /
-``pip download --no-deps``); when that fails the harness is :class:`~gyre.harness.HarnessUnavailable`
-("registry unreachable"), so tests can skip. A failure *after* the registry answered is a real
+When the registry does not answer, the harness is :class:`~gyre.harness.HarnessUnavailable`
+("registry unreachable"), so tests can skip; a failure *after* the registry answered is a real
 error (:class:`HarnessInstallError`).
 """
 
@@ -66,7 +57,8 @@ class HarnessPackage:
 
 
 def harness_cache_dir() -> Path:
-    """The harness cache directory (module docstring)."""
+    """The harness cache directory: ``$GYRE_HARNESS_CACHE``, else
+    ``<sys.prefix>/share/gyre/harnesses`` (inside the active venv), else ``~/.cache/gyre/harnesses``."""
     env = os.environ.get("GYRE_HARNESS_CACHE")
     if env:
         return Path(env)
@@ -119,6 +111,17 @@ def _probe(pkg: HarnessPackage, timeout_s: float) -> None:
 def ensure_package(pkg: HarnessPackage, cache: Path | None = None, *, timeout_s: float = 1200.0,
                    probe_timeout_s: float = 90.0) -> Path:
     """Install ``pkg`` into the cache unless it is there; return its executable's path.
+
+    * npm packages (``@anthropic-ai/claude-code``, ``@openai/codex``):
+      ``npm install --prefix <cache>/<name>-<version> <package>@<version>``;
+    * PyPI packages (``mini-swe-agent``): a separate virtual environment
+      ``<cache>/<name>-<version>/venv`` (made with this interpreter's ``venv``), so the harness's
+      dependencies never touch Gyre's.
+
+    Before installing, the registry is asked for the exact version (``npm view`` /
+    ``pip download --no-deps``). An install is complete when its directory holds
+    ``.gyre-complete``; concurrent installers serialise on a lock file, and a half-finished
+    directory is removed and redone.
 
     Raises:
         HarnessUnavailable: the registry is unreachable (or npm/Node.js is missing).

@@ -1,32 +1,15 @@
 """The harness child process: own process group, log file, time limit, optional isolation.
 
-:class:`HarnessProcess` starts ``argv`` as the leader of a new session/process group
-(``start_new_session=True``) with stdin closed and stdout+stderr appended to one log file
-(written by the child directly, so the log streams while it runs). At the time limit or when
-cancelled (:meth:`HarnessProcess.wait` with ``cancel``) it sends ``SIGTERM`` to the *whole group*, waits
-``kill_grace_s``, then ``SIGKILL``. Group members that outlive the leader (background
-processes the harness left) are killed with ``SIGKILL`` before the leader is reaped, so its
-process id cannot be reused meanwhile.
+:class:`HarnessProcess` starts the harness as the leader of a new process group with stdin
+closed and stdout+stderr appended to one log file; at the time limit or on cancel it sends
+``SIGTERM`` to the whole group, then ``SIGKILL`` after a grace period.
 
-**Isolation** (``isolate=True``; needs :func:`isolation_supported`): the child runs under
-``unshare --mount --pid --fork --kill-child --mount-proc`` -- a private mount namespace and a
-private pid namespace -- with a small ``sh`` as the namespace's init that:
-
-1. mounts an empty ``tmpfs`` over every ``mask`` path (the run directory: other executions'
-   workspaces, records, evaluations) and every hidden path (a directory gets an empty
-   ``tmpfs``, a file ``/dev/null``); the execution's own directory stays reachable through the
-   shell's working directory and is bound back onto its path afterwards;
-2. mounts a private ``tmpfs`` on ``/tmp`` (size-capped; what the harness leaves there is
-   discarded -- ``TMPDIR`` points at the execution's ``tmp/``, which is kept);
-3. runs the harness as its child, forwards ``SIGTERM``/``SIGINT``/``SIGHUP`` to it, waits for it
-   and exits with its status. When the init exits, the kernel kills everything left in the pid
-   namespace -- processes that left the process group (``setsid``) included -- and
-   ``--mount-proc`` means ``/proc`` shows only the namespace's own processes (another
-   execution's environment, and so its proxy key, cannot be read there).
-
-This hides paths; it is not a security sandbox (the network, the rest of the filesystem and
-the user id are shared). Without isolation only the process-group limits apply: a process
-that calls ``setsid()`` leaves the group and is not reached.
+With ``isolate=True`` (needs :func:`isolation_supported`) the child runs in a private mount and
+pid namespace (``unshare``) where the run directory and the task's hidden paths are masked,
+``/tmp`` is private, and everything left in the namespace dies with it. This hides paths; it is
+not a security sandbox (the network, the rest of the filesystem and the user id are shared).
+Without isolation only the process-group limits apply: a process that calls ``setsid()``
+leaves the group and is not reached.
 """
 
 from __future__ import annotations
@@ -139,7 +122,29 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 class HarnessProcess:
-    """One harness child process (module docstring).
+    """One harness child process.
+
+    ``argv`` runs as the leader of a new session/process group (``start_new_session=True``)
+    with stdin closed and stdout+stderr appended to one log file (written by the child
+    directly, so the log streams while it runs). At the time limit or when cancelled
+    (:meth:`wait` with ``cancel``) it sends ``SIGTERM`` to the *whole group*, waits
+    ``kill_grace_s``, then ``SIGKILL``. Group members that outlive the leader are killed with
+    ``SIGKILL`` before the leader is reaped, so its process id cannot be reused meanwhile.
+
+    Isolation runs the child under ``unshare --mount --pid --fork --kill-child --mount-proc``
+    with a small ``sh`` as the namespace's init that:
+
+    1. mounts an empty ``tmpfs`` over every ``masks`` path (the run directory: other
+       executions' workspaces, records, evaluations) and every hidden path (a directory gets an
+       empty ``tmpfs``, a file ``/dev/null``); the execution's own directory stays reachable
+       through the shell's working directory and is bound back onto its path afterwards;
+    2. mounts a private, size-capped ``tmpfs`` on ``/tmp`` (discarded; ``TMPDIR`` points at
+       the execution's ``tmp/``, which is kept);
+    3. runs the harness as its child, forwards ``SIGTERM``/``SIGINT``/``SIGHUP`` to it, waits
+       for it and exits with its status. When the init exits, the kernel kills everything left
+       in the pid namespace (``setsid`` escapees included), and ``--mount-proc`` means ``/proc``
+       shows only the namespace's own processes (another execution's environment, and so its
+       proxy key, cannot be read there).
 
     Args:
         argv: the command; ``cwd``: its working directory; ``env``: its complete environment.

@@ -1,17 +1,9 @@
 """How each harness's model calls are told apart: role rules the proxy can apply.
 
-Roles: ``main``, ``subagent``, ``compaction``, ``auxiliary`` (``evaluator`` calls
-come from Gyre's judge, never from a harness). Every harness adapter declares a
-:class:`RoleRules` (:attr:`gyre.harness.Harness.roles`): an ordered list of
-:class:`RoleRule`; the first rule that matches a request gives its role, ``default`` otherwise.
-A rule matches when *all* of its conditions hold:
-
-* ``header`` present (case-insensitive name) and, with ``header_pattern``, its value matches
-  the regular expression (``re.search``);
-* ``prompt_pattern`` found (``re.search``) in the request text selected by ``prompt_scope``:
-  ``"last_user"`` (the text of the last user message / input item -- where Claude Code and
-  Codex put their compaction prompts), ``"system"`` (system/developer prompts) or ``"any"``;
-* ``no_tools`` -- the request offers no tools (``True``) or offers some (``False``).
+Roles: ``main``, ``subagent``, ``compaction``, ``auxiliary`` (``evaluator`` calls come from
+Gyre's judge, never from a harness). Every harness adapter declares a :class:`RoleRules`
+(:attr:`gyre.harness.Harness.roles`): an ordered list of :class:`RoleRule`; the first rule that
+matches a request gives its role, ``default`` otherwise.
 
 The rules follow what Claude Code 2.1.332, Codex 0.171.0 and mini-swe-agent 2.4.6 send, as
 recorded in request logs of each. :func:`classify_role` is the pure reference implementation; it
@@ -33,8 +25,17 @@ HARNESS_ROLES = ("main", "subagent", "compaction", "auxiliary")
 
 @dataclass(slots=True, frozen=True)
 class RoleRule:
-    """One condition set (module docstring). Raises ``ValueError`` for an unknown role,
-    a bad scope, or a rule with no condition."""
+    """One condition set; it matches when *all* of its conditions hold:
+
+    * ``header`` present (case-insensitive name) and, with ``header_pattern``, its value matches
+      the regular expression (``re.search``);
+    * ``prompt_pattern`` found (``re.search``) in the request text selected by ``prompt_scope``:
+      ``"last_user"`` (the text of the last user message / input item -- where Claude Code and
+      Codex put their compaction prompts), ``"system"`` (system/developer prompts) or ``"any"``;
+    * ``no_tools`` -- the request offers no tools (``True``) or offers some (``False``).
+
+    Raises ``ValueError`` for an unknown role, a bad scope, or a rule with no condition.
+    """
 
     role: str
     header: str | None = None

@@ -2,19 +2,15 @@
 token-level engines, recording every call token-in/token-out into trajectory trees
 (docs/proxy.md).
 
-Layout (pure cores first, HTTP and threads at the edges):
-
-* :mod:`~gyre.proxy.messages` -- the internal message form; :mod:`~gyre.proxy.api` -- the
-  three APIs (request normalisation, response shapes), one module each;
-  :mod:`~gyre.proxy.render` -- chat-template rendering at message boundaries;
-  :mod:`~gyre.proxy.parse` -- output tokens into reasoning/text/tool calls;
-  :mod:`~gyre.proxy.tito` and :mod:`~gyre.proxy.tito_input` -- restoration and token assembly
-  on the trajectory tree; :mod:`~gyre.proxy.roles` -- role classification;
-  :mod:`~gyre.proxy.replay` -- trace replay.
-* :mod:`~gyre.proxy.engines` -- engine protocol and adapters; :mod:`~gyre.proxy.router` -- routes
-  and transparent retry; :mod:`~gyre.proxy.recorder` -- group-committed record writes;
-  :mod:`~gyre.proxy.server` -- the FastAPI server; :mod:`~gyre.proxy.admin` -- executions and
-  admin routes; :mod:`~gyre.proxy.serve` -- ``tools/serve_rollout.py``.
+Layout (pure cores first, HTTP and threads at the edges): :mod:`~gyre.proxy.messages` (the
+internal message form), :mod:`~gyre.proxy.api` (the three APIs), :mod:`~gyre.proxy.render`
+(chat-template rendering), :mod:`~gyre.proxy.parse` (output tokens into reasoning/text/tool
+calls), :mod:`~gyre.proxy.tito` and :mod:`~gyre.proxy.tito_input` (restoration and token
+assembly), :mod:`~gyre.proxy.roles` (role classification), :mod:`~gyre.proxy.replay` (trace
+replay); then :mod:`~gyre.proxy.engines` (engine adapters), :mod:`~gyre.proxy.router` (routes,
+transparent retry), :mod:`~gyre.proxy.recorder` (group-committed record writes),
+:mod:`~gyre.proxy.server` (the FastAPI server), :mod:`~gyre.proxy.admin` (executions, admin
+routes) and :mod:`~gyre.proxy.serve` (``tools/serve_rollout.py``).
 
 The names below are imported lazily (the server pulls in FastAPI).
 """

@@ -1,21 +1,11 @@
 """Executions and the admin side of the proxy: everything that is not a model API.
 
 An execution is one run of a harness on one task. The main job (or ``tools/serve_rollout.py``)
-registers it, hands its API key to the harness, and closes it when the harness is done:
-
-* :meth:`ExecutionAdmin.register_execution` / ``POST /gyre/executions`` ``{"task_id",
-  "harness", "execution_id"?, "engine_id"?, "api_key"?}`` -> ``{"execution_id", "api_key",
-  "engine_id"}``: a TITO session, a key and a route to an engine (least loaded by default);
-* :meth:`ExecutionAdmin.close_execution` / ``POST /gyre/executions/{id}/close``: the key stops
-  working (401), calls in flight still finish and are recorded, then the route and the record
-  file are closed;
-* routes: :meth:`~ExecutionAdmin.set_route` / ``POST /gyre/routes``,
-  :meth:`~ExecutionAdmin.reroute_engine`, :meth:`~ExecutionAdmin.abort_engine`;
-* inspection: :meth:`~ExecutionAdmin.counters`, :meth:`~ExecutionAdmin.tree`,
-  ``GET /gyre/executions[/{id}]``, ``GET /gyre/stats`` (per-call CPU stage times), ``GET /health``.
-
-``ProxyConfig.admin_token``, when set, is required as ``Authorization: Bearer`` on ``/gyre/*``.
-The Python methods are safe to call from any thread: they run on the server's event loop.
+registers it, hands its API key to the harness, and closes it when the harness is done.
+:class:`ExecutionAdmin` holds the registry and serves both the Python methods and the
+``/gyre/*`` HTTP routes (registration, close, routes, inspection); ``ProxyConfig.admin_token``,
+when set, is required as ``Authorization: Bearer`` on ``/gyre/*``. The Python methods are safe
+to call from any thread: they run on the server's event loop.
 """
 
 from __future__ import annotations
@@ -78,7 +68,18 @@ class Execution:
 
 class ExecutionAdmin:
     """The execution registry and admin API of :class:`~gyre.proxy.server.ProxyServer` (a base
-    class of it; see the module docstring). The server provides the attributes below."""
+    class of it). The server provides the attributes below.
+
+    * :meth:`register_execution` / ``POST /gyre/executions`` ``{"task_id", "harness",
+      "execution_id"?, "engine_id"?, "api_key"?}`` -> ``{"execution_id", "api_key",
+      "engine_id"}``: a TITO session, a key and a route to an engine (least loaded by default);
+    * :meth:`close_execution` / ``POST /gyre/executions/{id}/close``: the key stops working
+      (401), calls in flight still finish and are recorded, then the route and the record file
+      are closed;
+    * routes: :meth:`set_route` / ``POST /gyre/routes``, :meth:`reroute_engine`,
+      :meth:`abort_engine`;
+    * inspection: :meth:`counters`, :meth:`tree`, ``GET /gyre/executions[/{id}]``,
+      ``GET /gyre/stats`` (per-call CPU stage times), ``GET /health``."""
 
     executions: dict[str, Execution]
     router: Router

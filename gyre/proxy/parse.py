@@ -1,29 +1,13 @@
-"""Output parsing: engine token ids -> reasoning, text and tool calls, incrementally.
+r"""Output parsing: engine token ids -> reasoning, text and tool calls, incrementally.
 
-The model format is Qwen/Hermes (``<think>\\n...
-\\n</think>\\n\\n`` then text, then ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
-</tool_call>`` blocks separated by ``\\n``), i.e. the inverse of ``gyre/chat_template.jinja``'s
-assistant turn, so that ``parse(render(message)) == message`` for every message the template can
-render (tested in ``tests/proxy/test_render_parse.py``).
+The model format is Qwen/Hermes (``<think>\n...\n</think>\n\n`` then text, then
+``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks separated by ``\n``),
+the inverse of ``gyre/chat_template.jinja``'s assistant turn, so that
+``parse(render(message)) == message`` for every message the template can render.
 
-Rules:
-
-* A leading ``<think>`` opens reasoning (or the generation prompt already opened it:
-  ``starts_in_reasoning``); it closes at ``</think>``. The template's ``\\n`` after ``<think>``
-  and before ``</think>`` and the ``\\n\\n`` after it are not part of the reasoning/text. An
-  unclosed think block (length cut) is all reasoning.
-* ``<tool_call>...</tool_call>`` blocks become tool calls when their body is a JSON object
-  with a string ``name`` (and, for function tools, an object ``arguments``; for custom tools a
-  string). The ``arguments`` text is kept *byte for byte* as the model wrote it (the raw JSON
-  value after ``"arguments":``), so that the harness receives -- and later echoes -- the
-  model's own bytes. A block that does not parse (or is cut off) is returned as text, with
-  its separator: never an error.
-* The ``\\n`` the template puts between text and the first tool call, and between calls, is
-  not text. EOS/stop token ids are not text.
-
-Streaming: :meth:`OutputParser.feed` returns :class:`OutputEvent` deltas as soon as they are
-certain (text that could still be the start of a tag is held back); the concatenation of all
-deltas equals the final :meth:`OutputParser.result`.
+:class:`OutputParser` parses one generation as its tokens arrive; :func:`parse_output` parses a
+whole output at once. Tool-call ``arguments`` are kept byte for byte as the model wrote them; a
+block that does not parse is returned as text, never an error.
 """
 
 from __future__ import annotations
@@ -101,7 +85,25 @@ def _held_suffix(buf: str, tag: str) -> int:
 
 
 class OutputParser:
-    """Incremental parser of one generation's output token ids (see the module docstring).
+    """Incremental parser of one generation's output token ids.
+
+    Rules:
+
+    * A leading ``<think>`` opens reasoning (or the generation prompt already opened it:
+      ``starts_in_reasoning``); it closes at ``</think>``. The template's ``\\n`` after
+      ``<think>`` and before ``</think>`` and the ``\\n\\n`` after it are not part of the
+      reasoning/text. An unclosed think block (length cut) is all reasoning.
+    * ``<tool_call>...</tool_call>`` blocks become tool calls when their body is a JSON object
+      with a string ``name`` (and, for function tools, an object ``arguments``; for custom
+      tools a string). The ``arguments`` text is kept *byte for byte* (the raw JSON value after
+      ``"arguments":``), so the harness receives -- and later echoes -- the model's own bytes.
+      A block that does not parse (or is cut off) is returned as text, with its separator.
+    * The ``\\n`` the template puts between text and the first tool call, and between calls, is
+      not text. EOS/stop token ids are not text.
+
+    :meth:`feed` returns :class:`OutputEvent` deltas as soon as they are certain (text that
+    could still be the start of a tag is held back); the concatenation of all deltas equals
+    the final :meth:`result`.
 
     Args:
         decode: ``ids -> str`` (the tokenizer's decode, special tokens kept).

@@ -1,21 +1,19 @@
 """Chat-template rendering of *new* messages at message boundaries (the "delta" of a request).
 
-The template is the model's own (``tokenizer.chat_template``, rendered with
-``tokenizer.apply_chat_template(..., tokenize=False)``, as SGLang's and vLLM's OpenAI servers
-do; control tokens inside message text are not escaped, matching them). The renderer never
-re-renders history: the text contributed by messages ``new`` that follow a message ``p`` is
-``render([p] + new)[len(render([p])):]`` (a *window* of one message of context), and the first
-message of a conversation is rendered with the tools (which the template puts into the system
-block). This is exact for templates whose rendering of a message depends only on itself and
-its neighbours (ChatML/Qwen, incl. consecutive tool results sharing one block); templates whose
-rendering of a message depends on the whole history (e.g. Qwen3's official template dropping
-``<think>`` before the last user query) only matter for *foreign* assistant messages, since the
-proxy's own outputs are never rendered (their sampled token ids are spliced in).
+The template is the model's own (``tokenizer.chat_template`` via ``apply_chat_template``, as
+SGLang's and vLLM's OpenAI servers do; control tokens inside message text are not escaped).
+The renderer never re-renders history: the text contributed by messages ``new`` that follow a
+message ``p`` is ``render([p] + new)[len(render([p])):]`` (a window of one message of context),
+and the first message of a conversation is rendered with the tools. This is exact for templates
+whose rendering of a message depends only on itself and its neighbours (ChatML/Qwen); templates
+that depend on the whole history (e.g. Qwen3's dropping ``<think>`` before the last user query)
+only matter for *foreign* assistant messages, since the proxy's own outputs are spliced in as
+sampled token ids, never rendered.
 
 A boundary between messages ``a`` and ``b`` is *cuttable* when ``render(.. a)`` is a prefix of
-``render(.. a, b)`` (not the case inside a group of consecutive tool results, whose shared
-block closes only after the last one). Segments are encoded separately, so a stored token
-sequence can be reused at every cuttable boundary.
+``render(.. a, b)`` (not inside a group of consecutive tool results, whose shared block closes
+only after the last one). Segments are encoded separately, so a stored token sequence can be
+reused at every cuttable boundary.
 """
 
 from __future__ import annotations

@@ -4,23 +4,11 @@ Each logged model request (a JSON line with ``method``, ``path``, ``headers``, `
 ``response.message``) goes through what the server does -- normalisation and response shaping
 (:mod:`~gyre.proxy.api`), role classification (:mod:`~gyre.proxy.roles`), restoration and TITO
 assembly (:class:`~gyre.proxy.tito.TitoSession`), output parsing (:mod:`~gyre.proxy.parse`) --
-with a *teacher-forced* engine that "samples" the logged reply rendered in the model's format
-(:meth:`~gyre.proxy.render.ChatRenderer.assistant_output_text`). Ids the proxy hands out are the
-logged ones, so the harness's next logged request refers to them. Attempts that got no complete
-reply (``injected`` failures, ``count_tokens``, probes) are skipped.
-
-Checks (independent of the proxy's own normaliser):
-
-* ``mismatches`` -- requests whose logged messages extend an earlier request's messages + its
-  reply (compared loosely at the API level: ``cache_control``/``status``/null fields dropped,
-  ``"str"`` = ``[{"type": "text", "text": "str"}]``, tool arguments compared as parsed JSON,
-  Claude Code's billing block ignored; same tools), but whose ``input_ids`` do not start with
-  that earlier record's ``input_ids ++ output_ids``;
-* ``duplicates`` -- delivered records sharing ``input_ids`` and ``output_ids``;
-* ``format_mismatches`` -- replies whose parse differs from the logged reply;
-* ``render_mismatches`` (``check_render``) -- requests whose assembled ``input_ids`` differ from
-  a full re-render of the restored messages;
-* per request: tokens, tokens reused verbatim, tree match length, expected parent.
+with a *teacher-forced* engine that "samples" the logged reply rendered in the model's format.
+Ids the proxy hands out are the logged ones (:class:`ReplayIds`), so the harness's next logged
+request refers to them. Attempts that got no complete reply (``injected`` failures,
+``count_tokens``, probes) are skipped. :func:`replay_records` / :func:`replay_trace` return a
+:class:`ReplayResult` with checks independent of the proxy's own normaliser.
 """
 
 from __future__ import annotations
@@ -146,7 +134,21 @@ def _loose_view(api: str, body: dict[str, Any], reply: dict[str, Any] | None) ->
 # ----------------------------------------------------------------------------- replay
 @dataclass
 class ReplayResult:
-    """Outcome of a replay (see the module docstring); ``tree`` is the execution's tree."""
+    """Outcome of a replay; ``tree`` is the execution's tree.
+
+    Checks:
+
+    * ``mismatches`` -- requests whose logged messages extend an earlier request's messages +
+      its reply (compared loosely at the API level: ``cache_control``/``status``/null fields
+      dropped, ``"str"`` = ``[{"type": "text", "text": "str"}]``, tool arguments compared as
+      parsed JSON, Claude Code's billing block ignored; same tools), but whose ``input_ids`` do
+      not start with that earlier record's ``input_ids ++ output_ids``;
+    * ``duplicates`` -- delivered records sharing ``input_ids`` and ``output_ids``;
+    * ``format_mismatches`` -- replies whose parse differs from the logged reply;
+    * ``render_mismatches`` (``check_render``) -- requests whose assembled ``input_ids`` differ
+      from a full re-render of the restored messages;
+    * per request: tokens, tokens reused verbatim, tree match length, expected parent.
+    """
 
     records: int = 0
     skipped: int = 0

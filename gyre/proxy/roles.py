@@ -1,24 +1,11 @@
 """Role classification of model calls from harness headers and prompts, and harness metadata.
 
-Harness-specific headers (session, sub-agent and window ids) are kept in record metadata and
-feed the classification: per-harness rules, then a generic fallback; first match wins:
-
-1. An explicit ``x-gyre-role`` header (``main``/``subagent``/``compaction``/``auxiliary``/
-   ``evaluator``), e.g. from Gyre's own agentic judge.
-2. **Claude Code** (``User-Agent: claude-cli/...`` or ``x-app: cli``): compaction when the last
-   user text carries the summarisation prompt ("Your task is to create a detailed summary of the
-   conversation so far", "CRITICAL: Respond with TEXT ONLY"); sub-agent when the
-   ``x-claude-code-agent-id`` header is present (or the billing block says
-   ``cc_is_subagent=true``); auxiliary when no tools are offered (title generation); else main.
-3. **Codex CLI** (``originator: codex_*`` or ``x-codex-turn-metadata``): compaction when the
-   turn metadata's ``request_kind`` is ``compaction`` (or the prompt is the "CONTEXT CHECKPOINT
-   COMPACTION" handoff); sub-agent when ``thread_source`` is ``subagent`` or ``x-openai-subagent``
-   is set; auxiliary when no tools are offered; else main.
-4. **Generic** (mini-swe-agent and any other harness): compaction when the last user message
-   carries a known compaction prompt; else main. (No-tools calls stay ``main``: text-based agents
-   such as mini-swe-agent's ``litellm_textbased`` offer no tools.)
-
-The *thread* (``metadata["thread"]``) names the conversation a call belongs to: Claude Code's
+:func:`detect_harness` tells Claude Code, Codex and other clients apart from their headers;
+:func:`classify_role` gives a call its role (``main``/``subagent``/``compaction``/
+``auxiliary``/``evaluator``): an explicit ``x-gyre-role`` header first, then per-harness
+rules, then a generic fallback; first match wins. :func:`harness_metadata` keeps the
+harness-specific headers (session, sub-agent and window ids) in record metadata, with the
+*thread* (``metadata["thread"]``) naming the conversation a call belongs to: Claude Code's
 agent id, Codex's ``thread-id`` + window number, else ``"main"``.
 """
 
@@ -107,7 +94,23 @@ def _is_compaction(request: ChatRequest) -> bool:
 
 
 def classify_role(request: ChatRequest, headers: Mapping[str, str], harness: str | None = None) -> str:
-    """The role of a call (see the module docstring); ``harness`` overrides detection."""
+    """The role of a call; ``harness`` overrides detection. First match wins:
+
+    1. An explicit ``x-gyre-role`` header (``main``/``subagent``/``compaction``/``auxiliary``/
+       ``evaluator``), e.g. from Gyre's own agentic judge.
+    2. **Claude Code** (``User-Agent: claude-cli/...`` or ``x-app: cli``): compaction when the
+       last user text carries the summarisation prompt ("Your task is to create a detailed
+       summary of the conversation so far", "CRITICAL: Respond with TEXT ONLY"); sub-agent when
+       the ``x-claude-code-agent-id`` header is present (or the billing block says
+       ``cc_is_subagent=true``); auxiliary when no tools are offered; else main.
+    3. **Codex CLI** (``originator: codex_*`` or ``x-codex-turn-metadata``): compaction when the
+       turn metadata's ``request_kind`` is ``compaction`` (or the prompt is the "CONTEXT
+       CHECKPOINT COMPACTION" handoff); sub-agent when ``thread_source`` is ``subagent`` or
+       ``x-openai-subagent`` is set; auxiliary when no tools are offered; else main.
+    4. **Generic** (mini-swe-agent and any other harness): compaction when the last user
+       message carries a known compaction prompt; else main (no-tools calls stay ``main``:
+       text-based agents such as mini-swe-agent's ``litellm_textbased`` offer no tools).
+    """
     explicit = (_h(headers, "x-gyre-role") or "").strip().lower()
     if explicit in _ROLES:
         return explicit

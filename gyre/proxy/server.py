@@ -1,20 +1,10 @@
 """The proxy's HTTP server: the three model APIs with token-in/token-out recording.
 
-Endpoints (FastAPI/uvicorn, SSE through ``sse-starlette``): ``POST /v1/messages`` and ``POST
-/v1/messages/count_tokens`` (Anthropic), ``POST /v1/chat/completions``, ``POST /v1/responses``,
-``GET /v1/models[/{id}]`` (both SDKs' list shapes in one body); the admin routes
-(:mod:`gyre.proxy.admin`). Every ``/v1`` request carries its execution's API key
-(``x-api-key`` or ``Authorization: Bearer``); an unknown or closed key gets 401 and touches no
-tree. Errors use the API's own shape (:func:`gyre.proxy.errors.error_body`); a malformed body
-is a 4xx, never a 5xx.
-
-One model call: normalise (:mod:`gyre.proxy.api`) -> classify its role -> TITO prepare
-(restore, match, assemble ``input_ids``) -> :meth:`Router.generate` (engine, transparent retry)
--> parse output tokens as they arrive -> the API's response (SSE events as tokens arrive). The
-record is committed (store, then tree) *before* the closing events or the plain body go out,
-so the harness's next request always finds it. It is ``delivered`` when the client is still
-connected at that point; a client that left earlier leaves a ``delivered=false`` record (the
-generation runs in its own task), and a harness retry is then a new call.
+:class:`ProxyServer` (FastAPI/uvicorn, SSE through ``sse-starlette``) serves Anthropic
+``/v1/messages`` (+ ``count_tokens``), ``/v1/chat/completions``, ``/v1/responses`` and
+``/v1/models``, plus the admin routes (:mod:`gyre.proxy.admin`). Every ``/v1`` request carries
+its execution's API key; an unknown or closed key gets 401 and touches no tree. Errors use the
+API's own shape (:func:`gyre.proxy.errors.error_body`); a malformed body is a 4xx, never a 5xx.
 
 The app runs on one event loop (:meth:`ProxyServer.start` serves from a background thread);
 TITO prepare and commit are synchronous on it, so per-execution state needs no lock.
@@ -209,7 +199,20 @@ class _Call:
 
 
 class ProxyServer(ExecutionAdmin):
-    """The proxy (see the module docstring).
+    """The proxy.
+
+    Endpoints: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic),
+    ``POST /v1/chat/completions``, ``POST /v1/responses``, ``GET /v1/models[/{id}]`` (both SDKs'
+    list shapes in one body). The key comes as ``x-api-key`` or ``Authorization: Bearer``.
+
+    One model call: normalise (:mod:`gyre.proxy.api`) -> classify its role -> TITO prepare
+    (restore, match, assemble ``input_ids``) -> :meth:`Router.generate` (engine, transparent
+    retry) -> parse output tokens as they arrive -> the API's response (SSE events as tokens
+    arrive). The record is committed (store, then tree) *before* the closing events or the plain
+    body go out, so the harness's next request always finds it. It is ``delivered`` when the
+    client is still connected at that point; a client that left earlier leaves a
+    ``delivered=false`` record (the generation runs in its own task), and a harness retry is
+    then a new call.
 
     Args:
         renderer: the model's :class:`~gyre.proxy.render.ChatRenderer`.
@@ -279,7 +282,7 @@ class ProxyServer(ExecutionAdmin):
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # accepted connections inherit TCP_NODELAY: without it a response written in two parts
-        # (headers, body) waits ~40 ms for the client's delayed ACK (Nagle)
+        # (headers, body) waits for the client's delayed ACK (Nagle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(2048)

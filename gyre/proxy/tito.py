@@ -1,22 +1,13 @@
 """Token-in/token-out (TITO) assembly on an execution's trajectory tree, with restoration of
-the proxy's own outputs. One :class:`TitoSession` per execution; for each request it
+the proxy's own outputs.
 
-1. **restores** (:meth:`TitoSession.restore`): a tool call whose id the proxy returned gets
-   its original argument text back when the incoming text is the same JSON value (compared
-   canonically: key order and whitespace ignored, ``1``/``1.0``/``true`` kept apart); an
-   assistant message recognised as an earlier output (by call ids, item ids or content, also
-   without its reasoning when ``restore_reasoning``) is *identified* with it;
-2. **matches** the messages against the execution's message trie
-   (:mod:`gyre.proxy.tito_input`) down to the deepest cuttable boundary;
-3. **assembles** ``input_ids``: the stored tokens up to that boundary, verbatim, then the new
-   messages rendered at message boundaries (:mod:`gyre.proxy.render`), each identified output
-   spliced in as its original generation prompt + sampled ids + close, then the generation
-   prompt.
-
-:meth:`TitoSession.commit` builds the :class:`~gyre.trajectory.records.RequestRecord`, hands it
-to durable storage first, then inserts it into the tree and the trie and, if delivered, keeps
-the output for restoration. Not thread-safe: the caller serialises prepare and commit per
-execution.
+One :class:`TitoSession` per execution. For each request it restores the harness's echoes of
+earlier outputs, matches the messages against the execution's message trie
+(:mod:`gyre.proxy.tito_input`) down to the deepest cuttable boundary, and assembles
+``input_ids`` from the stored tokens plus the new messages rendered at message boundaries
+(:mod:`gyre.proxy.render`). :meth:`TitoSession.commit` stores the resulting
+:class:`~gyre.trajectory.records.RequestRecord` durably first, then inserts it into the tree.
+Not thread-safe: the caller serialises prepare and commit per execution.
 """
 
 from __future__ import annotations
@@ -58,7 +49,22 @@ class TitoStats:
 
 
 class TitoSession:
-    """TITO state of one execution (see the module docstring).
+    """TITO state of one execution. For each request it
+
+    1. **restores** (:meth:`restore`): a tool call whose id the proxy returned gets its original
+       argument text back when the incoming text is the same JSON value (compared canonically:
+       key order and whitespace ignored, ``1``/``1.0``/``true`` kept apart); an assistant
+       message recognised as an earlier output (by call ids, item ids or content, also without
+       its reasoning when ``restore_reasoning``) is *identified* with it;
+    2. **matches** the messages against the execution's message trie down to the deepest
+       cuttable boundary;
+    3. **assembles** ``input_ids``: the stored tokens up to that boundary, verbatim, then the
+       new messages rendered at message boundaries, each identified output spliced in as its
+       original generation prompt + sampled ids + close, then the generation prompt.
+
+    :meth:`commit` builds the :class:`~gyre.trajectory.records.RequestRecord`, hands it to
+    durable storage first, then inserts it into the tree and the trie and, if delivered, keeps
+    the output for restoration.
 
     Args:
         execution_id: the execution (a valid :data:`~gyre.trajectory.records.EXECUTION_ID_RE`).
@@ -113,7 +119,7 @@ class TitoSession:
         return c  # type: ignore[return-value]
 
     def restore(self, messages: list[Message]) -> tuple[list[Message], list[int | None], int]:
-        """Restore the proxy's earlier outputs in ``messages`` (see the module docstring).
+        """Restore the proxy's earlier outputs in ``messages`` (see the class docstring).
 
         Returns ``(messages, identified, restored_calls)``: the restored list (same length),
         per message the call index of the identified output or ``None``, and how many tool

@@ -1,25 +1,15 @@
 """Group-relative advantages (paper §5.3).
 
-For a rollout group with valid rewards ``R_1..R_n`` (float, any scale):
+For a rollout group with valid rewards ``R_1..R_n``: ``A_i = R_i - b_i`` (mean-centred) or
+``A_i = (R_i - b_i) / (std(R) + eps)`` (std-scaled, default), where ``b_i`` is the group mean
+or, with ``leave_one_out=True``, the mean of the *other* rewards (RLOO); ``std`` is the
+population standard deviation of the whole group in both cases (:func:`group_advantages`).
 
-* mean-centred (``std_scaling=False``):       ``A_i = R_i - b_i``
-* std-scaled   (``std_scaling=True``, default): ``A_i = (R_i - b_i) / (std(R) + eps)``
-
-where the baseline ``b_i`` is the group mean ``mean(R)`` or, with ``leave_one_out=True``,
-the mean of the *other* rewards ``(sum(R) - R_i) / (n - 1)`` (RLOO; then
-``R_i - b_i = n / (n - 1) * (R_i - mean(R))``). ``std`` is the population standard
-deviation of the whole group (``ddof = 0``) in both cases -- a per-``i`` leave-one-out std
-would blow up when the other rewards happen to be equal.
-
-All-equal groups: when ``std(R) <= zero_std_tol * max(1, max|R|)`` the group carries no
-learning signal; every advantage is exactly ``0.0`` (not ``noise / eps``, which for float32
-noise such as ``0.35`` computed two ways would be ``~0.03``), and the group is reported
-(:attr:`GroupAdvantages.zero_std`); the trajectory buffer drops it when
-``filter_zero_std_groups`` is set (``--filter-zero-std-groups``).
-
-Excluded executions (unresolved reward after the retry budget) have reward
-``None``: they get no advantage and never enter the mean or the std. NaN is refused, never
-read as a zero. Arithmetic is float64 whatever the input dtype.
+A group whose rewards are all equal (within ``zero_std_tol``) carries no learning signal: every
+advantage is exactly ``0.0`` and the group is reported (:attr:`GroupAdvantages.zero_std`); the
+trajectory buffer drops it with ``--filter-zero-std-groups``. Excluded executions (reward
+``None``) get no advantage and never enter the mean or the std (:func:`compute_advantages`).
+NaN is refused, never read as a zero. Arithmetic is float64 whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -107,6 +97,12 @@ class GroupAdvantages:
 def group_advantages(rewards: Sequence[float] | np.ndarray, config: AdvantageConfig | None = None
                      ) -> tuple[np.ndarray, float, float, bool]:
     """Advantages of one group of valid rewards.
+
+    With leave-one-out, ``b_i = (sum(R) - R_i) / (n - 1)``, so
+    ``R_i - b_i = n / (n - 1) * (R_i - mean(R))``; the std stays the whole group's (``ddof = 0``):
+    a per-``i`` leave-one-out std would blow up when the other rewards happen to be equal. When
+    ``std(R) <= zero_std_tol * max(1, max|R|)`` every advantage is exactly ``0.0`` (not
+    ``noise / eps``).
 
     Args:
         rewards: ``float[n]`` valid rewards (``n >= 1``; ``n >= 2`` with leave-one-out).

@@ -1,37 +1,17 @@
-"""The execution-level GSPO-style objective (paper §6.1 and App. B; GSPO:
-Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071).
+"""The execution-level GSPO-style objective (paper §6.1 and App. B; GSPO: Zheng et al. 2025,
+arXiv:2507.18071). For execution ``i`` with admitted targets ``T_i`` (``L_i = |T_i|``),
+behaviour log-probs ``b_t`` and current log-probs ``l_t``:
 
-For execution ``i`` with admitted target set ``T_i`` (``L_i = |T_i|``), behaviour log-probs
-``b_t`` and current log-probs ``l_t = log pi_theta(y_t | original context)``:
+* ``rho_t = min(exp(sg(l_t) - b_t), C)``;  ``s_i = exp((1/L_i) * sum_{t in T_i} (l_t - b_t))``;
+* ``m_i = 0`` when ``A_i > 0 and s_i > 1 + eps_high`` or ``A_i < 0 and s_i < 1 - eps_low``, else 1;
+* ``loss = -(1/|E|) * sum_{i in E} (m_i / L_i) * sum_{t in T_i} rho_t * A_i * l_t``, ``E`` the
+  executions of the batch with at least one target.
 
-* token importance weight ``rho_t = min(exp(sg(l_t) - b_t), C)`` (``C``: ``--token-is-cap``);
-* execution ratio ``s_i = exp((1/L_i) * sum_{t in T_i} (l_t - b_t))`` -- the *mean* log-ratio
-  over the execution's whole admitted target set (all its rows), not per row, and not a sum;
-* execution-level clipping: ``m_i = 0`` when ``A_i > 0 and s_i > 1 + eps_high`` or
-  ``A_i < 0 and s_i < 1 - eps_low`` (``--seq-clip-high``/``--seq-clip-low``), else 1;
-* ``loss = -(1/|E|) * sum_{i in E} (m_i / L_i) * sum_{t in T_i} rho_t * A_i * l_t`` where ``E``
-  is the set of executions of the batch with at least one target.
-
-``s_i`` only decides the mask (it carries no gradient); ``rho_t`` is a stop-gradient weight, so
-``d loss / d l_t = -(1/|E|) * m_i * rho_t * A_i / L_i``. Each execution weighs the same whatever
-its length ("per-execution mean"), unlike a global token mean (``1 / sum_i L_i``).
-
-Separability: :func:`execution_objective` works on **one micro-step**
-and returns the un-normalised ``loss_sum`` (the sum over its executions, without ``1/|E|``) and
-its share of the normaliser (``normaliser``: executions counted here). Whoever aggregates the
-gradients of all micro-steps (the core, or Megatron's ``finalize_model_grads`` with
-``calculate_per_token_loss``) divides once by the total. An execution split over several
-micro-steps gets its ``s_i`` from a forward-only pass (``log_ratio_sum``) and is counted in
-``|E|`` by exactly one micro-step (``counted``).
-
-Comparison switch (``--loss-type``):
-
-* ``gspo`` (default): the objective above.
-* ``ppo``: token-level PPO-clip, ``r_t = exp(l_t - b_t)`` (with gradient),
-  ``-min(r_t A_i, clip(r_t, 1 - e_lo, 1 + e_hi) A_i)`` (``--token-clip-low/high``), averaged
-  over all targets of the batch (global token mean; normaliser = targets).
-* ``grpo``: the same token-level clip, averaged per execution (``1/L_i``) then over executions
-  (``1/|E|``), as GRPO's per-sample mean (Shao et al. 2024, DeepSeekMath, eq. 3).
+``s_i`` is the mean log-ratio over the execution's whole target set and only decides the mask;
+``rho_t`` is a stop-gradient weight; each execution weighs the same whatever its length.
+:func:`execution_objective` computes one micro-step's un-normalised share; whoever aggregates
+all micro-steps divides once by ``|E|``. ``--loss-type ppo``/``grpo`` switch to token-level
+PPO-clip baselines (see :func:`execution_objective`).
 """
 
 from __future__ import annotations
@@ -245,7 +225,25 @@ def execution_objective(
     entropy: torch.Tensor | None = None,
     reference_logprobs: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
-    """The objective's term for one micro-step (see the module docstring for the formulas).
+    """The objective's term for one micro-step (formulas in the module docstring).
+
+    ``rho_t = min(exp(sg(l_t) - b_t), C)`` (``C``: ``--token-is-cap``), the mask uses
+    ``--seq-clip-high``/``--seq-clip-low``, and ``d loss / d l_t = -(1/|E|) * m_i * rho_t * A_i / L_i``
+    -- a per-execution mean, unlike a global token mean (``1 / sum_i L_i``).
+
+    Separability: returns the un-normalised ``loss_sum`` (the sum over this micro-step's
+    executions, without ``1/|E|``) and its share of the normaliser (``normaliser``: executions
+    counted here). Whoever aggregates the gradients of all micro-steps (the core, or
+    Megatron's ``finalize_model_grads`` with ``calculate_per_token_loss``) divides once by the
+    total. An execution split over several micro-steps gets its ``s_i`` from a forward-only pass
+    (``log_ratio_sum``) and is counted in ``|E|`` by exactly one micro-step (``counted``).
+
+    Comparison switch (``--loss-type``): ``gspo`` (default) is the objective above; ``ppo`` is
+    token-level PPO-clip, ``r_t = exp(l_t - b_t)`` (with gradient),
+    ``-min(r_t A_i, clip(r_t, 1 - e_lo, 1 + e_hi) A_i)`` (``--token-clip-low/high``), averaged
+    over all targets of the batch (normaliser = targets); ``grpo`` is the same token-level clip
+    averaged per execution (``1/L_i``) then over executions (``1/|E|``), as GRPO's per-sample
+    mean (Shao et al. 2024, DeepSeekMath, eq. 3).
 
     Args:
         logprobs: ``float [N]`` current log-probs ``l_t`` of the micro-step's targets (with grad).

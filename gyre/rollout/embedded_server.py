@@ -1,21 +1,11 @@
 """SGLang's native HTTP API over the embedded engine: the FastAPI app and its uvicorn server.
 
-:func:`build_app` serves an :class:`~gyre.rollout.embedded_engine.EmbeddedEngine`;
-:class:`EngineServer` runs it with uvicorn on a socket, from a background thread
-(:meth:`~EngineServer.start`) or the calling thread (:meth:`~EngineServer.serve_forever`, used
-by :mod:`gyre.rollout.serve`).  Routes (bodies parsed and built by :mod:`gyre.rollout.sglang_api`):
-``POST /generate`` (one JSON answer, or SSE ``data: {...}`` chunks then ``data: [DONE]``),
-``/abort_request``, ``/pause_generation``, ``/continue_generation``,
-``/release_memory_occupation``, ``/resume_memory_occupation``, ``/flush_cache``,
-``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weight_version``;
-``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
-``/get_weight_version``.  Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown
-rid on abort answers 400 with ``"success": false``; the distributed weight-update routes answer
-400 (not supported).  Tensor updates take base64 ``torch.save`` payloads
-(:func:`gyre.rollout.weights.serialize_named_tensors`); memory release requires no running
-request.  Streams are incremental by default (``incremental_streaming_output``), cumulative
-otherwise; text that could still become a stop string, or an incomplete UTF-8 character, is
-held back until it cannot.
+:func:`build_app` serves an :class:`~gyre.rollout.embedded_engine.EmbeddedEngine` through
+SGLang's native routes (generation, abort, pause/continue, memory release/resume, cache flush,
+weight updates and versions, health and info; bodies parsed and built by
+:mod:`gyre.rollout.sglang_api`). :class:`EngineServer` runs it with uvicorn on a socket, from a
+background thread (:meth:`~EngineServer.start`) or the calling thread
+(:meth:`~EngineServer.serve_forever`, used by :mod:`gyre.rollout.serve`).
 """
 
 from __future__ import annotations
@@ -111,7 +101,23 @@ class _Acc:
 
 
 def build_app(engine: EmbeddedEngine):
-    """FastAPI app exposing ``engine`` through SGLang's native endpoints."""
+    """FastAPI app exposing ``engine`` through SGLang's native endpoints.
+
+    Routes: ``POST /generate`` (one JSON answer, or SSE ``data: {...}`` chunks then
+    ``data: [DONE]``), ``/abort_request``, ``/pause_generation``, ``/continue_generation``,
+    ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/flush_cache``,
+    ``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weight_version``;
+    ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
+    ``/get_weight_version``.
+
+    Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown rid on abort answers
+    400 with ``"success": false``; the distributed weight-update routes answer 400 (not
+    supported). Tensor updates take base64 ``torch.save`` payloads
+    (:func:`gyre.rollout.weights.serialize_named_tensors`); memory release requires no running
+    request. Streams are incremental by default (``incremental_streaming_output``), cumulative
+    otherwise; text that could still become a stop string, or an incomplete UTF-8 character, is
+    held back until it cannot.
+    """
     app = FastAPI(title="Gyre embedded engine", openapi_url=None)
     app.state.engine = engine
     cfg = engine.config

@@ -1,35 +1,13 @@
 """Boundary dispatch, execution counters and staleness accounting (paper §4.1, App. A).
 
-Counters (cumulative, over executions):
-
-* ``d`` -- dispatched: ``N + oversample`` per dispatched group;
-* ``p`` -- launched: incremented when the scheduler issues :class:`~gyre.scheduler.events.Launch`
-  (the execution leaves the queue and holds a slot);
-* ``f`` -- finished: incremented exactly once per launched execution, whatever the reason
-  (completion, failure, timeout, cancellation, surplus).  A repeated
-  :class:`~gyre.scheduler.events.ExecutionFinished` is ignored, and model-request retries are
-  not events at all, so they change no counter.
-
-Hence ``0 <= f <= p <= d`` at every instant, ``d - p`` executions are queued, ``p - f`` are
-running and the *waterlevel* is ``d - f``.  An execution still queued when its group becomes
-ready (oversampling: the first ``N`` valid outcomes arrived) is closed *at the queue* as surplus:
-it passes through ``p`` and ``f`` at the same instant without a ``Launch``, so that ``d - f`` stays
-the unfinished work.
-
-Boundary dispatch: ``(phi + mu) * B`` groups are queued at startup and ``mu * B`` more after each
-burst's weight publication, each tagged with the published policy version ``v_d``.  Ready groups
-enter the stream of the step being filled, oldest version first (ties: readiness order); the
-stream closes when it holds ``B`` groups.  The consuming step ``t`` runs on policy version
-``v_t = t`` (one version per optimizer step), so the recorded staleness is ``d = t - v_d``.
-
-Why the mean is ``phi + (mu - 1)/2`` (paper App. A): in steady state the ``mu * B`` groups
-dispatched at version ``k * mu`` are consumed, after the ``phi * B`` older ones ahead of them, by
-steps ``k * mu + phi + i`` for ``i = 0..mu-1`` (``B`` groups each), i.e. staleness ``phi + i``; the
-mean over a burst is ``phi + (mu - 1)/2``.  Out-of-order readiness permutes which group gets
-which step but not the sum of ``v_t - v_d`` over a long run, so the identity holds on average.
-The first bursts are the exception: the startup dispatch is consumed with staleness equal to
-the step index, below the steady-state value, which lowers the mean over ``S`` steps by a
-warm-up term of order ``phi * (phi + mu) / S`` (``phi * mu / S`` when ``phi <= 1``).
+:class:`Counters` holds the cumulative execution counters ``d`` (dispatched), ``p`` (launched)
+and ``f`` (finished), with ``0 <= f <= p <= d`` at every instant; the *waterlevel* ``d - f`` is
+the unfinished work. :class:`BoundaryDispatch` queues ``(phi + mu) * B`` groups at startup and
+``mu * B`` more after each burst's weight publication, each tagged with the published policy
+version ``v_d``; ready groups fill the streams of the steps (:class:`StepStream`), and a step
+``t`` runs on policy version ``t``, so the recorded staleness is ``t - v_d``. In steady state
+the mean staleness is ``phi + (mu - 1)/2`` (paper App. A; derivation in
+:class:`BoundaryDispatch`).
 """
 
 from __future__ import annotations
@@ -79,7 +57,22 @@ class GroupRecord:
 @dataclass(slots=True)
 class Counters:
     """Cumulative execution counters ``d`` (dispatched), ``p`` (in progress), ``f`` (finished) plus group and
-    anomaly counts."""
+    anomaly counts.
+
+    * ``d`` -- ``N + oversample`` per dispatched group;
+    * ``p`` -- incremented when the scheduler issues :class:`~gyre.scheduler.events.Launch` (the
+      execution leaves the queue and holds a slot);
+    * ``f`` -- incremented exactly once per launched execution, whatever the reason (completion,
+      failure, timeout, cancellation, surplus). A repeated
+      :class:`~gyre.scheduler.events.ExecutionFinished` is ignored, and model-request retries
+      are not events at all, so they change no counter.
+
+    Hence ``0 <= f <= p <= d``, ``d - p`` executions are queued, ``p - f`` are running and the
+    waterlevel is ``d - f``. An execution still queued when its group becomes ready
+    (oversampling: the first ``N`` valid outcomes arrived) is closed *at the queue* as surplus:
+    it passes through ``p`` and ``f`` at the same instant without a ``Launch``, so that ``d - f``
+    stays the unfinished work.
+    """
 
     d: int = 0
     p: int = 0
@@ -121,6 +114,17 @@ class StepStream:
 
 class BoundaryDispatch:
     """Queue, counters, group readiness and step streams; no placement logic.
+
+    Ready groups enter the stream of the step being filled, oldest version first (ties:
+    readiness order); the stream closes when it holds ``B`` groups.
+
+    Why the mean staleness is ``phi + (mu - 1)/2``: in steady state the ``mu * B`` groups
+    dispatched at version ``k * mu`` are consumed, after the ``phi * B`` older ones ahead of
+    them, by steps ``k * mu + phi + i`` for ``i = 0..mu-1`` (``B`` groups each), i.e. staleness
+    ``phi + i``. Out-of-order readiness permutes which group gets which step but not the sum of
+    ``v_t - v_d`` over a long run, so the identity holds on average. The startup dispatch is
+    consumed with staleness equal to the step index, which lowers the mean over ``S`` steps by
+    a warm-up term of order ``phi * (phi + mu) / S`` (``phi * mu / S`` when ``phi <= 1``).
 
     Args:
         config: the scheduler shape (``N``, ``B``, ``phi``, ``mu``, ``oversample``).

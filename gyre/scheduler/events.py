@@ -1,30 +1,17 @@
 """Typed events the scheduler consumes and typed commands it returns.
 
-The scheduler is a pure state machine: the
-shell -- rank 0's scheduler thread in a real run, :mod:`gyre.sim` in the simulator -- feeds it
+The shell -- rank 0's scheduler thread in a real run, :mod:`gyre.sim` in the simulator -- feeds
 :data:`Event` objects through :meth:`gyre.scheduler.Scheduler.handle` and carries out the
-:data:`Command` objects it returns, *in the order returned*.  All records are frozen
-``dataclass(slots=True)`` values; times are seconds on the shell's clock (``now``), ids are ints
-the scheduler itself assigns (group ids and execution ids count up from 0).
+:data:`Command` objects it returns, *in the order returned*. Records are frozen dataclasses;
+times are seconds on the shell's clock (``now``); ids are ints the scheduler assigns.
 
-Lifecycle of one rollout group (paper §4.1)::
+Lifecycle of one rollout group (paper §4.1; each record's docstring says what it means)::
 
-    Dispatch(group, version, executions)       # boundary dispatch: queued with the published version
-    Launch(execution, group, dest)             # a slot on `dest` is free: start the harness there
-      -> ExecutionLaunched(execution)          # shell: the harness is running (acknowledgement)
-      -> ExecutionFinished(execution, status)  # shell: closed for any reason, exactly once counted
-    Reroute(executions, source, dest)          # a cell leaves rollout: move the executions' routes
-      -> GroupReady(group, num_micro_steps)    # buffer: the group is scored and packed
-    EnqueueGroup(group, step, staleness)       # the group joins step `step`'s stream
-      -> MicroStepDone(cell, step)             # a training cell finished one micro-step
-    CloseJoinWindow(step)                      # stream drained: no more joins, core updates
-    Publish(version)                           # burst end: core publishes weights to every engine
-      -> WeightsPublished(version)             # shell: publication finished; next dispatch follows
+    Dispatch -> Launch -> ExecutionLaunched -> ExecutionFinished   (Reroute moves running ones)
+    GroupReady -> EnqueueGroup -> MicroStepDone ... -> CloseJoinWindow
+    Publish -> WeightsPublished                                      (burst end; next dispatch)
 
-Cell roles (paper §4.2)::
-
-    ToTrain(cell)   -> CellRoleChanged(cell, Role.TRAINING)   # after the R->T switch (the paper reports 8.52 s)
-    ToRollout(cell) -> CellRoleChanged(cell, Role.ROLLOUT)    # after the T->R switch (the paper reports 3.46 s)
+Cell roles (paper §4.2): ``ToTrain`` / ``ToRollout`` -> ``CellRoleChanged``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """Placement policies over one machinery: ``elastic``, ``async``, ``colocate`` (paper §4.2, §6).
 
 A policy only *decides*; the :class:`~gyre.scheduler.scheduler.Scheduler` carries the decision
-out (reroutes, role commands, bookkeeping).  It is asked four questions:
+out (reroutes, role commands, bookkeeping). It answers the four questions of
+:class:`PlacementPolicy`: which cells start in training, which cell moves into training next,
+which cells return at a burst's end, and whether the core stays in training.
 
-* :meth:`PlacementPolicy.initial_training_cells` -- cells that start in training;
-* :meth:`PlacementPolicy.next_to_train` -- after every event: the next cell to move into
-  training now, or ``None`` (asked again after each move, so several cells may move at once);
-* :meth:`PlacementPolicy.release_at_burst_end` -- training cells other than the core that
-  return to rollout after a burst's final optimizer update;
-* :meth:`PlacementPolicy.retain_core` -- after the burst's weight publication and the next
-  dispatch: does the core stay in training for the next burst?
-
-Elastic, our reading of the paper's waterlevel policy:
-
-* cells enter training in ascending order (core first); the next cell ``j`` moves when
-  **capacity** -- the rollout capacity that stays (standalone + cells in rollout other than
-  ``j``) covers the waterlevel ``d - f`` (running + queued executions) -- and **supply** -- the
-  current step's stream is open (more of its groups will arrive) or it holds more unfinished
-  micro-steps than cells already training (one each), i.e. the joining cell has work;
-* satellites return at burst end; the core stays only if the supply check passes and the
-  capacity check passes without it (cells already switching back to rollout count as rollout
-  capacity here, since the core has no execution to reroute).
-
-Async: cells ``0..train_cells-1`` train for the whole run, the rest serve rollouts; no role
-command is ever issued.  Colocate (``phi = 0``): the whole pool switches to training together
-once the admitted executions have all finished (waterlevel 0), and returns after the burst.
+* :class:`ElasticPlacement` -- our reading of the paper's waterlevel policy: cells enter
+  training in ascending order when the remaining rollout capacity covers the waterlevel and
+  there is work for them; satellites return at burst end.
+* :class:`AsyncPlacement` -- a fixed split; no role command is ever issued.
+* :class:`ColocatePlacement` (``phi = 0``) -- the whole pool trains once the admitted
+  executions have all finished, and returns after the burst.
 """
 
 from __future__ import annotations
@@ -41,7 +27,16 @@ _TRAINING_SIDE = (CellState.TRAINING, CellState.TO_TRAINING)
 
 
 class PlacementPolicy(Protocol):
-    """What a placement decides; see the module docstring."""
+    """What a placement decides.
+
+    * :meth:`initial_training_cells` -- cells that start in training;
+    * :meth:`next_to_train` -- after every event: the next cell to move into training now, or
+      ``None`` (asked again after each move, so several cells may move at once);
+    * :meth:`release_at_burst_end` -- training cells other than the core that return to rollout
+      after a burst's final optimizer update;
+    * :meth:`retain_core` -- after the burst's weight publication and the next dispatch: does
+      the core stay in training for the next burst?
+    """
 
     name: str
 
@@ -67,7 +62,18 @@ def next_in_ascending_order(s: "Scheduler") -> int | None:
 
 
 class ElasticPlacement:
-    """Waterlevel policy: capacity and supply checks, ascending order, core retention (paper §4.2)."""
+    """Waterlevel policy: capacity and supply checks, ascending order, core retention (paper §4.2).
+
+    * cells enter training in ascending order (core first); the next cell ``j`` moves when
+      **capacity** -- the rollout capacity that stays (standalone + cells in rollout other than
+      ``j``) covers the waterlevel ``d - f`` (running + queued executions) -- and **supply** --
+      the current step's stream is open (more of its groups will arrive) or it holds more
+      unfinished micro-steps than cells already training (one each), i.e. the joining cell has
+      work;
+    * satellites return at burst end; the core stays only if the supply check passes and the
+      capacity check passes without it (cells already switching back to rollout count as
+      rollout capacity here, since the core has no execution to reroute).
+    """
 
     name = "elastic"
 

@@ -9,19 +9,8 @@ through the same API::
     commands = sched.handle(ExecutionFinished(execution_id=7, now=3600.0))
 
 It holds no thread, socket, clock or random generator: time arrives in events (``now``), ids
-are assigned by counting, and the same event sequence always yields the same commands.
-
-After every event the scheduler *settles*, in this order:
-
-1. ready groups enter the current step's stream (:class:`EnqueueGroup`);
-2. a drained stream closes its join window (:class:`CloseJoinWindow`); at a burst end the
-   placement's satellites return (:class:`ToRollout`) and the core publishes (:class:`Publish`);
-3. the placement may move cells into training, each preceded by the :class:`Reroute` commands
-   that move its executions (standalone first, then rollout cells in descending order);
-4. queued executions launch into free slots, in the same destination order (:class:`Launch`).
-
-:class:`WeightsPublished` triggers the next boundary dispatch (``mu * B`` groups) and the core
-retention decision.
+are assigned by counting, and the same event sequence always yields the same commands. The
+order in which it settles after each event is in :class:`Scheduler`.
 """
 
 from __future__ import annotations
@@ -44,6 +33,19 @@ _TARGET = {CellState.TO_TRAINING: Role.TRAINING, CellState.TO_ROLLOUT: Role.ROLL
 
 class Scheduler:
     """Boundary dispatch + placement policy + route table, driven by :meth:`handle`.
+
+    After every event the scheduler *settles*, in this order:
+
+    1. ready groups enter the current step's stream (:class:`EnqueueGroup`);
+    2. a drained stream closes its join window (:class:`CloseJoinWindow`); at a burst end the
+       placement's satellites return (:class:`ToRollout`) and the core publishes (:class:`Publish`);
+    3. the placement may move cells into training, each preceded by the :class:`Reroute`
+       commands that move its executions (standalone first, then rollout cells in descending
+       order);
+    4. queued executions launch into free slots, in the same destination order (:class:`Launch`).
+
+    :class:`WeightsPublished` triggers the next boundary dispatch (``mu * B`` groups) and the
+    core retention decision.
 
     Args:
         config: queue and pool shape (:class:`SchedulerConfig`).

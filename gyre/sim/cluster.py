@@ -1,36 +1,13 @@
 """Discrete-event simulation of ``K`` cells + a standalone pool driving the real scheduler.
 
-The simulator is the *imperative shell* of :class:`gyre.scheduler.Scheduler`: it
-feeds the very same object the very same events a real run does and carries out its commands on
-simulated hardware, on a `simpy <https://simpy.readthedocs.io>`_ clock.  Events are delivered one
-at a time from simpy callbacks (never re-entrantly), so the scheduler sees a strictly ordered
-stream; equal-time events keep their scheduling order, so a run is a function of its seed.
+The simulator is the *imperative shell* of :class:`gyre.scheduler.Scheduler`: it feeds the very
+same object the very same events a real run does and carries out its commands on simulated
+hardware, on a `simpy <https://simpy.readthedocs.io>`_ clock. Events are delivered one at a
+time from simpy callbacks (never re-entrantly), so the scheduler sees a strictly ordered stream;
+equal-time events keep their scheduling order, so a run is a function of its seed.
 
-What is simulated
------------------
-* **Executions** (:class:`~gyre.scheduler.events.Launch`): a duration and a timeout flag from the
-  workload, drawn per group at :class:`~gyre.scheduler.events.Dispatch`.  Durations are measured
-  at full occupancy; with ``inference_slowdown = a`` an execution progresses at rate
-  ``(1 + a) / (1 + a * u)`` where ``u`` is its engine's occupancy fraction when it was launched
-  or rerouted (a cheap stand-in for batch-size-dependent decode speed; 0 by default, so the
-  workload statistics hold as fitted).
-* **Reroutes** (:class:`~gyre.scheduler.events.Reroute`): an execution whose current model call
-  is in flight (its model calls are evenly spaced; a call occupies ``model_time_fraction`` of
-  each interval) has that call cancelled and retried at the destination, losing ``reroute_s``
-  (KV blocks read over RDMA on GPU clusters); between calls a reroute costs nothing.
-* **Groups**: ready ``eval_s`` after their ``N``-th execution closes (with oversampling the
-  others are closed as surplus), with ``micro_steps_per_group`` micro-steps each.
-* **Training**: one step is ``B * micro_steps_per_group`` micro-steps; a micro-step takes
-  ``train_step_cell_s / (B * micro_steps_per_group)`` seconds on one cell, times
-  ``1 + dp_overhead * (k - 1)`` with ``k`` cells participating, so a step on ``k`` cells takes
-  about ``train_step_cell_s / k``.  Cells claim micro-steps of the step whose weights they hold.
-  :class:`~gyre.scheduler.events.CloseJoinWindow` costs the core ``optimizer_s`` (aggregate,
-  clip, update); after a non-final step of a burst the satellites receive the parameters in
-  ``broadcast_s``; a satellite joining mid-burst pulls the core's snapshot in ``pull_s``;
-  :class:`~gyre.scheduler.events.Publish` costs the core ``publish_s`` more.
-* **Role switches**: rollout -> training ``switch_to_train_s`` (paper: 8.52 s), training ->
-  rollout ``switch_to_rollout_s`` (paper: 3.46 s).
-
+:class:`ClusterSim` runs one placement; :class:`SimConfig` holds the simulated costs
+(executions, reroutes, groups, training, role switches); :class:`SimResult` is the outcome.
 The run ends when the weights of the last step are published.
 """
 
@@ -53,7 +30,31 @@ from .workload import Workload
 
 @dataclass(slots=True, frozen=True)
 class SimConfig:
-    """Simulated hardware timings (seconds) and effects; see the module docstring."""
+    """Simulated hardware timings (seconds) and effects.
+
+    * **Executions** (:class:`~gyre.scheduler.events.Launch`): a duration and a timeout flag
+      from the workload, drawn per group at :class:`~gyre.scheduler.events.Dispatch`. Durations
+      are taken at full occupancy; with ``inference_slowdown = a`` an execution progresses at
+      rate ``(1 + a) / (1 + a * u)`` where ``u`` is its engine's occupancy fraction when it was
+      launched or rerouted (a cheap stand-in for batch-size-dependent decode speed; 0 by
+      default, so the workload statistics hold as fitted).
+    * **Reroutes** (:class:`~gyre.scheduler.events.Reroute`): an execution whose current model
+      call is in flight (its calls are evenly spaced; a call occupies ``model_time_fraction``
+      of each interval) has that call cancelled and retried at the destination, losing
+      ``reroute_s`` (the retried call starts over there; nothing is transferred); between calls
+      a reroute costs nothing.
+    * **Groups**: ready ``eval_s`` after their ``N``-th execution closes (with oversampling the
+      others are closed as surplus), with ``micro_steps_per_group`` micro-steps each.
+    * **Training**: one step is ``B * micro_steps_per_group`` micro-steps; a micro-step takes
+      ``train_step_cell_s / (B * micro_steps_per_group)`` seconds on one cell, times
+      ``1 + dp_overhead * (k - 1)`` with ``k`` cells participating. Cells claim micro-steps of
+      the step whose weights they hold. :class:`~gyre.scheduler.events.CloseJoinWindow` costs
+      the core ``optimizer_s``; after a non-final step of a burst the satellites receive the
+      parameters in ``broadcast_s``; a satellite joining mid-burst pulls the core's snapshot in
+      ``pull_s``; :class:`~gyre.scheduler.events.Publish` costs the core ``publish_s`` more.
+    * **Role switches**: rollout -> training ``switch_to_train_s``, training -> rollout
+      ``switch_to_rollout_s`` (defaults: the paper reports 8.52 s and 3.46 s).
+    """
 
     switch_to_train_s: float = 8.52
     switch_to_rollout_s: float = 3.46

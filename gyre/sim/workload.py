@@ -3,53 +3,15 @@
 A workload draws one rollout group at a time -- ``n`` executions of one query -- because the
 executions of a query are *not* independent: a hard repository is slow for every sample.
 
-``paper-nl2repo`` (:func:`paper_nl2repo`) -- fit to the paper's NL2RepoBench statistics
-------------------------------------------------------------------------------------------
-Targets (paper §2.2 / §6): mean execution 1.93 h; mean query time, the slowest of
-its ``N = 16`` executions, 2.96 h; 9.51 % of queries take >= 4 h; harness-timeout rate 6.25 %.
-
-Why not one distribution for every execution.  With i.i.d. executions and a timeout rate of
-6.25 %, ``1 - 0.9375**16 = 64 %`` of queries would contain a timed-out execution, so either
->= 64 % of queries would reach the timeout (if it were >= 4 h) or the timeout would sit below
-4 h, and then only a long post-timeout overhead could produce the 9.51 % of >= 4 h queries.  A
-lognormal body + timeout cap + exponential overhead, fit by Nelder-Mead, collapses to a
-degenerate answer (log-sd -> 0, a 1.4 h "cap" and a 0.5 h exponential tail), so we reject it.
-
-The reading that fits: **the 4 h threshold is the harness timeout** (``T = 4 h``), and timeouts
-cluster in hard queries.  Model (a two-class mixture of queries, lognormal within a query)::
-
-    query class   hard with probability pi, else easy
-    execution     H = exp(m_c + s * Z),  Z ~ N(0, 1) i.i.d. within the group, c in {easy, hard}
-    duration      X = min(H, T);  timed out  <=>  H >= T
-
-Statistics, conditional on the class ``c`` (``Phi`` the normal CDF, ``b = (ln T - m_c) / s``)::
-
-    E[X | c]                  = exp(m_c + s^2/2) * Phi(b - s) + T * (1 - Phi(b))
-    P(timeout | c)            = 1 - Phi(b)
-    P(max of 16 >= T | c)     = 1 - Phi(b)^16
-    E[max of 16 | c]          = integral_0^T 1 - Phi((ln x - m_c) / s)^16 dx
-
-mixed over the classes with weights ``(1 - pi, pi)``.  Four parameters ``(pi, m_easy, m_hard, s)``
-and four targets: :func:`fit_mixture` minimises the sum of squared relative errors with a
-Nelder-Mead search (numpy only; the integral on a 2001-point grid).  From three different
-starting points it converges to the same exact solution (residual < 1e-25):
-
-    pi = 0.069519,  m_easy = 0.534535 (median 1.707 h),  m_hard = 1.722703 (median 5.60 h),
-    s = 0.291532,   T = 4 h
-
-i.e. 7 % of the repositories are too hard to finish in the budget (88 % of their executions time
-out), the others take 1.7 h (median) with a 29 % log-spread between the samples of a query.
-The fitted statistics are checked in ``tests/sim/test_workload.py``, analytically and by sampling.
+* ``paper-nl2repo`` (:func:`paper_nl2repo`): a two-class mixture of queries (easy / hard),
+  lognormal executions within a query, capped at the 4 h harness timeout
+  (:class:`MixtureLognormalWorkload`), fit by :func:`fit_mixture` to the statistics the paper
+  reports for NL2RepoBench;
+* :class:`TraceWorkload`: resamples recorded executions from a JSONL or CSV trace;
+* :class:`LognormalWorkload`: i.i.d. lognormal executions capped at a timeout (tests).
 
 Model-call counts are not given by the paper: we draw ``Poisson(duration / call_interval_s)``
-calls (default one every 60 s, about 116 calls per mean execution); they matter only for how
-many in-flight model calls a reroute interrupts.
-
-Trace files (:class:`TraceWorkload`): JSONL, one execution per line,
-``{"query": "...", "duration_s": 5400.0, "timed_out": false, "model_calls": 80}`` (``query`` and
-``model_calls`` optional), or CSV with the same column names.  A group resamples one query's
-executions (with replacement when it has fewer than ``n``); without query ids, executions are
-drawn i.i.d.
+calls; they matter only for how many in-flight model calls a reroute interrupts.
 """
 
 from __future__ import annotations
@@ -94,7 +56,21 @@ def _model_calls(rng: np.random.Generator, durations_s: np.ndarray, call_interva
 
 @dataclass(slots=True, frozen=True)
 class MixtureLognormalWorkload:
-    """Query classes (easy / hard), lognormal executions within a query, timeout cap (see module doc).
+    """Query classes (easy / hard), lognormal executions within a query, timeout cap.
+
+    Model::
+
+        query class   hard with probability pi, else easy
+        execution     H = exp(m_c + s * Z),  Z ~ N(0, 1) i.i.d. within the group, c in {easy, hard}
+        duration      X = min(H, T);  timed out  <=>  H >= T
+
+    Statistics, conditional on the class ``c`` (``Phi`` the normal CDF, ``b = (ln T - m_c) / s``),
+    mixed over the classes with weights ``(1 - pi, pi)``::
+
+        E[X | c]                  = exp(m_c + s^2/2) * Phi(b - s) + T * (1 - Phi(b))
+        P(timeout | c)            = 1 - Phi(b)
+        P(max of 16 >= T | c)     = 1 - Phi(b)^16
+        E[max of 16 | c]          = integral_0^T 1 - Phi((ln x - m_c) / s)^16 dx
 
     Attributes:
         pi: probability a query is hard.
@@ -191,8 +167,18 @@ def fit_mixture(targets: tuple[float, float, float, float] = PAPER_NL2REPO_TARGE
                 x0: tuple[float, float, float, float] = (0.1, 0.4, 1.5, 0.4)) -> tuple[dict[str, float], float]:
     """Fit ``(pi, m_easy, m_hard, s)`` to ``(mean_h, mean_query_h, p_query_ge_T, timeout_rate)``.
 
-    Returns the parameters and the residual (sum of squared relative errors).  Takes a few
-    seconds; :func:`paper_nl2repo` uses the stored result.
+    Returns the parameters and the residual (sum of squared relative errors), minimised by a
+    Nelder-Mead search (numpy only; the integral on a 2001-point grid); :func:`paper_nl2repo`
+    uses the stored result (:data:`PAPER_NL2REPO_FIT`).
+
+    Why this model. The targets are the statistics the paper reports (§2.2 / §6): mean
+    execution, mean query time (the slowest of ``N = 16`` executions), share of queries taking
+    >= 4 h, harness-timeout rate. With i.i.d. executions and that timeout rate, most queries
+    would contain a timed-out execution, so either most queries would reach the timeout or only
+    a long post-timeout overhead could produce the >= 4 h queries; a lognormal body + timeout
+    cap + exponential overhead fit degenerates (log-sd -> 0). The reading that fits: the 4 h
+    threshold is the harness timeout, and timeouts cluster in hard queries. Four parameters,
+    four targets; the fitted statistics are checked in ``tests/sim/test_workload.py``.
     """
     tgt = np.asarray(targets, dtype=float)
 
@@ -214,14 +200,22 @@ PAPER_NL2REPO_FIT: dict[str, float] = {"pi": 0.0695188956, "m_easy": 0.534534978
 
 
 def paper_nl2repo(call_interval_s: float = 60.0) -> MixtureLognormalWorkload:
-    """The NL2RepoBench workload fitted to the paper's statistics (module doc)."""
+    """The NL2RepoBench workload fitted to the paper's statistics (:class:`MixtureLognormalWorkload`,
+    :func:`fit_mixture`); ``call_interval_s``: mean seconds between model calls."""
     return MixtureLognormalWorkload(name="paper-nl2repo", timeout_h=4.0, call_interval_s=call_interval_s,
                                     **PAPER_NL2REPO_FIT)
 
 
 @dataclass(slots=True, frozen=True)
 class TraceWorkload:
-    """Resamples recorded executions (see module doc for the file format)."""
+    """Resamples recorded executions.
+
+    Trace files: JSONL, one execution per line,
+    ``{"query": "...", "duration_s": 5400.0, "timed_out": false, "model_calls": 80}`` (``query``
+    and ``model_calls`` optional), or CSV with the same column names. A group resamples one
+    query's executions (with replacement when it has fewer than ``n``); without query ids,
+    executions are drawn i.i.d.
+    """
 
     name: str
     durations_s: np.ndarray

@@ -2,21 +2,18 @@
 
 A bad task never crashes a run: :func:`load_tasks` validates each entry
 (:func:`~gyre.tasks.spec.validate_task`), keeps the good ones, and returns every problem as a
-:class:`~gyre.tasks.spec.TaskProblem` (one line each: file and line, task id, field, what is
-wrong) with the number of entries skipped. Only a missing path is an error.
+:class:`~gyre.tasks.spec.TaskProblem` (file and line, task id, field, what is wrong) with the
+number of entries skipped. Only a missing path is an error.
 
 File shapes:
 
-* ``*.jsonl`` -- one task mapping per line (blank lines and lines starting with ``#`` are skipped);
-* ``*.yaml`` / ``*.yml`` -- a list of tasks, a single task mapping, or
+* ``*.jsonl`` -- one task mapping per line (blank lines and lines starting with ``#`` skipped);
+* ``*.yaml`` / ``*.yml`` / ``*.json`` -- a list of tasks, a single task mapping, or
   ``{defaults: {...}, tasks: [...]}`` where ``defaults`` supplies fields a task does not set
   (``metadata`` mappings are merged, other fields are replaced by the task's own);
-* ``*.json`` -- the same shapes as YAML;
-* a directory -- every file named ``tasks.<ext>`` or ``<name>.tasks.<ext>`` below it (``ext`` one
-  of the above), in sorted path order; dot-directories are skipped.
+* a directory -- the task files below it (:func:`find_task_files`).
 
-Task ids are unique across everything loaded by one call: a later duplicate is a problem
-and is skipped.
+Task ids are unique across everything loaded by one call: a later duplicate is skipped.
 """
 
 from __future__ import annotations
@@ -74,7 +71,9 @@ class TaskLoadResult:
 
 
 def find_task_files(root: str | os.PathLike[str]) -> list[Path]:
-    """Task files under a directory (module docstring), sorted."""
+    """Task files under a directory, sorted: every file named ``tasks.<ext>`` or
+    ``<name>.tasks.<ext>`` below it (``ext`` one of ``jsonl``/``yaml``/``yml``/``json``), in
+    sorted path order; dot-directories are skipped."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")

@@ -1,26 +1,9 @@
 """Task specs: the data of one query and its validation.
 
-A task is plain data -- a mapping read from YAML or JSONL (:mod:`gyre.tasks.loader`)::
-
-    id: fix-median                       # [A-Za-z0-9][A-Za-z0-9._-]{0,127}, unique in a task set
-    instruction: "The median of ..."     # what the harness is told (non-empty)
-    workspace:                           # optional; an empty directory when absent
-      dir: repo                          #   copy this directory (relative to the task file) ...
-      git: {repo: path, commit: 3f2a..}  #   ... or check out this commit of a local git repository
-      files: {path/in/ws.py: "text"}     #   inline files written on top (overrides)
-    evaluator:                           # gyre.evaluation.evaluator_from_spec's spec
-      type: executable                   #   executable | judge | composite
-      command: ["{python}", "-m", "pytest", "-q", "--junitxml={junit_xml}", "{task_dir}/hidden_tests"]
-      scoring: junit                     #   junit | exit_code | stdout_score | pkg.mod:fn
-    timeout_s: 300                       # optional execution budget (s); default --execution-timeout-s
-    hidden: [hidden_tests]               # optional paths (relative to the task file) the harness must
-                                         #   never see (evaluator-only tests, solutions)
-    metadata: {difficulty: easy}         # optional, free-form; passed to the evaluator target
-
-``{task_dir}`` in evaluator commands and ``env`` values is replaced at load time by the
-absolute directory of the task file (shell-quoted inside a shell-string command); the
-evaluator's own placeholders (``{python}``, ``{junit_xml}``, ``{workspace}``, ``{eval_dir}``)
-are left for :class:`~gyre.evaluation.ExecutableCheck`.
+A task is plain data -- a mapping read from YAML or JSONL (:mod:`gyre.tasks.loader`) with an
+``id``, an ``instruction``, an optional ``workspace`` (a directory, a git commit, inline
+files), an ``evaluator`` spec, and optional ``timeout_s``, ``hidden`` paths and ``metadata``;
+the fields are described in :class:`TaskSpec`.
 
 :func:`validate_task` is the pure core: it takes one raw mapping and returns either a
 :class:`TaskSpec` or the list of :class:`TaskProblem` found (every problem, not just the
@@ -117,7 +100,29 @@ class WorkspaceSpec:
 
 @dataclass(slots=True, frozen=True)
 class TaskSpec:
-    """One validated task (module docstring).
+    """One validated task. The raw mapping it is made from::
+
+        id: fix-median                       # [A-Za-z0-9][A-Za-z0-9._-]{0,127}, unique in a task set
+        instruction: "The median of ..."     # what the harness is told (non-empty)
+        workspace:                           # optional; an empty directory when absent
+          dir: repo                          #   copy this directory (relative to the task file) ...
+          git: {repo: path, commit: 3f2a..}  #   ... or check out this commit of a local git repository
+          files: {path/in/ws.py: "text"}     #   inline files written on top (overrides)
+        evaluator:                           # gyre.evaluation.evaluator_from_spec's spec
+          type: executable                   #   executable | judge | composite
+          command: ["{python}", "-m", "pytest", "-q", "--junitxml={junit_xml}", "{task_dir}/hidden_tests"]
+          scoring: junit                     #   junit | exit_code | stdout_score | pkg.mod:fn
+        timeout_s: 300                       # optional execution budget (s); default --execution-timeout-s
+        hidden: [hidden_tests]               # optional paths (relative to the task file) the harness must
+                                             #   never see (evaluator-only tests, solutions)
+        metadata: {difficulty: easy}         # optional, free-form; passed to the evaluator target
+
+    ``{task_dir}`` in evaluator commands and ``env`` values is replaced at load time by the
+    absolute directory of the task file (shell-quoted inside a shell-string command); the
+    evaluator's own placeholders (``{python}``, ``{junit_xml}``, ``{workspace}``,
+    ``{eval_dir}``) are left for :class:`~gyre.evaluation.ExecutableCheck`.
+
+    Fields:
 
     * ``evaluator`` -- the evaluator spec with ``{task_dir}`` substituted, ready for
       :func:`gyre.evaluation.evaluator_from_spec` (see :meth:`build_evaluator`);
@@ -344,7 +349,7 @@ def _check_workspace(ws: Any, c: _Collector, task_dir: Path) -> WorkspaceSpec | 
 
 def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], index: int | None = None,
                   check_imports: bool = True) -> TaskSpec | list[TaskProblem]:
-    """Validate one raw task mapping (module docstring); pure apart from the filesystem
+    """Validate one raw task mapping (the format is in :class:`TaskSpec`); pure apart from the filesystem
     existence checks of ``workspace.dir``, ``workspace.git.repo`` and ``hidden``, and the
     import of a dotted-path scoring rule (``check_imports``).
 

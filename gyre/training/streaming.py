@@ -1,32 +1,18 @@
 """Streaming training with dynamic membership (paper §4.4).
 
-One optimizer step consumes a *stream* of micro-steps.  The core cell (0) trains from the start;
+One optimizer step consumes a *stream* of micro-steps. The core cell (0) trains from the start;
 satellite cells join while the stream is in progress (ascending order), pull the core's weight
-snapshot, and claim micro-steps from a shared queue.  Every micro-step counts exactly once.  When
-the stream is drained the join window closes, the participants ``{0..k}`` sum their gradients over
-the prefix group for ``k`` (``gyre/training/prefix_groups.py``), and the core normalises
-(``1/|E|``), clips and performs **one** optimizer update, then broadcasts the new parameters to the
-participants.  Each micro-step's gradient is already weighted per token (``1/L_i``) and is only
-summed across micro-steps and cells, so the update does not depend on who processed what or when.
+snapshot, and claim micro-steps from a shared queue; every micro-step counts exactly once. When
+the stream is drained the join window closes, the participants ``{0..k}`` sum their gradients
+over the prefix group for ``k`` (:mod:`gyre.training.prefix_groups`), and the core normalises
+(``1/|E|``), clips, performs **one** optimizer update and broadcasts the new parameters. Each
+micro-step's gradient is already weighted per token, so the update does not depend on who
+processed what or when.
 
-Failures: a participant whose heartbeat is older than the lease is *dead*.  Cells are reduced over
-prefix groups, so a dead cell ``d`` excludes every cell ``>= d`` from this step: the micro-steps
-they claimed or finished are queued again (their gradients are discarded) and the window closes at
-``k < d``.  :class:`StreamLedger` is that bookkeeping as a pure object; :class:`MicroStepStream`
-is the TCPStore shell around it.
-
-Store keys for step ``s`` (``torch.distributed.TCPStore``)::
-
-    s/{s}/q/{j}          queue position j -> (micro-step id m, generation g, payload)
-    s/{s}/reserve        positions handed to the producer (counter)
-    s/{s}/claim          claim counter: add() returns the position a consumer takes
-    s/{s}/c/{m}/{g}      cell that claimed generation g of micro-step m
-    s/{s}/d/{m}/{g}      cell that finished generation g of micro-step m
-    s/{s}/hb/{c}         heartbeat of cell c (monotonic-free wall time, seconds)
-    s/{s}/excluded       lowest excluded cell (absent: none)
-    s/{s}/final          the stream is closed and drained
-    s/{s}/join/{c}       the scheduler asks cell c to join;  s/{s}/joined/{c}: c may claim
-    s/{s}/window         highest participating cell k
+A participant whose heartbeat is older than the lease is *dead*; a dead cell ``d`` excludes
+every cell ``>= d`` from the step (their micro-steps are queued again, their gradients
+discarded) and the window closes at ``k < d``. :class:`StreamLedger` is that bookkeeping as a
+pure object; :class:`MicroStepStream` is the TCPStore shell around it.
 """
 
 from __future__ import annotations
@@ -139,7 +125,20 @@ def decode_payload(data: bytes) -> Any:
 
 
 class MicroStepStream:
-    """TCPStore-backed shared micro-step queue (see the module docstring for the key layout).
+    """TCPStore-backed shared micro-step queue.
+
+    Store keys for step ``s`` (``torch.distributed.TCPStore``)::
+
+        s/{s}/q/{j}          queue position j -> (micro-step id m, generation g, payload)
+        s/{s}/reserve        positions handed to the producer (counter)
+        s/{s}/claim          claim counter: add() returns the position a consumer takes
+        s/{s}/c/{m}/{g}      cell that claimed generation g of micro-step m
+        s/{s}/d/{m}/{g}      cell that finished generation g of micro-step m
+        s/{s}/hb/{c}         heartbeat of cell c (monotonic-free wall time, seconds)
+        s/{s}/excluded       lowest excluded cell (absent: none)
+        s/{s}/final          the stream is closed and drained
+        s/{s}/join/{c}       the scheduler asks cell c to join;  s/{s}/joined/{c}: c may claim
+        s/{s}/window         highest participating cell k
 
     Args:
         store: a ``torch.distributed.Store`` every rank reaches.

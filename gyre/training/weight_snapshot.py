@@ -5,7 +5,7 @@ buffer and stamps it with the policy version. A satellite that joins the batch p
 and checks the version before it claims micro-steps; weights are fixed during gradient
 accumulation, so every satellite reads the same snapshot. Transports (``--weight-transport``):
 ``mooncake`` -- Mooncake Transfer Engine one-sided reads (``transfer_sync_read``; TCP on CPU with
-``mooncake-transfer-engine-non-cuda``, RDMA on GPU clusters with the CUDA wheel, same API);
+``mooncake-transfer-engine-non-cuda``; the CUDA wheel offers the same API over RDMA);
 ``gloo`` -- a ``torch.distributed.broadcast`` of the flat buffer over the participants' group, the
 fallback when Mooncake is unavailable. Layout: an int64 header ``[version, numel]`` (``version ==
 -1`` while a write is in progress) and a flat payload of the parameters in ``named_parameters()``

@@ -1,23 +1,14 @@
 """The reference agent's message bookkeeping and compaction policy (pure, deterministic).
 
 :class:`Conversation` is one context: the OpenAI Chat Completions ``messages`` list exactly as
-it will be sent (assistant messages are kept as the server returned them -- tool-call
-``arguments`` strings byte for byte -- so every request extends the previous one and the proxy
-reuses its tokens), plus what is known about its size:
+it will be sent (assistant messages kept as the server returned them, tool-call ``arguments``
+byte for byte, so every request extends the previous one and the proxy reuses its tokens),
+plus an estimate of its size in tokens.
 
-* ``usage_tokens`` -- ``prompt_tokens + completion_tokens`` the server reported for the last
-  response (the context size at that point, in the policy's tokens);
-* ``pending_chars`` -- characters appended since (tool results, user messages).
-
-:meth:`Conversation.context_tokens` = ``usage_tokens + ceil(pending_chars / chars_per_token)``,
-or ``ceil(total_chars / chars_per_token)`` before the first response.
-
-Compaction (:class:`CompactionPolicy`): when the context passes ``threshold_tokens`` the agent
-sends :meth:`Conversation.compaction_request` -- the *same* messages plus a user message with
-:data:`COMPACTION_PROMPT` (same tools, ``tool_choice: "none"``, header ``X-Gyre-Role:
-compaction``), so the compaction call shares the main path's prefix and appears in the
-trajectory tree as a branch off it -- then continues in :meth:`Conversation.compacted`: a new
-context (same system prompt) whose first user message carries the summary and the original task.
+:class:`CompactionPolicy` says when to compact: the agent then sends
+:meth:`Conversation.compaction_request` (the same messages plus :data:`COMPACTION_PROMPT`), so
+the compaction call shares the main path's prefix and appears in the trajectory tree as a branch
+off it, and continues in :meth:`Conversation.compacted`.
 """
 
 from __future__ import annotations
@@ -66,7 +57,17 @@ def _chars(message: Mapping[str, Any]) -> int:
 
 @dataclass(slots=True)
 class Conversation:
-    """One context (module docstring). ``agent`` names its owner (``main``, ``sub-1``...)."""
+    """One context; ``agent`` names its owner (``main``, ``sub-1``...).
+
+    What is known about its size:
+
+    * ``usage_tokens`` -- ``prompt_tokens + completion_tokens`` the server reported for the last
+      response (the context size at that point, in the policy's tokens);
+    * ``pending_chars`` -- characters appended since (tool results, user messages).
+
+    :meth:`context_tokens` = ``usage_tokens + ceil(pending_chars / chars_per_token)``, or
+    ``ceil(total_chars / chars_per_token)`` before the first response.
+    """
 
     messages: list[Message]
     usage_tokens: int | None = None
@@ -132,7 +133,13 @@ class Conversation:
 
 @dataclass(slots=True, frozen=True)
 class CompactionPolicy:
-    """When to compact (module docstring).
+    """When to compact.
+
+    When the context passes ``threshold_tokens`` the agent sends
+    :meth:`Conversation.compaction_request` -- the *same* messages plus a user message with
+    :data:`COMPACTION_PROMPT` (same tools, ``tool_choice: "none"``, header ``X-Gyre-Role:
+    compaction``) -- then continues in :meth:`Conversation.compacted`: a new context (same
+    system prompt) whose first user message carries the summary and the original task.
 
     * ``threshold_tokens`` -- compact when the context exceeds this many tokens (0: never);
     * ``chars_per_token`` -- the estimate for text not yet counted by the server;

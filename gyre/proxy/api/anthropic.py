@@ -1,23 +1,18 @@
 """Anthropic Messages (``POST /v1/messages``): request normalisation and response shapes.
 
 Requests (https://docs.anthropic.com/en/api/messages) become a
-:class:`~gyre.proxy.messages.ChatRequest`:
+:class:`~gyre.proxy.messages.ChatRequest` (:func:`normalize_anthropic`):
 
-* ``system`` (string or text blocks) is the first ``system`` message; blocks matching
-  :data:`VOLATILE_SYSTEM_PATTERNS` (Claude Code's ``x-anthropic-billing-header`` block, whose
-  ``cc_version`` suffix changes between calls of one session) are dropped. ``role: "system"``
-  entries inside ``messages`` stay in place.
-* A user turn's ``tool_result`` blocks become ``tool`` messages in the order sent (Claude Code
-  returns parallel results in completion order); text sharing the turn becomes separate
-  ``user`` messages, order kept.
-* An assistant turn is one message: ``thinking`` -> reasoning (its ``signature`` is kept as an
-  item id), ``text`` -> content, ``tool_use`` -> a tool call whose ``input`` is dumped with
-  ``json.dumps(..., ensure_ascii=False)``; ``redacted_thinking`` is dropped.
+* ``system`` is the first ``system`` message; blocks matching :data:`VOLATILE_SYSTEM_PATTERNS`
+  (Claude Code's billing-header block, which changes between calls of one session) are dropped;
+* a user turn's ``tool_result`` blocks become ``tool`` messages in the order sent; text sharing
+  the turn becomes separate ``user`` messages, order kept;
+* an assistant turn is one message: ``thinking`` -> reasoning (``signature`` kept as an item
+  id), ``text`` -> content, ``tool_use`` -> a tool call (``input`` dumped with
+  ``ensure_ascii=False``); ``redacted_thinking`` is dropped.
 
-Responses follow the streaming reference
-(https://docs.anthropic.com/en/docs/build-with-claude/streaming): ``message_start``, content
-blocks with ``thinking_delta``/``signature_delta``/``text_delta``/``input_json_delta``,
-``message_delta`` with ``stop_reason`` and usage, ``message_stop``.
+:class:`AnthropicBuilder` follows the streaming reference
+(https://docs.anthropic.com/en/docs/build-with-claude/streaming).
 """
 
 from __future__ import annotations
@@ -224,7 +219,9 @@ _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_
 
 
 class AnthropicBuilder(ResponseBuilder):
-    """Anthropic Messages shapes (``message`` object and streaming events)."""
+    """Anthropic Messages shapes (``message`` object and streaming events):
+    ``message_start``, content blocks with ``thinking_delta``/``signature_delta``/``text_delta``/
+    ``input_json_delta``, ``message_delta`` with ``stop_reason`` and usage, ``message_stop``."""
 
     api = "anthropic"
 

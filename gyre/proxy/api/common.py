@@ -3,19 +3,14 @@ and the base of the response builders.
 
 :func:`decode_json` reads a (possibly gzip/deflate-encoded) JSON body. The validators
 (:func:`obj`, :func:`array`, :func:`string`, the ``opt_*`` readers, :func:`stops`) raise
-:class:`~gyre.proxy.errors.ProxyError` (400) naming the offending field and nothing else,
-whatever JSON value they get. :func:`sampling_options` reads the
-sampling fields the APIs have in common; :func:`function_tool` turns a function declaration
-into the OpenAI-style schema every :class:`~gyre.proxy.messages.ChatRequest` carries.
+:class:`~gyre.proxy.errors.ProxyError` (400) naming the offending field, whatever JSON value
+they get. :func:`sampling_options` reads the sampling fields the APIs share;
+:func:`function_tool` turns a function declaration into the OpenAI-style schema every
+:class:`~gyre.proxy.messages.ChatRequest` carries. Multi-part content is concatenated without
+a separator; a non-text part becomes a placeholder such as ``[image]``.
 
-Multi-part content is concatenated without a separator (as the chat template's ``text_of``
-does); a non-text part becomes a placeholder such as ``[image]``.
-
-:class:`ResponseBuilder` consumes the output parser's :class:`~gyre.proxy.parse.OutputEvent`
-deltas and yields SSE events as they come; :meth:`ResponseBuilder.body` is the equivalent
-non-streaming body and :meth:`ResponseBuilder.output_message` the output as the harness will
-echo it (ids assigned). Ids come from an :class:`IdFactory` (random by default;
-:class:`gyre.proxy.replay.ReplayIds` hands out logged ones).
+:class:`ResponseBuilder` turns the output parser's deltas into SSE events and bodies; ids
+come from an :class:`IdFactory`.
 """
 
 from __future__ import annotations
@@ -261,7 +256,13 @@ class IdFactory:
 
 
 class ResponseBuilder:
-    """Base of the per-API builders (see the module docstring).
+    """Base of the per-API builders.
+
+    It consumes the output parser's :class:`~gyre.proxy.parse.OutputEvent` deltas and yields SSE
+    events as they come; :meth:`body` is the equivalent non-streaming body and
+    :meth:`output_message` the output as the harness will echo it (ids assigned). Ids come
+    from an :class:`IdFactory` (random by default; :class:`gyre.proxy.replay.ReplayIds` hands
+    out logged ones).
 
     Args:
         request: the normalised request (model name, tool kinds, namespaces, options).

@@ -1,21 +1,17 @@
 """OpenAI Responses (``POST /v1/responses``): request normalisation and response shapes.
 
 Requests (https://platform.openai.com/docs/api-reference/responses/create) become a
-:class:`~gyre.proxy.messages.ChatRequest`: ``instructions`` is the first ``system`` message, a
-string ``input`` one user message. Consecutive ``reasoning``/assistant ``message``/
-``function_call``/``custom_tool_call`` items form one assistant turn; a new turn starts when an
-item comes that the model's format would have emitted earlier (reasoning after text or calls,
-text after calls). Namespaced functions are named ``"<namespace>.<name>"``; a custom
-(free-form) tool call carries its input as a JSON string literal. Items the model format has no
-slot for (``web_search_call``, ``item_reference``, ...) are skipped. ``previous_response_id`` is
-refused: the proxy keeps no conversation state, the harness sends the full input.
+:class:`~gyre.proxy.messages.ChatRequest` (:func:`normalize_responses`): ``instructions`` is
+the first ``system`` message, a string ``input`` one user message. Consecutive
+``reasoning``/assistant ``message``/``function_call``/``custom_tool_call`` items form one
+assistant turn; a new turn starts when an item comes that the model's format would have emitted
+earlier (reasoning after text or calls, text after calls). Namespaced functions are named
+``"<namespace>.<name>"``; a custom tool call carries its input as a JSON string literal. Items
+the model format has no slot for (``web_search_call``, ``item_reference``, ...) are skipped.
+``previous_response_id`` is refused: the proxy keeps no conversation state.
 
-Responses follow the streaming reference
-(https://platform.openai.com/docs/api-reference/responses-streaming): ``response.created``,
-``response.output_item.added/done``, ``response.reasoning_summary_text.delta``,
-``response.output_text.delta``, ``response.function_call_arguments.delta/done``,
-``response.custom_tool_call_input.delta/done``, then ``response.completed`` or
-``response.incomplete``; every event carries a ``sequence_number``.
+:class:`ResponsesBuilder` follows the streaming reference
+(https://platform.openai.com/docs/api-reference/responses-streaming).
 """
 
 from __future__ import annotations
@@ -262,7 +258,12 @@ def reply_message(reply: dict[str, Any]) -> Message:
 
 # ----------------------------------------------------------------------------- responses
 class ResponsesBuilder(ResponseBuilder):
-    """OpenAI Responses shapes (``response`` object and streaming events)."""
+    """OpenAI Responses shapes (``response`` object and streaming events):
+    ``response.created``, ``response.output_item.added/done``,
+    ``response.reasoning_summary_text.delta``, ``response.output_text.delta``,
+    ``response.function_call_arguments.delta/done``, ``response.custom_tool_call_input.delta/done``,
+    then ``response.completed`` or ``response.incomplete``; every event carries a
+    ``sequence_number``."""
 
     api = "responses"
 
