@@ -25,6 +25,7 @@ import os
 import sys
 
 from gyre.arguments import ArgumentError, parse_args
+from gyre.process_guard import die_with_parent, exit_on_termination
 
 
 def extra_args_provider(parser):
@@ -47,12 +48,20 @@ def main(argv=None) -> int:
         return 2
     if args.check_config:
         return 0
+    if "LOCAL_RANK" in os.environ:  # a torchrun rank: end with the launcher, even if it is SIGKILLed
+        die_with_parent()
+    exit_on_termination()  # SIGTERM/SIGHUP: harnesses and engines die with the rank, nothing more is written
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("megatron", "httpx", "uvicorn", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    summary = pretrain(args)
+    try:
+        summary = pretrain(args)
+    except ArgumentError as exc:  # found once the job started (e.g. the run directory is taken)
+        print(f"pretrain_gyre.py: error: {exc}", file=sys.stderr)
+        return 2
     if summary is not None:
         print(format_summary(summary), file=sys.stderr)
+        print(f"gyre: run directory {os.path.abspath(args.run_dir)}", file=sys.stderr)
         print(json.dumps(summary))
     return 0
 

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre.process_guard import track_process_group, untrack_process_group
+
 __all__ = ["CommandRun", "run_command", "readonly_mounts_supported", "READONLY_SETUP_FAILED"]
 
 logger = logging.getLogger(__name__)
@@ -170,6 +172,7 @@ def run_command(
         proc = subprocess.Popen(argv, cwd=str(cwd), env=dict(env), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True)
     pgid = proc.pid  # session leader: pgid == pid
+    track_process_group(pgid)
     timed_out = False
     try:
         if not _wait_exit(proc.pid, timeout_s):
@@ -183,6 +186,7 @@ def run_command(
         # Leftover group members (background processes) die before the leader is reaped.
         _signal_group(pgid, signal.SIGKILL)
         rc = proc.wait()
+        untrack_process_group(pgid)
     duration = time.monotonic() - start
     ro_failed = False
     if ro and not timed_out and rc == READONLY_SETUP_FAILED:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre.process_guard import track_process_group, untrack_process_group
+
 __all__ = ["HarnessProcess", "ProcessExit", "isolation_supported", "ISOLATION_SETUP_FAILED"]
 
 logger = logging.getLogger(__name__)
@@ -196,6 +198,7 @@ class HarnessProcess:
             self.started_at = time.monotonic()
             self.proc = subprocess.Popen(argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        track_process_group(self.proc.pid)
 
     def _exited(self) -> bool:
         assert self.proc is not None
@@ -241,6 +244,7 @@ class HarnessProcess:
         finally:
             _signal_group(pgid, signal.SIGKILL)  # leftovers die before the leader is reaped
             rc = self.proc.wait()
+            untrack_process_group(pgid)
         duration = time.monotonic() - self.started_at
         killed = how != "exited"
         iso_failed = False

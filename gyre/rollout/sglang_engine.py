@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from gyre.process_guard import track_process_group, untrack_process_group
+
 PREFIX = "sglang_"
 #: SGLang flags Gyre sets on the command line itself (never passed through).
 MANAGED_FLAGS = frozenset({"model_path", "host", "port"})
@@ -331,6 +333,7 @@ class SGLangEngine:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
+        track_process_group(self.proc.pid)
         deadline = time.monotonic() + self.startup_timeout
         with EngineClient(self.url, timeout=10.0) as c:
             while True:
@@ -370,6 +373,7 @@ class SGLangEngine:
                 except ProcessLookupError:
                     pass
                 self.proc.wait()
+        untrack_process_group(self.proc.pid)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -73,14 +73,20 @@ class StepInfo:
 
 
 class RunAccounting:
-    """Counters of one run (module docstring)."""
+    """Counters of one run (module docstring).  After a resume, ``before`` is the whole run's
+    summary at the checkpoint and ``before_timeline`` its role timeline over ``before_elapsed_s``
+    seconds; :meth:`summary` and :meth:`role_timeline` then cover the whole run."""
 
-    def __init__(self, history: dict | None = None):
+    def __init__(self, history: dict | None = None, *, before: dict | None = None,
+                 before_timeline: list | None = None, before_elapsed_s: float = 0.0):
+        self.before, self.before_timeline, self.before_elapsed_s = before, before_timeline or [], before_elapsed_s
         self.groups: dict[int, GroupStats] = {}
         self.steps: dict[int, StepInfo] = {}
         self.transitions: list[dict[str, Any]] = []
         self.history = history or {"reward_mean_by_step": {}, "executions": 0}
         self.overlap_s = self.rollout_busy_s = self.training_busy_s = 0.0
+        self.steps_without_signal = 0   # steps whose groups all had equal rewards (or were dropped)
+        self._no_signal_note: str | None = None
 
     def step(self, step: int) -> StepInfo:
         return self.steps.setdefault(step, StepInfo(step))
@@ -114,6 +120,7 @@ class RunAccounting:
             "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
             "groups": len(groups),
             "groups_dropped": sum(g.dropped is not None for g in groups),
+            "groups_zero_std": sum(g.zero_std for g in groups),
             "executions_trained": designated,
             "timeouts": sum(g.timeouts for g in groups),
             "excluded_executions": sum(g.excluded for g in groups),
@@ -131,12 +138,36 @@ class RunAccounting:
         m.update({k: t[k] for k in TRAIN_METRICS if k in t})
         if "row_tokens" in t and t.get("consume_s", 0) > 0:
             m["tokens_per_s"] = t["row_tokens"] / (t["consume_s"] + t.get("update_s", 0.0))
-        self.history["reward_mean_by_step"][str(step)] = m["reward_mean"]
+        self.history["reward_mean_by_step"][str(step + 1)] = m["reward_mean"]  # numbered as metrics.jsonl
+        if groups and all(g.zero_std or g.dropped is not None for g in groups):
+            self.steps_without_signal += 1
+            if self.steps_without_signal == 1:
+                self._no_signal_note = (f"step {step + 1}: every group's rewards were equal: zero advantages, "
+                                        f"nothing to learn from this step (the summary counts such steps)")
         return m
 
+    def role_timeline(self, sched, now: float) -> list[list[tuple[float, float, str]]]:
+        """Each cell's ``(start_s, stop_s, state)`` intervals over the whole run (earlier attempts
+        first; this attempt's times shifted by their run time)."""
+        cur = [[(a + self.before_elapsed_s, b + self.before_elapsed_s, state.value) for a, b, state in cell]
+               for cell in sched.role_timeline(now)]
+        prev = [[tuple(iv) for iv in cell] for cell in self.before_timeline]
+        return [(prev[c] if c < len(prev) else []) + cur[c] for c in range(len(cur))]
+
+    def take_no_signal_note(self) -> str | None:
+        """The console note about the first step without learning signal, once."""
+        note, self._no_signal_note = self._no_signal_note, None
+        return note
+
     def summary(self, sched, executions, *, placement: str, first_step: int, wall_s: float) -> dict[str, Any]:
-        """``summary.json``: the run's counters, the scheduler's (``sched``) and the execution
-        table's (:class:`gyre.runtime.executions.ExecutionTable`), both read only."""
+        """``summary.json`` of the whole run: this attempt's counters (its own, the scheduler's
+        ``sched`` and the :class:`gyre.runtime.executions.ExecutionTable`'s, read only) added
+        to ``before``'s."""
+        return merge_summaries(self.before, self._attempt_summary(sched, executions, placement=placement,
+                                                                  first_step=first_step, wall_s=wall_s))
+
+    def _attempt_summary(self, sched, executions, *, placement: str, first_step: int,
+                         wall_s: float) -> dict[str, Any]:
         to_t = [t["latency_s"] for t in self.transitions if t["direction"] == "rollout->training"]
         to_r = [t["latency_s"] for t in self.transitions if t["direction"] == "training->rollout"]
         trained = [s for s in self.steps.values() if s.closed is not None]
@@ -162,16 +193,46 @@ class RunAccounting:
                 "switching": round(sum(t["latency_s"] or 0.0 for t in self.transitions), 3)},
             "trajectories_admitted": sum(self.groups[g].trajectories for s in trained for g in s.group_ids),
             "tokens_trained": sum(t.row_tokens or 0.0 for t in train),
+            "steps_without_signal": self.steps_without_signal,
             "staleness_mean": sched.mean_staleness,
             "wall_s": round(wall_s, 3),
         }
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any], role_timeline: list, placement: str) -> None:
+def merge_summaries(before: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
+    """The whole run's summary from ``before`` (the run up to the checkpoint resumed from) and
+    ``now`` (this attempt, from ``now["first_step"]`` on): counts and times add up, latencies
+    concatenate, the staleness is weighted by steps; ``attempts`` counts the attempts."""
+    if not before:
+        return {**now, "attempts": 1}
+    out = dict(now)
+    for k in ("executions", "role_changes", "train_rollout_overlap_s", "trajectories_admitted", "tokens_trained",
+              "steps_without_signal", "wall_s"):
+        out[k] = round(before[k] + now[k], 3) if isinstance(now[k], float) else before[k] + now[k]
+    for k in ("executions_closed", "time_per_phase_s"):
+        keys = list(dict.fromkeys([*before[k], *now[k]]))
+        out[k] = {x: round(before[k].get(x, 0) + now[k].get(x, 0), 3) for x in keys}
+    sw = {d: before["switch_latency_s"][d] + now["switch_latency_s"][d]
+          for d in ("rollout_to_training", "training_to_rollout")}
+    every = sw["rollout_to_training"] + sw["training_to_rollout"]
+    out["switch_latency_s"] = {**sw, "mean": statistics.fmean(every) if every else None}
+    n_before, n_now = before["steps"], now["steps"] - now["first_step"]
+    out["staleness_mean"] = ((before["staleness_mean"] * n_before + now["staleness_mean"] * n_now)
+                             / (n_before + n_now)) if n_before + n_now else 0.0
+    out["attempts"] = before.get("attempts", 1) + 1
+    return out
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any], timeline: list, placement: str) -> None:
     """``summary.json`` and ``timeline.json`` (each cell's role intervals) in the run directory."""
-    timeline = [[(a, b, state.value) for a, b, state in cell] for cell in role_timeline]
     (run_dir / "timeline.json").write_text(json.dumps({"timeline": timeline, "placement": placement}))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+#: The console's explanation of steps that could not change the policy.
+NO_SIGNAL = ("gyre: {n} of {of} steps had no learning signal: in each, every group's executions got equal rewards, "
+             "so every advantage (and the loss and its gradient) was 0; tasks the policy always or never solves "
+             "teach it nothing (examples/cpu_toy_learning.yaml is a task set it learns from)")
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -191,4 +252,5 @@ def format_summary(s: dict[str, Any]) -> str:
         f"T->R {med(sw['training_to_rollout']):.3f} s",
         f"gyre: time per phase: rollout {ph['rollout']:.1f} s, training {ph['training']:.1f} s, overlap "
         f"{ph['overlap']:.1f} s, micro-steps {ph['micro_steps']:.1f} s, updates {ph['update']:.1f} s, "
-        f"switching {ph['switching']:.1f} s"])
+        f"switching {ph['switching']:.1f} s",
+        *([NO_SIGNAL.format(n=s["steps_without_signal"], of=s["steps"])] if s.get("steps_without_signal") else [])])

@@ -14,11 +14,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 
 @dataclass
 class ControllerState:
-    """Rank 0's part of a checkpoint: ``iteration`` steps done, the resume ``attempt`` it ran
-    under, execution ids already trained, the controller's RNG and the reward history."""
+    """Rank 0's part of a checkpoint: ``iteration`` steps done of the run's ``train_steps``, the
+    resume ``attempt`` it ran under, execution ids already trained, the controller's RNG, the
+    reward history, and what a resumed run continues from: the summary of the whole run so far
+    and the cells' role timeline (``elapsed_s`` seconds of run time so far)."""
 
     iteration: int = 0
     attempt: int = -1
@@ -27,6 +31,17 @@ class ControllerState:
     history: dict | None = None
     training_backend: str = "hf"
     saved_at: float = 0.0
+    train_steps: int | None = None
+    summary: dict | None = None
+    timeline: list | None = None
+    elapsed_s: float = 0.0
+
+    def rng(self, seed: int) -> np.random.Generator:
+        """The controller's generator: seeded with ``seed``, in the saved state when there is one."""
+        rng = np.random.default_rng(seed)
+        if self.rng_state is not None:
+            rng.bit_generator.state = self.rng_state
+        return rng
 
     @classmethod
     def load(cls, checkpoint: Path) -> "ControllerState":

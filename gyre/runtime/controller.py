@@ -16,8 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-import numpy as np
-
 from gyre.runtime import pipeline
 from gyre.runtime.accounting import GroupStats, RunAccounting, write_summary
 from gyre.runtime.checkpointing import CheckpointWriter, ControllerState, should_save
@@ -54,10 +52,9 @@ class Controller:
         self.buffer = TrajectoryBuffer(config.n_samples_per_prompt, config.advantages)
         self.rewards = RewardManager(config.retry, AssessmentLog(self.run_dir / "evaluations" / "assessments.jsonl"))
         self.packer = MicroStepPacker(config.packing)
-        self.rng = np.random.default_rng(config.seed)
-        if resume.rng_state is not None:
-            self.rng.bit_generator.state = resume.rng_state
-        self.acct = RunAccounting(resume.history)
+        self.rng = resume.rng(config.seed)
+        self.acct = RunAccounting(resume.history, before=resume.summary, before_timeline=resume.timeline,
+                                  before_elapsed_s=resume.elapsed_s)
         self.checkpoints = CheckpointWriter(self.run_dir)
         self.finished: queue.Queue[FinishedExecution] = queue.Queue()
         self.pool = ThreadPoolExecutor(max_workers=config.max_executions_in_flight + 2,
@@ -151,7 +148,7 @@ class Controller:
         info = self.acct.step(cmd.step)
         info.group_ids.append(cmd.group_id)
         info.staleness.append(cmd.staleness)
-        self.executions.mark_trained(self.acct.groups[cmd.group_id].designated, cmd.step)
+        self.executions.mark_trained(self.acct.groups[cmd.group_id].designated, cmd.step + 1)
 
     def close_join_window(self, cmd: ev.CloseJoinWindow) -> None:
         """Finalize the drained stream and close its window (the cells reduce; the core updates)."""
@@ -164,7 +161,10 @@ class Controller:
         it = cmd.step + 1
         if should_save(it, save_interval=self.cfg.save_interval, train_steps=self.cfg.train_steps):
             state = ControllerState(it, self.attempt, sorted(self.executions.trained), self.rng.bit_generator.state,
-                                    self.acct.history, self.cfg.training_backend)
+                                    self.acct.history, self.cfg.training_backend, train_steps=self.cfg.train_steps,
+                                    summary={**self._summary(), "steps": it},
+                                    timeline=self.acct.role_timeline(self.sched, self.now()),
+                                    elapsed_s=self.acct.before_elapsed_s + self.now())
             self.channel.send("cell0", ctl.SaveCheckpoint(self.checkpoints.request(it, state)))
 
     def publish(self, cmd: ev.Publish) -> None:
@@ -200,8 +200,6 @@ class Controller:
                 self.executions.cancel(out.open_execution_ids)
                 self.handle(ev.GroupReady(gid, 0))
 
-    # ------------------------------------------------------------------ the cells' replies
-
     def on_failed(self, r: ctl.Failed) -> None:  # a cell's failure ends the run
         raise RuntimeError(f"cell {r.cell} failed to carry out {r.command}: {r.detail}")
 
@@ -224,7 +222,7 @@ class Controller:
             self._log_step(r.step)
 
     def on_join_skipped(self, r: ctl.JoinSkipped) -> None:
-        logger.info("cell %d skipped step %d: %s", r.cell, r.step, r.reason)
+        logger.info("cell %d skipped step %d: %s", r.cell, r.step + 1, r.reason)
 
     def on_saved(self, r: ctl.Saved) -> None:
         for it in self.checkpoints.complete(r.directory):
@@ -249,11 +247,11 @@ class Controller:
 
     def _log_step(self, step: int) -> None:
         m = self.acct.step_metrics(step, self.sched, now=self.now())
+        if note := self.acct.take_no_signal_note():
+            logger.warning(note)
         self.sink.log(step + 1, m)
-        logger.info("step %d: reward %.3f (%d groups), loss %s, grad norm %s, staleness %.2f, window %d", step,
+        logger.info("step %d: reward %.3f (%d groups), loss %s, grad norm %s, staleness %.2f, window %d", step + 1,
                     m["reward_mean"], m["groups"], m.get("loss"), m.get("grad_norm"), m["staleness_mean"], m["window"])
-
-    # ------------------------------------------------------------------ the pump
 
     def run(self, progress=None) -> dict[str, Any]:
         """Drive the run to ``--train-steps`` steps; return the summary (also ``summary.json``)."""
@@ -292,7 +290,10 @@ class Controller:
             self.channel.send(f"cell{c}", ctl.Shutdown("run finished"))
         self.channel.collect(ctl.Stopped, self.cfg.num_cells, timeout_s=120)
         self.executions.close()
-        summary = self.acct.summary(self.sched, self.executions, placement=self.cfg.placement,
-                                    first_step=self.start_step, wall_s=time.time() - self.wall0)
-        write_summary(self.run_dir, summary, self.sched.role_timeline(self.now()), self.cfg.placement)
+        summary = self._summary()
+        write_summary(self.run_dir, summary, self.acct.role_timeline(self.sched, self.now()), self.cfg.placement)
         return summary
+
+    def _summary(self) -> dict[str, Any]:
+        return self.acct.summary(self.sched, self.executions, placement=self.cfg.placement,
+                                 first_step=self.start_step, wall_s=time.time() - self.wall0)

@@ -70,6 +70,7 @@ class ExecutionTable:
         return status
 
     def mark_trained(self, sids: Sequence[str], step: int) -> None:
+        """``sids`` are trained in step ``step`` (numbered from 1, as in ``metrics.jsonl``)."""
         for sid in sids:
             self.trained.add(sid)
             self._write({"event": "trained", "execution_id": sid, "step": step})

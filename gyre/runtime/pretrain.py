@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from gyre.arguments import ArgumentError
+from gyre.process_guard import RunDirectoryLock, RunDirectoryLockedError
 from gyre.runtime.checkpointing import ControllerState, find_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -60,10 +62,15 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         ckpt = find_checkpoint(args.load)
         if ckpt is None:
             raise ArgumentError(f"argument --load: no checkpoint under {args.load}")
-        saved = ControllerState.load(ckpt).training_backend
-        if saved != args.training_backend:
-            raise ArgumentError(f"argument --load: {ckpt} holds a --training-backend {saved} optimizer state; "
-                                f"this run asks for {args.training_backend}")
+        state = ControllerState.load(ckpt)
+        if state.training_backend != args.training_backend:
+            raise ArgumentError(f"argument --load: {ckpt} holds a --training-backend {state.training_backend} "
+                                f"optimizer state; this run asks for {args.training_backend}")
+        if state.iteration >= args.train_steps:
+            raise ArgumentError(f"argument --train-steps: {ckpt} already holds {state.iteration} steps; pass "
+                                f"--train-steps greater than {state.iteration} to train further")
+    if not RunDirectoryLock(args.run_dir).is_free():
+        raise ArgumentError(f"argument --run-dir: {args.run_dir} is in use by another job")
     from gyre.tasks import load_tasks
 
     try:
@@ -112,8 +119,13 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     ckpt = find_checkpoint(args.load) if args.load else None
     resume = ControllerState.load(ckpt) if ckpt else None
     start_step = resume.iteration if resume else 0
+    lock = None  # rank 0 holds the run directory's lock while pretrain runs
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = RunDirectoryLock(run_dir).acquire()
+        except RunDirectoryLockedError as exc:
+            raise ArgumentError(f"argument --run-dir: {exc}") from None
+        print(f"gyre: run directory {run_dir.resolve()}", file=sys.stderr, flush=True)
         (run_dir / "args.json").write_text(json.dumps({k: v for k, v in vars(args).items()
                                                        if isinstance(v, (str, int, float, bool, list, type(None)))},
                                                       indent=1))
@@ -165,6 +177,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         summary = _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume)
     finally:
         dist.barrier()
+        lock.release()
     return summary
 
 

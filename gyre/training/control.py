@@ -20,7 +20,6 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import ClassVar
 
 
@@ -261,16 +260,17 @@ class ControlChannel:
         return heard
 
     def recv(self, timeout_s: float = 600.0) -> ControlMessage:
-        """Block for the next message.
+        """Block for the next message (polling with a growing interval up to 20 ms, in Python, so
+        signal handlers run while a cell waits).
 
         Raises:
             TimeoutError: nothing arrived within ``timeout_s``.
         """
-        key = f"ctl/{self.inbox}/{self._next}"
-        try:
-            self.store.wait([key], timedelta(seconds=timeout_s))
-        except Exception as exc:  # torch raises DistStoreError/RuntimeError on timeout
-            raise TimeoutError(f"{self.inbox}: no control message within {timeout_s}s") from exc
-        msg = self.poll()
-        assert msg is not None
+        deadline = time.monotonic() + timeout_s
+        delay = self.poll_s
+        while (msg := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.inbox}: no control message within {timeout_s}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
         return msg

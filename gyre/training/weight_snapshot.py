@@ -15,7 +15,11 @@ payload, so a torn read is detected.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -91,15 +95,39 @@ def copy_flat_to_params(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> N
             p.copy_(view.view_as(p))
 
 
-def _engine(host: str):
+@contextlib.contextmanager
+def _native_stderr_captured():
+    """Collect what native code writes to file descriptor 2 meanwhile; yields a callable that
+    returns it.  Mooncake logs its start-up (and one harmless error-level line per engine) there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lambda: (tmp.seek(0), tmp.read().decode(errors="replace"))[1]
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _engine_with_memory(host: str, tensors: Iterable[torch.Tensor]):
+    """A Mooncake transfer engine on ``host`` (TCP) with ``tensors`` registered.  Mooncake's own
+    log lines of this start-up appear only in the error when it fails; later it logs errors only
+    (``MC_LOG_LEVEL``, default ``ERROR`` here)."""
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     try:
         from mooncake.engine import TransferEngine
     except ImportError as exc:  # pragma: no cover - depends on the wheel
-        raise SnapshotError(f"Mooncake Transfer Engine unavailable ({exc}); use --weight-transport gloo") from exc
-    engine = TransferEngine()
-    rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
-    if rc != 0:
-        raise SnapshotError(f"TransferEngine.initialize({host!r}) failed: rc={rc}")
+        raise SnapshotError(f"Mooncake Transfer Engine unavailable ({exc}); bash tools/setup.sh installs it") from exc
+    with _native_stderr_captured() as log:
+        engine = TransferEngine()
+        rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+        if rc != 0:
+            raise SnapshotError(f"TransferEngine.initialize({host!r}) failed: rc={rc}: {log()[-2000:]}")
+        for t in tensors:
+            rc = engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
+            if rc != 0:
+                raise SnapshotError(f"register_memory failed: rc={rc}: {log()[-2000:]}")
     return engine
 
 
@@ -114,11 +142,7 @@ class MooncakeSnapshotServer:
     def __init__(self, numel: int, host: str = "127.0.0.1", dtype: torch.dtype = torch.float32):
         self.header = torch.zeros(2, dtype=torch.int64)
         self.payload = torch.zeros(numel, dtype=dtype)
-        self._engine = _engine(host)
-        for t in (self.header, self.payload):
-            rc = self._engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
-            if rc != 0:
-                raise SnapshotError(f"register_memory failed: rc={rc}")
+        self._engine = _engine_with_memory(host, (self.header, self.payload))
         self.handle = SnapshotHandle(
             session_id=f"{host}:{self._engine.get_rpc_port()}", header_addr=self.header.data_ptr(),
             payload_addr=self.payload.data_ptr(), numel=numel, dtype=str(dtype).removeprefix("torch."))
@@ -138,11 +162,7 @@ class MooncakeSnapshotClient:
         self.handle = handle
         self.header = torch.zeros(2, dtype=torch.int64)
         self.payload = torch.zeros(handle.numel, dtype=getattr(torch, handle.dtype))
-        self._engine = _engine(host)
-        for t in (self.header, self.payload):
-            rc = self._engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
-            if rc != 0:
-                raise SnapshotError(f"register_memory failed: rc={rc}")
+        self._engine = _engine_with_memory(host, (self.header, self.payload))
 
     def _read(self, local: torch.Tensor, remote_addr: int) -> None:
         rc = self._engine.transfer_sync_read(self.handle.session_id, local.data_ptr(), remote_addr,

@@ -45,7 +45,7 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     assert "gyre: reward by step [" in r.stderr and "gyre: time per phase: rollout" in r.stderr
     assert summary["placement"] == "elastic" and summary["steps"] == 3
     assert summary["executions"] >= 24 and summary["executions_trained"] == 24  # N * B per step
-    assert sorted(summary["reward_mean_by_step"]) == ["0", "1", "2"]
+    assert sorted(summary["reward_mean_by_step"]) == ["1", "2", "3"]
     assert summary["role_changes"] >= 1 and summary["switch_latency_s"]["rollout_to_training"]
     assert summary["train_rollout_overlap_s"] > 0  # training overlapped with rollout
     assert summary["tokens_trained"] > 0 and summary["trajectories_admitted"] >= 24
@@ -133,10 +133,10 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
                 (run / "evaluations" / "assessments.jsonl").read_text().splitlines()}
     for sid in closed_before:
         assert (run / "records" / f"{sid}.jsonl").exists() and sid in assessed
-    # no execution trained twice; the resumed run trains only its own, from step `done` on
+    # no execution trained twice; the resumed run trains only its own, from step `done` + 1 on
     trained_ck = set(ck["trained"])
     resumed = [e for e in after[len(before):] if e["event"] == "trained"]
-    assert {e["step"] for e in resumed} == set(range(done, 4))
+    assert {e["step"] for e in resumed} == set(range(done + 1, 5))
     assert not trained_ck & {e["execution_id"] for e in resumed}
     assert len({e["execution_id"] for e in resumed}) == len(resumed) == 8 * (4 - done)
     # optimizer steps: the resumed run logged exactly the steps after the checkpoint
@@ -145,6 +145,82 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     resumed_steps = [r["step"] for r in rows if r["time"] >= events[start]["time"]]
     assert resumed_steps == list(range(done + 1, 5))
     assert json.loads((run / "checkpoints" / "iter_0000004" / "controller.json").read_text())["iteration"] == 4
+    # the summary and the timeline cover the whole run, both attempts
+    assert summary["attempts"] == 2 and summary["executions_trained"] == 32
+    assert summary["executions"] >= 32 and summary["role_changes"] >= ck["summary"]["role_changes"]
+    timeline = json.loads((run / "timeline.json").read_text())["timeline"]
+    starts = [iv[0] for cell in timeline for iv in cell]
+    assert min(starts) == 0.0 and max(iv[1] for cell in timeline for iv in cell) > ck["elapsed_s"]
+    # resuming the finished run says what to pass, at once
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(run), "--load", str(run),
+                        "--train-steps", "4"], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+    assert r.returncode == 2 and time.monotonic() - t0 < 30
+    assert r.stderr.strip().splitlines() == [
+        f"pretrain_gyre.py: error: argument --train-steps: {run / 'checkpoints' / 'iter_0000004'} already holds 4 "
+        f"steps; pass --train-steps greater than 4 to train further"]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children of children, whatever their session)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def files_of(run: Path) -> dict[str, int]:
+    return {str(p.relative_to(run)): p.stat().st_size for p in run.rglob("*") if p.is_file()}
+
+
+def test_sigkill_of_the_launcher_leaves_nothing_running_and_the_run_dir_is_locked(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(torchrun(run, "--train-steps", "20", "--save-interval", "1"), cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while not list((run / "executions").glob("*/harness.log")):  # harnesses are running
+            assert proc.poll() is None and time.monotonic() < deadline, "no execution started"
+            time.sleep(0.2)
+        # a second job on the same run directory is refused before it starts
+        r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(run)],
+                           capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+        assert r.returncode == 2
+        assert r.stderr.strip().splitlines() == [f"pretrain_gyre.py: error: argument --run-dir: {run} is in use "
+                                                 f"by another job"]
+        procs = descendants(proc.pid)
+        assert len(procs) >= 4  # three ranks and at least one harness
+        proc.kill()  # SIGKILL the launcher only
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in procs if alive(p)], "processes outlived the launcher"
+        written = files_of(run)
+        time.sleep(2)
+        assert files_of(run) == written  # nothing writes to the run directory any more
+    finally:
+        for p in descendants(proc.pid) | {proc.pid}:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.parametrize("extra, message", [

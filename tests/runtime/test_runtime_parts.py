@@ -92,3 +92,33 @@ def test_scheduler_resume_at_continues_step_and_version():
         s.resume_at(3)
     with pytest.raises(ValueError, match="cannot resume at step 4"):
         Scheduler(cfg).resume_at(4)
+
+
+def test_a_resumed_run_summary_covers_the_whole_run():
+    from gyre.runtime.accounting import merge_summaries
+
+    def part(first, steps, executions, trained, latencies, stale, wall):
+        return {"placement": "elastic", "steps": steps, "first_step": first, "executions": executions,
+                "executions_closed": {"completed": executions}, "executions_trained": trained,
+                "reward_mean_by_step": {}, "role_changes": len(latencies),
+                "switch_latency_s": {"rollout_to_training": latencies, "training_to_rollout": [],
+                                     "mean": None},
+                "train_rollout_overlap_s": 1.5, "time_per_phase_s": {"rollout": 10.0, "training": 4.0},
+                "trajectories_admitted": 2 * executions, "tokens_trained": 100.0 * executions,
+                "steps_without_signal": 1, "staleness_mean": stale, "wall_s": wall}
+
+    first = part(0, 2, 16, 16, [0.5, 1.5], 0.0, 20.0)
+    assert merge_summaries(None, first) == {**first, "attempts": 1}
+    # the first attempt checkpointed after step 2; the resumed one ran steps 3..5
+    whole = merge_summaries(first, part(2, 5, 24, 40, [1.0], 1.0, 30.0))
+    assert whole["steps"] == 5 and whole["first_step"] == 2 and whole["attempts"] == 2
+    assert whole["executions"] == 40 and whole["executions_closed"] == {"completed": 40}
+    assert whole["executions_trained"] == 40  # the resumed run already counts every trained id
+    assert whole["role_changes"] == 3 and whole["switch_latency_s"]["rollout_to_training"] == [0.5, 1.5, 1.0]
+    assert whole["switch_latency_s"]["mean"] == pytest.approx(1.0)
+    assert whole["trajectories_admitted"] == 80 and whole["tokens_trained"] == 4000.0
+    assert whole["time_per_phase_s"] == {"rollout": 20.0, "training": 8.0}
+    assert whole["train_rollout_overlap_s"] == 3.0 and whole["wall_s"] == 50.0
+    assert whole["steps_without_signal"] == 2
+    assert whole["staleness_mean"] == pytest.approx((0.0 * 2 + 1.0 * 3) / 5)
+    assert merge_summaries(whole, part(5, 6, 8, 48, [], 2.0, 5.0))["attempts"] == 3

@@ -1,0 +1,130 @@
+"""Keeping a job's processes tied together: no rank outlives its launcher, no child outlives its rank.
+
+* :func:`track_process_group` / :func:`untrack_process_group`: every process group this process
+  starts (harnesses, evaluation commands, engine servers) is registered while it runs;
+  :func:`kill_tracked_process_groups` sends ``SIGKILL`` to all of them.
+* :func:`die_with_parent`: the kernel sends this process ``SIGTERM`` when its parent dies
+  (``PR_SET_PDEATHSIG``, Linux), so a rank ends when ``torchrun`` is killed, even by ``SIGKILL``.
+* :func:`exit_on_termination`: ``SIGTERM`` / ``SIGHUP`` kill the tracked groups, then end the
+  process at once (exit status ``128 + signal``): nothing more is written to the run directory.
+* :class:`RunDirectoryLock`: one job writes a run directory at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Callable
+
+_groups: set[int] = set()
+_lock = threading.Lock()
+_PR_SET_PDEATHSIG = 1
+
+
+def track_process_group(pgid: int) -> None:
+    with _lock:
+        _groups.add(pgid)
+
+
+def untrack_process_group(pgid: int) -> None:
+    with _lock:
+        _groups.discard(pgid)
+
+
+def tracked_process_groups() -> set[int]:
+    with _lock:
+        return set(_groups)
+
+
+def kill_tracked_process_groups() -> int:
+    """``SIGKILL`` every tracked process group; returns how many were signalled."""
+    n = 0
+    for pgid in tracked_process_groups():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            n += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return n
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask the kernel for ``sig`` when the parent process dies; returns whether it is in place.
+
+    If the parent already died before the request took effect, ``sig`` is sent at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent or parent == 1:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def exit_on_termination(before_exit: Callable[[], None] | None = None) -> None:
+    """On ``SIGTERM`` or ``SIGHUP``: kill the tracked process groups, call ``before_exit``, and
+    end the process with status ``128 + signal`` without running further Python code.
+
+    Handlers run in the main thread between bytecodes, so the main thread must not block in one
+    long native call (wait in short slices instead)."""
+    def handler(signum, _frame):
+        try:
+            kill_tracked_process_groups()
+            if before_exit is not None:
+                before_exit()
+        finally:
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+class RunDirectoryLockedError(RuntimeError):
+    """Another job holds the run directory."""
+
+
+class RunDirectoryLock:
+    """An exclusive lock on ``RUN/.lock`` held while a job writes ``RUN`` (released when the
+    process ends, however it ends).
+
+    Raises (from :meth:`acquire`):
+        RunDirectoryLockedError: another process holds it.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]):
+        from filelock import FileLock
+
+        self.path = Path(run_dir) / ".lock"
+        self._lock = FileLock(str(self.path), timeout=0)
+
+    def acquire(self) -> "RunDirectoryLock":
+        from filelock import Timeout
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise RunDirectoryLockedError(f"{self.path.parent} is in use by another job") from None
+        return self
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def is_free(self) -> bool:
+        """Whether no job holds the lock now (takes and drops it)."""
+        if not self.path.parent.exists():
+            return True
+        try:
+            self.acquire()
+        except RunDirectoryLockedError:
+            return False
+        self.release()
+        return True

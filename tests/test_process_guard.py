@@ -1,0 +1,108 @@
+"""Process safety: ranks die with their launcher, children die with their rank, one job per run dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre.process_guard import RunDirectoryLock, RunDirectoryLockedError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_until(pred, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+# A "rank": starts a tracked child process group (like a harness), reports both pids, then blocks.
+RANK = textwrap.dedent("""
+    import os, subprocess, sys, time
+    sys.path.insert(0, {root!r})
+    from gyre.process_guard import die_with_parent, exit_on_termination, track_process_group
+    if {with_parent}:
+        die_with_parent()
+    exit_on_termination()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    track_process_group(child.pid)
+    print(os.getpid(), child.pid, flush=True)
+    while True:
+        time.sleep(0.05)
+""")
+
+
+def start_rank(with_parent: bool) -> tuple[subprocess.Popen, int, int]:
+    p = subprocess.Popen([sys.executable, "-c", RANK.format(root=str(ROOT), with_parent=with_parent)],
+                         stdout=subprocess.PIPE, text=True)
+    rank, child = map(int, p.stdout.readline().split())
+    return p, rank, child
+
+
+def test_sigterm_kills_the_tracked_groups_and_ends_the_rank():
+    p, rank, child = start_rank(with_parent=False)
+    assert alive(child)
+    os.kill(rank, signal.SIGTERM)
+    assert p.wait(timeout=20) == 128 + signal.SIGTERM
+    assert wait_until(lambda: not alive(child)), "the harness-like child outlived its rank"
+
+
+def test_a_rank_dies_with_its_launcher_even_after_sigkill():
+    # launcher -> rank (die_with_parent) -> child group; SIGKILL the launcher
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import subprocess, sys
+            p = subprocess.Popen([sys.executable, "-c", {RANK.format(root=str(ROOT), with_parent=True)!r}],
+                                 stdout=subprocess.PIPE, text=True)
+            print(p.stdout.readline().strip(), flush=True)
+            p.wait()
+        """)], stdout=subprocess.PIPE, text=True)
+    rank, child = map(int, launcher.stdout.readline().split())
+    assert alive(rank) and alive(child)
+    launcher.kill()
+    launcher.wait()
+    assert wait_until(lambda: not alive(rank)), "the rank outlived its SIGKILLed launcher"
+    assert wait_until(lambda: not alive(child)), "the rank's child outlived it"
+
+
+def test_one_job_per_run_directory(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from gyre.process_guard import RunDirectoryLock
+        lock = RunDirectoryLock({str(tmp_path / "run")!r}).acquire()
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = RunDirectoryLock(tmp_path / "run")
+        assert not lock.is_free()
+        with pytest.raises(RunDirectoryLockedError, match="is in use by another job"):
+            lock.acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock.is_free()  # released when its holder died, however it died
+    lock.acquire().release()
