@@ -11,7 +11,8 @@ import pytest
 from gyre.metrics import read_metrics
 from gyre.runtime.plot import plot_run, step_series, training_figure
 
-RECORDED = Path(__file__).resolve().parents[1] / "data" / "runs" / "cpu_tiny" / "metrics.jsonl"
+#: metrics.jsonl of a real `bash examples/run_cpu_tiny.sh` run (3 optimizer steps).
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "metrics" / "cpu_tiny.jsonl"
 
 
 @pytest.fixture()
