@@ -31,8 +31,24 @@ class ArgumentError(Exception):
     """A bad flag, config key or value; :func:`parse_args` turns it into exit status 2."""
 
 
+class GyreHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` formatter: each flag's help ends with ``(default: VALUE)``, except where the
+    default is ``None`` (unset; the help text says what unset means) or the text already names
+    ``%(default)s``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 class GyreArgumentParser(argparse.ArgumentParser):
-    """``ArgumentParser`` whose errors are one line on stderr and exit status 2."""
+    """``ArgumentParser`` whose errors are one line on stderr and exit status 2; ``--help`` shows
+    defaults (:class:`GyreHelpFormatter`) unless another ``formatter_class`` is given."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", GyreHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -221,7 +237,8 @@ def _add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--run-dir", type=str, default=None, help="Output directory (default runs/<timestamp>).")
     group.add_argument("--save-interval", type=int, default=0, help="Checkpoint every this many steps (0: end only).")
     group.add_argument("--load", type=str, default=None, help="Resume from this run directory or checkpoint.")
-    group.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
+    group.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
+                       help="Logging level of the run's log lines.")
     group.add_argument("--tensorboard-dir", type=str, default=None, help="Also write TensorBoard scalars here.")
     group.add_argument("--wandb-project", type=str, default=None, help="Also log to Weights & Biases (this project).")
     group.add_argument("--wandb-exp-name", type=str, default=None, help="W&B run name.")
@@ -245,20 +262,27 @@ def add_megatron_core_args(parser: argparse.ArgumentParser) -> argparse.Argument
     Only for runs without Megatron-LM's own parser (megatron-core ships none).
     """
     group = parser.add_argument_group(title="distributed (Megatron-LM names)")
-    group.add_argument("--tensor-model-parallel-size", type=_positive_int, default=1)
-    group.add_argument("--pipeline-model-parallel-size", type=_positive_int, default=1)
-    group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--tensor-model-parallel-size", type=_positive_int, default=1,
+                       help="TP: tensor-parallel ranks of one training replica (the CPU main job needs 1).")
+    group.add_argument("--pipeline-model-parallel-size", type=_positive_int, default=1,
+                       help="PP: pipeline stages of one training replica (the CPU main job needs 1).")
+    group.add_argument("--seed", type=int, default=1234,
+                       help="Random seed of the task order, engine sampling (cell c: seed + 1000 c) and torch.")
     group = parser.add_argument_group(title="optimizer (Megatron-LM names)")
-    group.add_argument("--optimizer", choices=("adam",), default="adam")
-    group.add_argument("--lr", type=float, default=1e-6)
-    group.add_argument("--adam-beta1", type=float, default=0.9)
-    group.add_argument("--adam-beta2", type=float, default=0.95)
-    group.add_argument("--adam-eps", type=float, default=1e-15)
-    group.add_argument("--weight-decay", type=float, default=0.01)
-    group.add_argument("--clip-grad", type=float, default=1.0)
+    group.add_argument("--optimizer", choices=("adam",), default="adam",
+                       help="Optimizer: Adam with decoupled weight decay (the only choice).")
+    group.add_argument("--lr", type=float, default=1e-6, help="Learning rate (constant after the warm-up).")
+    group.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1 (first-moment decay).")
+    group.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2 (second-moment decay).")
+    group.add_argument("--adam-eps", type=float, default=1e-15, help="Adam epsilon (added to the denominator).")
+    group.add_argument("--weight-decay", type=float, default=0.01,
+                       help="Decoupled weight decay of weight matrices (biases and norms: none).")
+    group.add_argument("--clip-grad", type=float, default=1.0,
+                       help="Clip the global gradient L2 norm to this (0: no clipping).")
     group.add_argument("--lr-warmup-iters", type=int, default=0,
                        help="Linear learning-rate warm-up from 0 over this many optimizer updates.")
-    group.add_argument("--bf16", action="store_true")
+    group.add_argument("--bf16", action="store_true",
+                       help="Train in bfloat16 (--training-backend megatron only; not exercised on CPU).")
     return parser
 
 

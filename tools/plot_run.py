@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Plot a Gyre run: ``python tools/plot_run.py RUN_DIR`` writes RUN_DIR/timeline.png and reward.png.
+"""Plot a Gyre run: ``python tools/plot_run.py RUN_DIR`` writes RUN_DIR/timeline.png, reward.png and
+training.png (loss, grad norm, clip fraction per step).
 
 Exit 0 and the written paths on stdout; exit 2 with one line when RUN_DIR is not a run directory.
 """

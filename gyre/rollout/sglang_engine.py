@@ -102,7 +102,8 @@ FLAG_SPECS: dict[str, SGLangFlag] = {}
 class _PrefixingParser:
     """Stands in for an ``ArgumentParser`` while SGLang's ``add_cli_args`` registers flags:
     prefixes every long option with ``--sglang-``, forces ``default=None``, records the kind,
-    skips :data:`MANAGED_FLAGS` and flags already present."""
+    gives a flag without help the help ``SGLang --<flag>.``, skips :data:`MANAGED_FLAGS` and flags
+    already present."""
 
     def __init__(self, target, existing: set[str]):
         self.target = target
@@ -130,6 +131,8 @@ class _PrefixingParser:
             kind = "value"
         kw = {k: v for k, v in kwargs.items() if k not in ("dest", "required", "default")}
         option = longs[0]
+        if not kw.get("help") or kw["help"] == argparse.SUPPRESS:
+            kw["help"] = f"SGLang {option}."
         gyre_flag = "--sglang-" + option[2:]
         self.target.add_argument(gyre_flag, dest=PREFIX + name, default=None, **kw)
         self.existing.add(PREFIX + name)

@@ -236,7 +236,7 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
     try:
         plot_run(run_dir)
     except Exception as exc:  # a plot must not fail a finished run
-        logger.warning("timeline plot failed: %s", exc)
+        logger.warning("run plots failed: %s", exc)
     return summary
 
 

@@ -1,13 +1,16 @@
 """Human views of a trajectory tree: stats, a text tree and a self-contained HTML page.
 
 Used by ``tools/inspect_tree.py``. Text decoding goes through one function,
-:func:`load_decoder`; without a tokenizer the views show token ids.
+:func:`load_decoder`; without a tokenizer the views show token ids. :func:`find_run_tokenizer`
+finds the tokenizer of the run a record file belongs to.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -16,7 +19,8 @@ from gyre.trajectory.records import Provenance
 from gyre.trajectory.admission import AdmissionConfig, eligible_nodes, node_trainable_mask, trainable_counts
 from gyre.trajectory.tree import ROOT, TrajectoryTree
 
-__all__ = ["Decoder", "load_decoder", "ids_decoder", "tree_stats", "render_text", "render_html"]
+__all__ = ["Decoder", "load_decoder", "ids_decoder", "find_run_tokenizer", "tree_stats", "render_text",
+           "render_html"]
 
 #: Turns ``int32[n]`` token ids into display text.
 Decoder = Callable[[np.ndarray], str]
@@ -45,6 +49,61 @@ def load_decoder(tokenizer_dir: str | None) -> Decoder:
         return tok.decode([int(t) for t in ids], skip_special_tokens=False)
 
     return decode
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return directory.is_dir() and any((directory / f).is_file() for f in _TOKENIZER_FILES)
+
+
+def _checkpoint_iteration(path: Path) -> int:
+    digits = path.name.removeprefix("iter_")
+    return int(digits) if digits.isdigit() else -1
+
+
+def find_run_tokenizer(record_path: str | os.PathLike) -> Path | None:
+    """The tokenizer directory of the run whose ``RUN/records/<id>.jsonl`` is ``record_path``.
+
+    ``None`` when the file does not lie in a ``records/`` directory of a run (a directory with
+    ``args.json`` or ``checkpoints/``) or no tokenizer is found. Tried in order:
+
+    1. ``RUN/checkpoints/iter_N/hf`` of the highest ``N`` that holds ``tokenizer.json`` or
+       ``tokenizer_config.json`` (checkpoints save the tokenizer with the policy);
+    2. ``model_dir`` of ``RUN/args.json`` when it holds a tokenizer;
+    3. when ``model_dir`` is ``null``: the embedded tiny model the run used,
+       :func:`gyre.embedded_model.ensure_tiny_model` of the run's ``tokenizer_kind`` and
+       ``model_cache_dir`` (built into the cache when missing; ``None`` when that fails).
+    """
+    records = Path(record_path).resolve().parent
+    run = records.parent
+    if records.name != "records" or not ((run / "args.json").is_file() or (run / "checkpoints").is_dir()):
+        return None
+    ckpts = sorted((p for p in (run / "checkpoints").glob("iter_*") if _checkpoint_iteration(p) >= 0),
+                   key=_checkpoint_iteration, reverse=True)
+    for ckpt in ckpts:
+        if _has_tokenizer(ckpt / "hf"):
+            return ckpt / "hf"
+    try:
+        args = json.loads((run / "args.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(args, dict):
+        return None
+    model_dir = args.get("model_dir")
+    if model_dir:
+        return Path(model_dir) if _has_tokenizer(Path(model_dir)) else None
+    kind = args.get("tokenizer_kind") or "local"
+    if kind not in ("qwen", "local"):
+        return None
+    try:
+        from gyre.embedded_model import ensure_tiny_model
+
+        found = ensure_tiny_model(kind, args.get("model_cache_dir"))
+    except (ImportError, OSError):  # no dashscope (the BPE source) or an unwritable cache
+        return None
+    return found if _has_tokenizer(found) else None
 
 
 def tree_stats(tree: TrajectoryTree, config: AdmissionConfig | None = None) -> dict[str, Any]:
@@ -217,12 +276,14 @@ def render_html(
     max_tokens: int = 4000,
     title: str | None = None,
 ) -> str:
-    """One self-contained HTML page (inline CSS, no scripts or external resources).
+    """One self-contained HTML page (inline CSS and script, no external resources).
 
     Each node is a ``<details>`` (summary: role, tokens new/total, trainable, delivered,
     policy version; body: its text, coloured by provenance: external, policy-in-context,
     evaluator, output, *trainable output*). Each branch is a nested, open ``<details>``.
     Nodes longer than ``max_tokens`` show their first and last ``max_tokens / 2`` tokens.
+    Two buttons at the top, "expand all" and "collapse all", open or close every ``<details>``
+    (a one-line inline script).
     """
     decode = decode or ids_decoder
     counts = trainable_counts(tree, config)
@@ -242,6 +303,10 @@ def render_html(
         '<p>Legend: <span class="ext">external</span> <span class="pol">policy tokens in context</span> '
         '<span class="evl">evaluator</span> <span class="out">output (not trainable)</span> '
         '<span class="tgt">trainable output</span></p>',
+        '<p><button type="button" onclick="gyreSetAll(true)">expand all</button> '
+        '<button type="button" onclick="gyreSetAll(false)">collapse all</button></p>',
+        "<script>function gyreSetAll(o){document.querySelectorAll('details').forEach("
+        "function(d){d.open=o;});}</script>",
     ]
     for kind, nid, _level in _layout(tree):
         if kind == "open":

@@ -80,6 +80,9 @@ def test_full_server_args_are_registered_with_prefix_like_slime():
                                      "--load-format", "pt"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--sglang-load-format", "bogus"])
+    helps = {o: a.help for a in parser._actions for o in a.option_strings}
+    assert helps["--sglang-served-model-name"] == "SGLang --served-model-name."  # SGLang gave none
+    assert all(h and h.strip() for h in helps.values())
 
 
 FAKE_SERVER = textwrap.dedent("""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gyre.trajectory import RecordWriter, TrajectoryTree
-from gyre.trajectory.tree_views import render_html, tree_stats
+from gyre.trajectory.tree_views import find_run_tokenizer, render_html, tree_stats
 
 from .helpers import EXT, POL, rec
 
@@ -117,8 +117,13 @@ def test_html_is_self_contained_and_well_formed(stored, tmp_path, capsys):
     assert parser.open == []  # every tag closed, properly nested
     # 7 nodes + 2 branches, each an expandable <details>
     assert parser.tags["details"] == 9 and parser.tags["summary"] == 9
-    assert "script" not in parser.tags and "link" not in parser.tags and "img" not in parser.tags
+    # one inline script (the expand all / collapse all buttons), nothing loaded from elsewhere
+    assert parser.tags["script"] == 1 and parser.tags["button"] == 2
+    assert "link" not in parser.tags and "img" not in parser.tags
     assert not any(k in ("src", "href") for k, _ in parser.attrs)
+    assert '<button type="button" onclick="gyreSetAll(true)">expand all</button>' in page
+    assert '<button type="button" onclick="gyreSetAll(false)">collapse all</button>' in page
+    assert "function gyreSetAll(o){document.querySelectorAll('details').forEach(function(d){d.open=o;});}" in page
     assert page.startswith("<!DOCTYPE html>")
     # token ids shown without a tokenizer; trainable outputs marked
     assert '<span class="ext">93</span><span class="pol"> 50 51 52</span><span class="tgt"> 15</span>' in page
@@ -208,3 +213,74 @@ def test_tree_stats_of_an_empty_tree():
         "records": 0, "nodes": 0, "leaves": 0, "leaves_by_role": {}, "tokens_total": 0, "tokens_unique": 0,
         "trainable_tokens": 0,
     }
+
+
+def _run_dir(tmp_path, records, args=None):
+    """A run directory RUN/ with RUN/records/exec-1.jsonl and (when given) RUN/args.json."""
+    run = tmp_path / "run"
+    (run / "records").mkdir(parents=True)
+    path = run / "records" / "exec-1.jsonl"
+    with RecordWriter(path) as w:
+        for r in records:
+            w.append(r)
+    if args is not None:
+        (run / "args.json").write_text(json.dumps(args))
+    return run, path
+
+
+def _encoded(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    return tok.encode("Fix the failing test.", add_special_tokens=False), tok.encode("Done.", add_special_tokens=False)
+
+
+def test_run_tokenizer_from_the_newest_checkpoint(tokenizer_dir, tmp_path, capsys):
+    import shutil
+
+    prompt, answer = _encoded(tokenizer_dir)
+    run, path = _run_dir(tmp_path, [rec(0, prompt, answer)], {"model_dir": "/nonexistent", "tokenizer_kind": "local"})
+    assert find_run_tokenizer(path) is None  # model_dir without a tokenizer, no checkpoint
+    for it in ("iter_0000002", "iter_0000010"):
+        shutil.copytree(tokenizer_dir, run / "checkpoints" / it / "hf")
+    (run / "checkpoints" / "iter_0000011" / "hf").mkdir(parents=True)  # no tokenizer files: skipped
+    assert find_run_tokenizer(path) == run / "checkpoints" / "iter_0000010" / "hf"
+    out = tmp_path / "t.html"
+    assert tool.main([str(path), "--html", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert f"decoding with the run's tokenizer {run / 'checkpoints' / 'iter_0000010' / 'hf'}" in cap.err
+    page = out.read_text(encoding="utf-8")
+    assert '<span class="ext">Fix the failing test.</span><span class="tgt">Done.</span>' in page
+    assert tool.main([str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith('"Fix the failing test.Done."')
+    # --ids shows token ids; --json alone loads no tokenizer
+    assert tool.main([str(path), "--ids"]) == 0
+    cap = capsys.readouterr()
+    assert "Fix" not in cap.out and cap.err == ""
+    assert tool.main([str(path), "--json"]) == 0
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as e:
+        tool.main([str(path), "--ids", "--tokenizer", str(tokenizer_dir)])
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_run_tokenizer_from_args_model_dir(tokenizer_dir, tmp_path):
+    _run, path = _run_dir(tmp_path, [rec(0, SYS, [10])], {"model_dir": str(tokenizer_dir), "tokenizer_kind": "qwen"})
+    assert find_run_tokenizer(path) == tokenizer_dir
+
+
+def test_run_tokenizer_of_the_embedded_model(tiny_model_dir, tmp_path):
+    # model_dir null: the embedded tiny model of the run's tokenizer kind and cache dir
+    _run, path = _run_dir(tmp_path, [rec(0, SYS, [10])],
+                          {"model_dir": None, "tokenizer_kind": "local", "model_cache_dir": str(tiny_model_dir.parent)})
+    assert find_run_tokenizer(path) == tiny_model_dir
+    (tmp_path / "run" / "args.json").write_text(json.dumps({"model_dir": None, "tokenizer_kind": "bogus"}))
+    assert find_run_tokenizer(path) is None
+
+
+def test_no_run_tokenizer_outside_a_run_directory(stored, tmp_path):
+    assert find_run_tokenizer(stored) is None  # tmp_path/exec-1.jsonl: not under records/
+    bare = tmp_path / "x" / "records"
+    bare.mkdir(parents=True)
+    (bare / "e.jsonl").write_bytes(stored.read_bytes())
+    assert find_run_tokenizer(bare / "e.jsonl") is None  # records/ of a directory without args.json or checkpoints
