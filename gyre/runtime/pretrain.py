@@ -33,6 +33,12 @@ logger = logging.getLogger(__name__)
 def check_main_job_args(args: argparse.Namespace) -> None:
     """Checks of the main job beyond :func:`gyre.arguments.validate_args` (before anything starts).
 
+    The model directories the run loads (``--model-dir``; the ``hf/`` of the checkpoint ``--load``
+    resumes from) must hold a causal-LM config, an offline tokenizer and readable weights
+    (:func:`gyre.embedded_model.model_dir_problem`).  Every task file is loaded: with
+    ``--strict-tasks`` any problem is an error; otherwise, on rank 0 (``RANK`` unset or 0), each
+    problem is one ``warning: file:line: ...`` line on stderr, then one line with the counts.
+
     Raises:
         ArgumentError: one line naming the flag.
     """
@@ -64,6 +70,12 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         if saved != args.training_backend:
             raise ArgumentError(f"argument --load: {ckpt} holds a --training-backend {saved} optimizer state; "
                                 f"this run asks for {args.training_backend}")
+    from gyre.embedded_model import model_dir_problem
+
+    for flag, model_dir in (("--model-dir", args.model_dir), ("--load", ckpt / "hf" if args.load else None)):
+        problem = model_dir_problem(model_dir) if model_dir is not None else None
+        if problem:
+            raise ArgumentError(f"argument {flag}: {model_dir}: {problem}")
     from gyre.tasks import load_tasks
 
     try:
@@ -73,6 +85,16 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if not res.tasks:
         raise ArgumentError(f"argument --tasks: no valid task in {args.tasks}"
                             + (f" ({res.problems[0]})" if res.problems else ""))
+    if res.problems and args.strict_tasks:
+        raise ArgumentError(f"argument --strict-tasks: {len(res.problems)} problem(s) in the task files "
+                            f"({res.skipped} task(s) would be skipped), the first: {res.problems[0]}")
+    if res.problems and os.environ.get("RANK", "0") == "0":
+        import sys
+
+        for p in res.problems:
+            print(f"warning: {p}", file=sys.stderr)
+        print(f"warning: argument --tasks: {len(res.tasks)} tasks loaded, {res.skipped} skipped, "
+              f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
 
 
 def _store(rank: int, world: int):
