@@ -111,3 +111,10 @@ def test_help_lists_groups():
     for title in ("rollout:", "placement:", "admission:", "objective:", "evaluation:", "harness:", "run:",
                   "optimizer (Megatron-LM names):"):
         assert title in text
+
+
+def test_strict_tasks_flag_and_config_key(tmp_path):
+    assert parse_args([]).strict_tasks is False
+    assert parse_args(["--strict-tasks"]).strict_tasks is True
+    assert parse_args(["--config", write(tmp_path, "strict-tasks: true\n")]).strict_tasks is True
+    assert "--strict-tasks" in build_parser(prog="pretrain_gyre.py").format_help()
