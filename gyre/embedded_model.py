@@ -293,3 +293,117 @@ def load_hf_model(model_dir: str | os.PathLike, dtype: str = "float32"):
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+#: File names one of which a tokenizer directory holds (fast, sentencepiece, BPE or WordPiece vocab).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+#: Weight files ``from_pretrained`` looks for, single-file or sharded (an index naming the shards).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _weights_problem(root: Path) -> str | None:
+    present = [n for n in WEIGHT_FILES if (root / n).is_file()]
+    if not present:
+        others = sorted(p.name for p in root.iterdir() if p.suffix in (".safetensors", ".bin"))
+        return (f"no weight files ({', '.join(WEIGHT_FILES)})"
+                + (f"; {', '.join(others[:3])} not loadable by transformers under those names" if others else ""))
+    shards: list[str] = []
+    for name in present:
+        if name.endswith(".index.json"):
+            try:
+                weight_map = json.loads((root / name).read_text())["weight_map"]
+                shards += sorted(set(weight_map.values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                return f"{name}: not a readable shard index ({_short(exc)})"
+        else:
+            shards.append(name)
+    for name in shards:
+        path = root / name
+        if not path.is_file():
+            return f"weight file {name} is missing"
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors import safe_open
+
+                with safe_open(str(path), framework="pt") as f:
+                    f.keys()
+            else:
+                import zipfile
+
+                with open(path, "rb") as f:
+                    head = f.read(4)
+                if not head:
+                    return f"weight file {name} is empty"
+                if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):  # torch.save's zip format
+                    return f"weight file {name} is truncated (broken zip archive)"
+        except OSError as exc:
+            return f"weight file {name}: {exc.strerror or _short(exc)}"
+        except Exception as exc:  # safetensors raises its own error type on a bad header or size
+            return f"weight file {name}: not readable ({_short(exc)})"
+    return None
+
+
+def model_dir_problem(model_dir: str | os.PathLike) -> str | None:
+    """What a run could not load from the HF-layout directory ``model_dir``, as one line; ``None`` if nothing.
+
+    Checked in this order, the first failure reported: the directory exists; ``config.json`` is
+    readable JSON that ``AutoConfig`` parses (local files only) into a model type with a
+    causal-LM class in ``transformers``; one of :data:`TOKENIZER_FILES` is there and
+    ``AutoTokenizer`` loads it offline into a tokenizer that encodes text; the weights of
+    :data:`WEIGHT_FILES` (every shard an index names) are there and readable (safetensors
+    headers and sizes checked, ``.bin`` zip archives checked for truncation).  Nothing is
+    fetched from a hub and no weights are loaded.
+    """
+    import warnings
+
+    root = Path(model_dir)
+    if not root.exists():
+        return "no such directory"
+    if not root.is_dir():
+        return "not a directory"
+    cfg_path = root / "config.json"
+    if not cfg_path.is_file():
+        return "no config.json"
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"config.json: {exc.strerror or _short(exc)}"
+    except ValueError as exc:
+        return f"config.json: not valid JSON ({_short(exc)})"
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        return "config.json: no model_type (not a transformers model config)"
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.utils import logging as hf_logging
+
+    model_type = data["model_type"]
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return f"config.json: model_type {model_type!r} is unknown to this transformers"
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return f"config.json: model_type {model_type!r} has no causal-LM class in transformers"
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                AutoConfig.from_pretrained(str(root), local_files_only=True)
+            except Exception as exc:
+                return f"config.json: transformers cannot parse it ({_short(exc)})"
+            if not any((root / n).is_file() for n in TOKENIZER_FILES):
+                return f"no tokenizer files ({', '.join(TOKENIZER_FILES)})"
+            try:
+                tok = AutoTokenizer.from_pretrained(str(root), local_files_only=True)
+                if not tok("hello world")["input_ids"]:
+                    return "the tokenizer encodes text to no tokens"
+            except Exception as exc:
+                return f"tokenizer: cannot load it offline ({_short(exc)})"
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return _weights_problem(root)

@@ -153,3 +153,10 @@ def test_help_shows_config_file_values_as_defaults(tmp_path):
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
     assert "--steps-per-burst STEPS_PER_BURST mu: optimizer steps between two weight publications. (default: 3)" in text
+
+
+def test_strict_tasks_flag_and_config_key(tmp_path):
+    assert parse_args([]).strict_tasks is False
+    assert parse_args(["--strict-tasks"]).strict_tasks is True
+    assert parse_args(["--config", write(tmp_path, "strict-tasks: true\n")]).strict_tasks is True
+    assert "--strict-tasks" in build_parser(prog="pretrain_gyre.py").format_help()

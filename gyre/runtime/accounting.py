@@ -87,6 +87,7 @@ class RunAccounting:
         self.overlap_s = self.rollout_busy_s = self.training_busy_s = 0.0
         self.steps_without_signal = 0   # steps whose groups all had equal rewards (or were dropped)
         self._no_signal_note: str | None = None
+        self.tasks_skipped = 0          # malformed tasks the task files held (not run)
 
     def step(self, step: int) -> StepInfo:
         return self.steps.setdefault(step, StepInfo(step))
@@ -194,6 +195,7 @@ class RunAccounting:
             "trajectories_admitted": sum(self.groups[g].trajectories for s in trained for g in s.group_ids),
             "tokens_trained": sum(t.row_tokens or 0.0 for t in train),
             "steps_without_signal": self.steps_without_signal,
+            "tasks_skipped": self.tasks_skipped,
             "staleness_mean": sched.mean_staleness,
             "wall_s": round(wall_s, 3),
         }
@@ -253,4 +255,6 @@ def format_summary(s: dict[str, Any]) -> str:
         f"gyre: time per phase: rollout {ph['rollout']:.1f} s, training {ph['training']:.1f} s, overlap "
         f"{ph['overlap']:.1f} s, micro-steps {ph['micro_steps']:.1f} s, updates {ph['update']:.1f} s, "
         f"switching {ph['switching']:.1f} s",
-        *([NO_SIGNAL.format(n=s["steps_without_signal"], of=s["steps"])] if s.get("steps_without_signal") else [])])
+        *([NO_SIGNAL.format(n=s["steps_without_signal"], of=s["steps"])] if s.get("steps_without_signal") else []),
+        *([f"gyre: {s['tasks_skipped']} malformed task(s) in the task files were skipped (the warnings at the "
+           f"start name them; --strict-tasks refuses such a run)"] if s.get("tasks_skipped") else [])])

@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 def check_main_job_args(args: argparse.Namespace) -> None:
     """Checks of the main job beyond :func:`gyre.arguments.validate_args` (before anything starts).
 
+    The model directories the run loads (``--model-dir``; the ``hf/`` of the checkpoint ``--load``
+    resumes from) must hold a causal-LM config, an offline tokenizer and readable weights
+    (:func:`gyre.embedded_model.model_dir_problem`).  Every task file is loaded: with
+    ``--strict-tasks`` any problem is an error; otherwise, on rank 0 (``RANK`` unset or 0), each
+    problem is one ``warning: file:line: ...`` line on stderr, then one line with the counts.
+
     Raises:
         ArgumentError: one line naming the flag.
     """
@@ -69,6 +75,12 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         if state.iteration >= args.train_steps:
             raise ArgumentError(f"argument --train-steps: {ckpt} already holds {state.iteration} steps; pass "
                                 f"--train-steps greater than {state.iteration} to train further")
+    from gyre.embedded_model import model_dir_problem
+
+    for flag, model_dir in (("--model-dir", args.model_dir), ("--load", ckpt / "hf" if args.load else None)):
+        problem = model_dir_problem(model_dir) if model_dir is not None else None
+        if problem:
+            raise ArgumentError(f"argument {flag}: {model_dir}: {problem}")
     if not RunDirectoryLock(args.run_dir).is_free():
         raise ArgumentError(f"argument --run-dir: {args.run_dir} is in use by another job")
     from gyre.tasks import load_tasks
@@ -80,6 +92,16 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if not res.tasks:
         raise ArgumentError(f"argument --tasks: no valid task in {args.tasks}"
                             + (f" ({res.problems[0]})" if res.problems else ""))
+    if res.problems and args.strict_tasks:
+        raise ArgumentError(f"argument --strict-tasks: {len(res.problems)} problem(s) in the task files "
+                            f"({res.skipped} task(s) would be skipped), the first: {res.problems[0]}")
+    if res.problems and os.environ.get("RANK", "0") == "0":
+        import sys
+
+        for p in res.problems:
+            print(f"warning: {p}", file=sys.stderr)
+        print(f"warning: argument --tasks: {len(res.tasks)} tasks loaded, {res.skipped} skipped, "
+              f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
 
 
 def _store(rank: int, world: int):
@@ -198,7 +220,8 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
     from gyre.trajectory.store import TrajectoryStore
 
     run_dir = Path(args.run_dir)
-    tasks = load_tasks(args.tasks.split(",")).tasks
+    loaded = load_tasks(args.tasks.split(","))
+    tasks = loaded.tasks
     harness = harness_from_args(args)
     harness.ensure_installed()
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -224,6 +247,7 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
     cell0.start()
     controller = Controller(ControllerConfig.from_args(args), proxy, ctl.ControlChannel(store, "rank0"),
                             MicroStepStream(store, args.num_cells), harness, tasks, server, sink, resume=resume)
+    controller.acct.tasks_skipped = loaded.skipped
     progress = _progress(args, start_step)
     try:
         summary = controller.run(progress=progress.update if progress else None)

@@ -13,6 +13,9 @@ File shapes:
   (``metadata`` mappings are merged, other fields are replaced by the task's own);
 * a directory -- the task files below it (:func:`find_task_files`).
 
+A task's source, and so its problems', is ``path:line`` (the line where the task starts;
+``path[i]`` when a line cannot be told); a problem with the whole file names the path alone.
+
 Task ids are unique across everything loaded by one call: a later duplicate is skipped.
 """
 
@@ -146,6 +149,7 @@ def _entries(path: Path, res: TaskLoadResult) -> Iterable[tuple[Any, str, int]]:
             res.problems.append(TaskProblem(f"{path}:{exc.lineno}", None, "", f"not valid JSON ({exc.msg})"))
             res.skipped += 1
             return
+        lines, _ = _yaml_item_lines(text)  # JSON is YAML: the same node marks give each task's line
     else:
         try:
             data = yaml.safe_load(text)

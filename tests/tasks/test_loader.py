@@ -38,6 +38,26 @@ def test_jsonl_good_and_bad_lines(tmp_path):
     assert res.tasks[0].source == f"{f}:1"
 
 
+def test_two_of_four_malformed_lines_are_counted_with_file_and_line(tmp_path):
+    f = write_jsonl(tmp_path / "tasks.jsonl", [task(1), "{broken", task(2), {"id": "t3", "instruction": "x"}])
+    res = load_tasks(f)
+    assert [t.id for t in res.tasks] == ["t1", "t2"]
+    assert res.skipped == 2  # the count a run's summary reports
+    assert [p.source for p in res.problems] == [f"{f}:2", f"{f}:4"]
+    assert [str(p) for p in res.problems] == [
+        f"{f}:2: task #2: not valid JSON (Expecting property name enclosed in double quotes at column 2)",
+        f"{f}:4: task 't3' field 'evaluator': missing (every task needs a way to be scored)"]
+
+
+def test_json_task_lines(tmp_path):
+    f = tmp_path / "c.tasks.json"
+    f.write_text(json.dumps({"tasks": [task(1), task(2, timeout_s=-1)]}, indent=1))
+    res = load_tasks(f)
+    assert res.tasks[0].source == f"{f}:3" and res.skipped == 1
+    (p,) = res.problems
+    assert p.source == f"{f}:12" and p.field == "timeout_s"
+
+
 def test_yaml_defaults_and_line_numbers(tmp_path):
     f = tmp_path / "set.tasks.yaml"
     f.write_text(
