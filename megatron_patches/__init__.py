@@ -3,7 +3,7 @@
 Applied only on the CPU backend, by :func:`apply_cpu_patches` (idempotent).  Each patch is one
 small function whose docstring names the upstream code it works around.  None of them changes
 maths: they redirect CUDA-only calls (RNG, device queries, ``device='cuda'`` tensors, a dtype
-assertion) to their CPU equivalents.  ``../shared/BACKENDS.md`` lists the obstacles.
+assertion) to their CPU equivalents.
 
 A further requirement is *not* a CUDA issue and lives with the model builder
 (``gyre/training/megatron_model.py``): ``config.finalize_model_grads_func`` and

@@ -1,4 +1,4 @@
-"""A real harness keeps running through repeated role changes of the cell serving it (issue #8).
+"""A real harness keeps running through repeated role changes of the cell serving it.
 
 Two embedded engines behind the proxy: cell 1 (the execution's route) and cell 0.  The reference
 agent (a real child process) works a 12-turn task with a policy warm-started to call ``bash`` every

@@ -1,4 +1,4 @@
-"""The main job end to end (issue #11): `torchrun pretrain_gyre.py` on the embedded CPU default.
+"""The main job end to end: `torchrun pretrain_gyre.py` on the embedded CPU default.
 
 Real ranks (torchrun, gloo), real engines, the real proxy, the reference harness as child
 processes, executable evaluators; placements elastic / async / colocate; SIGKILL and resume.

@@ -130,7 +130,7 @@ def test_megatron_tempered_step_equals_hf_tempered_step(megatron, traces_dir):
 
 
 def test_megatron_streaming_interface_equals_one_step(megatron, traces_dir, tmp_path):
-    """What a streaming cell does (DESIGN.md §4.4): accumulate without ``finalize_model_grads``
+    """What a streaming cell does: accumulate without ``finalize_model_grads``
     (un-normalised gradients in ``main_grad``), divide by ``|E|`` in ``optimizer_step`` -- the same
     update as one Megatron step that finalizes; weights come out under HF names and save as a
     loadable HF checkpoint."""

@@ -1,4 +1,4 @@
-"""TITO assembly and tool-call restoration: the re-tokenisation traps of BACKENDS.md with exact
+"""TITO assembly and tool-call restoration: the re-tokenisation traps of docs/proxy.md with exact
 token expectations on the real Qwen vocabulary (gyre/proxy/tito.py)."""
 
 from __future__ import annotations

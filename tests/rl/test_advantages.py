@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md §3.4): exact values, float32 noise, leave-one-out, exclusion."""
+"""Group-relative advantages: exact values, float32 noise, leave-one-out, exclusion."""
 
 from __future__ import annotations
 

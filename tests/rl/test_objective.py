@@ -1,4 +1,4 @@
-"""The execution-level objective (DESIGN.md §3.5) against a brute-force reference written here as
+"""The execution-level objective against a brute-force reference written here as
 plain Python loops over executions and tokens; gradcheck; the public numeric bug cases."""
 
 from __future__ import annotations

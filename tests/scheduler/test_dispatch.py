@@ -1,4 +1,4 @@
-"""Boundary dispatch and staleness accounting (paper §4.1, App. A; DESIGN.md §4.1)."""
+"""Boundary dispatch and staleness accounting (paper §4.1, App. A)."""
 
 from __future__ import annotations
 

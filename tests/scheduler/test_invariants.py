@@ -2,7 +2,7 @@
 
 A fake shell mirrors what the commands did and offers every event that could legally happen
 next; hypothesis picks among them.  After each event: ``0 <= f <= p <= d``, every route within
-its concurrency, every running execution on a rollout route (DESIGN.md §4.1-4.2), each
+its concurrency, every running execution on a rollout route, each
 execution finished at most once, and -- liveness -- some progress event is always possible
 until the run is done.
 """

@@ -1,4 +1,4 @@
-"""Scripted event sequences with the exact commands expected (DESIGN.md §4.1-4.2).
+"""Scripted event sequences with the exact commands expected.
 
 Every expected list below is derived by hand from the rules (comments give the reasoning):
 launches and reroutes go standalone first, then rollout cells in descending order; cells enter

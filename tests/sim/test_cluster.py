@@ -103,7 +103,7 @@ def test_staleness_shapes_per_placement():
 
 @pytest.mark.parametrize("e", [1.0, 1.5])
 def test_paper_nl2repo_elastic_beats_both_baselines(e):
-    """DESIGN.md §6: on paper-nl2repo at E[d] in {1, 1.5}, elastic is faster after 48 steps."""
+    """On paper-nl2repo at E[d] in {1, 1.5}, elastic is faster after 48 steps."""
     paper = load_preset("paper-nl2repo")
     hours = {p: run_placement(paper, p, e, 48, seed=0).hours for p in ("elastic", "async", "colocate")}
     assert hours["elastic"] < hours["async"]

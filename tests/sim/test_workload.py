@@ -1,4 +1,4 @@
-"""The paper-nl2repo fit reproduces the paper's statistics (DESIGN.md §6); trace workloads load."""
+"""The paper-nl2repo fit reproduces the paper's statistics; trace workloads load."""
 
 from __future__ import annotations
 

@@ -207,7 +207,7 @@ def assert_same_update(g1, gk, p1, pk):
 
 def test_micro_step_count_and_order_do_not_change_the_update(hf, traces_dir):
     rows = with_behaviour_near_policy(hf, trace_batch(traces_dir, scale=1 / 96, seed=1), seed=1)
-    adam = AdamConfig()  # DESIGN.md §3.5 defaults: lr 1e-6, betas (0.9, 0.95), eps 1e-15, wd 0.01, clip 1
+    adam = AdamConfig()  # defaults: lr 1e-6, betas (0.9, 0.95), eps 1e-15, wd 0.01, clip 1
     results, grads, params = {}, {}, {}
     for k in (1, 3, 7):
         res = pack_into(rows, k)
