@@ -150,7 +150,7 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     assert summary["executions"] >= 32 and summary["role_changes"] >= ck["summary"]["role_changes"]
     timeline = json.loads((run / "timeline.json").read_text())["timeline"]
     starts = [iv[0] for cell in timeline for iv in cell]
-    assert min(starts) == 0.0 and max(iv[1] for cell in timeline for iv in cell) > ck["elapsed_s"]
+    assert min(starts) < 1.0 and max(iv[1] for cell in timeline for iv in cell) > ck["elapsed_s"]
     # resuming the finished run says what to pass, at once
     t0 = time.monotonic()
     r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(run), "--load", str(run),
