@@ -311,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level, logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per engine request
     if args.model_dir is not None and not os.path.isdir(args.model_dir):
         return _fail(f"model directory not found: {args.model_dir}")
     model_dir = args.model_dir
