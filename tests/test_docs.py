@@ -2,7 +2,9 @@
 
 Names are read from inline code spans and fenced code blocks: repository paths must exist,
 dotted ``gyre.`` names must import (module, then attributes), and a ``--flag`` must appear in the
-``--help`` of the script named last before it (``pretrain_gyre.py`` when none).
+``--help`` of the script named last before it (``pretrain_gyre.py`` when none); ``-m gyre.x`` counts
+as a script (``python -m gyre.x --help``), while the flags of other programs (``-m`` of another
+package, ``claude``, ``codex``, ``mini``, ``curl``) are not checked.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ TOP_DIRS = ("gyre", "tools", "bench", "examples", "tests", "docs", "megatron_pat
 ROOT_FILE = re.compile(r"^[\w.-]+\.(py|md|txt|yaml|sh|toml|jsonl)$")
 DOTTED = re.compile(r"^gyre(\.\w+)+$")
 FLAG = re.compile(r"^--[a-z][a-z0-9-]*$")
+#: Programs that are not Gyre's: their flags are not checked.
+EXTERNAL = frozenset({"claude", "codex", "mini", "curl"})
 
 
 def snippets(text: str) -> list[str]:
@@ -48,7 +52,8 @@ def is_path(tok: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def help_text(script: str) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+    cmd = ["-m", script[3:]] if script.startswith("-m ") else [str(ROOT / script)]
+    proc = subprocess.run([sys.executable, *cmd, "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0, f"{script} --help failed: {proc.stderr[-2000:]}"
     return proc.stdout
@@ -70,26 +75,36 @@ def resolve(name: str) -> object:
 def named(doc: Path) -> tuple[set[str], set[str], set[tuple[str, str]]]:
     """Paths, dotted names and ``(script, flag)`` pairs named in ``doc``.  A flag belongs to the
     script named last before it (in its span, else earlier in the page; ``pretrain_gyre.py`` when
-    none); flags before a script in the same span (a launcher's, e.g. torchrun's) are skipped."""
+    none); flags before a script in the same span (a launcher's, e.g. torchrun's) are skipped, and
+    so are flags after another program (:data:`EXTERNAL`, ``-m`` of a non-Gyre module)."""
     paths, names, flags = set(), set(), set()
     last = "pretrain_gyre.py"
     for snip in snippets(doc.read_text()):
         toks = tokens(snip)
-        scripts = [i for i, t in enumerate(toks) if t.endswith(".py") and is_path(t)
-                   and (t.startswith(("tools/", "bench/")) or t == "pretrain_gyre.py")]
+        cmds: dict[int, str | None] = {}  # token index -> script (None: a program whose flags are not checked)
+        for i, t in enumerate(toks):
+            if t.endswith(".py") and is_path(t) and (t.startswith(("tools/", "bench/")) or t == "pretrain_gyre.py"):
+                cmds[i] = t
+            elif t == "-m" and i + 1 < len(toks):
+                cmds[i] = f"-m {toks[i + 1]}" if DOTTED.match(toks[i + 1]) else None
+            elif t in EXTERNAL:
+                cmds[i] = None
+        scripts = sorted(cmds)
         for i, tok in enumerate(toks):
             if FLAG.match(tok):
-                before = [toks[j] for j in scripts if j < i]
+                before = [cmds[j] for j in scripts if j < i]
                 if before:
-                    flags.add((before[-1], tok))
+                    if before[-1] is not None:
+                        flags.add((before[-1], tok))
                 elif not scripts:
                     flags.add((last, tok))
             elif DOTTED.match(tok):
                 names.add(tok)
             elif is_path(tok):
                 paths.add(tok)
-        if scripts:
-            last = toks[scripts[-1]]
+        checked = [cmds[j] for j in scripts if cmds[j] is not None]
+        if checked:
+            last = checked[-1]
     return paths, names, flags
 
 
@@ -137,3 +152,15 @@ def test_the_checker_catches_what_does_not_exist(tmp_path):
     with pytest.raises(AttributeError):
         resolve("gyre.runtime.pipeline.nope")
     assert resolve("gyre.runtime.pipeline.run_execution").__name__ == "run_execution"
+
+
+def test_the_checker_knows_modules_and_other_programs(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("```\nK=1 python -m gyre.harness.reference_agent --base-url U\n    --max-turns 2\n"
+                   "python -m sglang.launch_server --model-path M\nclaude -p x --output-format json\n```\n"
+                   "`tools/simulate.py --help`, then `--no-such-flag`.\n")
+    _, names, flags = named(doc)
+    assert "gyre.harness.reference_agent" in names
+    assert flags == {("-m gyre.harness.reference_agent", "--base-url"), ("-m gyre.harness.reference_agent", "--max-turns"),
+                     ("tools/simulate.py", "--help"), ("tools/simulate.py", "--no-such-flag")}
+    assert "--base-url" in help_text("-m gyre.harness.reference_agent")

@@ -1,17 +1,19 @@
 #!/usr/bin/env python
-"""Start rollout engines + the Gyre proxy without training, to point any harness at Gyre.
+"""Serve Gyre's recording proxy without training, to point any harness at Gyre.
 
 Usage::
 
-    python tools/serve_rollout.py --config FILE [--port P] [--save-dir DIR] [--num-engines N] [any Gyre flag]
+    python tools/serve_rollout.py [--engine-url URL ... | --num-engines N] [--model-dir DIR] [--port P]
+        [--save-dir DIR] [--config FILE] [any Gyre flag]
 
-Once ready it prints one JSON line ``{"base_url": "http://127.0.0.1:P", "save_dir": ...}``
-(OpenAI clients use ``base_url + "/v1"``, Anthropic clients ``base_url``). Register an execution
-with ``POST /gyre/executions`` ``{"task_id": ..., "harness": ...}`` -> ``{"execution_id": ...,
-"api_key": ...}`` and give the key to the harness as its API key; close it with ``POST
-/gyre/executions/{id}/close``. Records and trees are stored under ``--save-dir`` (one file per
-execution; ``tools/inspect_tree.py`` renders it). SIGINT/SIGTERM stop it (exit 0); bad flags exit
-2 with one line on stderr. Details: ``gyre/proxy/serve.py``.
+With ``--engine-url`` (repeatable) the proxy routes to engines you run (SGLang's native HTTP
+API; each must answer ``GET /health`` at start-up) and starts none; otherwise it starts
+``--num-engines`` embedded engines, or SGLang servers with ``--rollout-engine sglang --backend
+gpu``. Once ready it prints one JSON line ``{"base_url": "http://127.0.0.1:P", "save_dir": ...,
+"engines": [...]}``; executions are registered with ``POST /gyre/executions`` and closed with
+``POST /gyre/executions/{id}/close`` (``docs/serving.md``). SIGINT/SIGTERM stop it (exit 0); bad
+flags, combinations this machine cannot serve and engines that do not answer exit 2 with one line
+on stderr. Details: ``gyre/proxy/serve.py``.
 """
 
 import os
