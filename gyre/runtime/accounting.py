@@ -92,6 +92,11 @@ class RunAccounting:
     def step(self, step: int) -> StepInfo:
         return self.steps.setdefault(step, StepInfo(step))
 
+    def enqueued(self, step: int, group: int, staleness: int) -> None:
+        """Group ``group`` joined step ``step``'s stream ``staleness`` versions behind."""
+        self.step(step).group_ids.append(group)
+        self.step(step).staleness.append(staleness)
+
     def busy(self, dt: float, *, training: bool, rolling: bool) -> None:
         """``dt`` seconds passed with some cell training and/or some execution running."""
         self.overlap_s += dt if (training and rolling) else 0.0

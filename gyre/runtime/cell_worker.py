@@ -36,7 +36,7 @@ class Snapshot:
 
     def version(self) -> int:
         if self.server is not None:
-            return int(self.server.header[0])
+            return self.server.version
         return self.client.peek_version()
 
     def read(self, tensors: Sequence[torch.Tensor], version: int) -> None:

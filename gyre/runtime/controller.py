@@ -16,13 +16,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+from gyre.buffer.packing import MicroStepPacker
+from gyre.buffer.trajectory_buffer import GroupDropped, ReadyGroup, TrajectoryBuffer
+from gyre.buffer.work_items import encode_work_item
+from gyre.evaluation.provenance import AssessmentLog
+from gyre.evaluation.rewards import RewardManager
+from gyre.harness import ProxyEndpoint
 from gyre.runtime import pipeline
 from gyre.runtime.accounting import GroupStats, RunAccounting, write_summary
+from gyre.runtime.carry_over import read_carry_over
 from gyre.runtime.checkpointing import CheckpointWriter, ControllerState, should_save
 from gyre.runtime.config import ControllerConfig
 from gyre.runtime.executions import ExecutionTable, task_for_group
 from gyre.runtime.pipeline import FinishedExecution
 from gyre.scheduler import events as ev
+from gyre.scheduler.scheduler import Scheduler
 from gyre.training import control as ctl
 
 logger = logging.getLogger(__name__)
@@ -36,12 +44,6 @@ class Controller:
 
     def __init__(self, config: ControllerConfig, proxy, channel: ctl.ControlChannel, stream, harness,
                  tasks: Sequence[Any], snapshot_server, sink, *, resume: ControllerState | None = None):
-        from gyre.buffer.packing import MicroStepPacker
-        from gyre.buffer.trajectory_buffer import TrajectoryBuffer
-        from gyre.evaluation.provenance import AssessmentLog
-        from gyre.evaluation.rewards import RewardManager
-        from gyre.scheduler.scheduler import Scheduler
-
         self.cfg, self.proxy, self.channel, self.stream, self.run_dir = config, proxy, channel, stream, config.run_dir
         self.harness, self.tasks, self.snapshot_server, self.sink = harness, list(tasks), snapshot_server, sink
         resume = resume or ControllerState()
@@ -60,7 +62,8 @@ class Controller:
         self.pool = ThreadPoolExecutor(max_workers=config.max_executions_in_flight + 2,
                                        thread_name_prefix="gyre-execution")
         self.t0, self.wall0 = time.monotonic(), time.time()
-        self.executions = ExecutionTable(self.run_dir / "executions.jsonl", self.attempt, resume.trained)
+        carry = read_carry_over(self.run_dir, set(resume.trained)) if self.attempt else None
+        self.executions = ExecutionTable(self.run_dir / "executions.jsonl", self.attempt, resume.trained, carry)
         self.group_items: dict[int, list[list[Any]]] = {}       # ready group -> its work items
         self.coordinators: dict[int, Any] = {}                  # step -> StepCoordinator
         self.joined: dict[int, set[int]] = {}                   # step -> cells told to join
@@ -95,22 +98,24 @@ class Controller:
     # ------------------------------------------------------------------ scheduler commands
 
     def dispatch(self, cmd: ev.Dispatch) -> None:
-        """Pick the group's task and register the group with the buffer."""
-        task = task_for_group(self.tasks, cmd.group_id, seed=self.cfg.seed, attempt=self.attempt)
-        sids = self.executions.add_group(cmd.group_id, cmd.execution_ids, task)
+        """Pick the group's task (a carried-over group's after a resume) and register the group."""
+        carried = self.executions.next_carried({t.id for t in self.tasks})
+        task = next(t for t in self.tasks if t.id == carried.task_id) if carried else \
+            task_for_group(self.tasks, cmd.group_id, seed=self.cfg.seed, attempt=self.attempt)
+        sids = self.executions.add_group(cmd.group_id, cmd.execution_ids, task, carried)
         self.buffer.add_group(cmd.group_id, sids, cmd.policy_version)
         self.acct.groups[cmd.group_id] = GroupStats(task.id, cmd.policy_version)
 
     def launch(self, cmd: ev.Launch) -> None:
         """Register the execution with the proxy (pinned to its cell) and run it in a harness thread."""
-        from gyre.harness import ProxyEndpoint
-
         xs = self.executions
-        key, task = xs.keys[cmd.execution_id], xs.group_task[cmd.group_id]
-        sid = str(key)
+        key, task, sid = xs.keys[cmd.execution_id], xs.group_task[cmd.group_id], xs.sid(cmd.execution_id)
+        if (ce := xs.adopted.get(cmd.execution_id)) is not None:  # it finished before the run stopped
+            self.handle(ev.ExecutionLaunched(cmd.execution_id))
+            return self.finished.put(FinishedExecution(key, None, ce.outcome, ce.tree, execution_id=sid))
         ex = self.proxy.register_execution(sid, task_id=task.id, harness=self.harness.name,
                                            role_rules=self.harness.roles, engine_id=f"engine-{cmd.dest}")
-        xs.launching(sid)
+        xs.launching(sid, key, task.id)
         timeout = min(task.timeout_s or self.cfg.execution_timeout_s, self.cfg.execution_timeout_s)
         self.pool.submit(lambda: self.finished.put(pipeline.run_execution(
             key, task, self.harness, self.proxy, self.rewards, ProxyEndpoint(self.proxy.url, ex.api_key),
@@ -118,7 +123,7 @@ class Controller:
         self.handle(ev.ExecutionLaunched(cmd.execution_id))
 
     def reroute(self, cmd: ev.Reroute) -> None:
-        for sid in (str(self.executions.keys[i]) for i in cmd.execution_ids):
+        for sid in map(self.executions.sid, cmd.execution_ids):
             if sid in self.executions.in_flight:
                 self.proxy.set_route(sid, f"engine-{cmd.dest}")
 
@@ -140,14 +145,10 @@ class Controller:
 
     def enqueue_group(self, cmd: ev.EnqueueGroup) -> None:
         """Put the group's work items into the step's stream; its designated executions are trained."""
-        from gyre.buffer.work_items import encode_work_item
-
         coord = self._coordinator(cmd.step)
         for item in self.group_items.pop(cmd.group_id, []):
             coord.add(encode_work_item(item))
-        info = self.acct.step(cmd.step)
-        info.group_ids.append(cmd.group_id)
-        info.staleness.append(cmd.staleness)
+        self.acct.enqueued(cmd.step, cmd.group_id, cmd.staleness)
         self.executions.mark_trained(self.acct.groups[cmd.group_id].designated, cmd.step + 1)
 
     def close_join_window(self, cmd: ev.CloseJoinWindow) -> None:
@@ -156,7 +157,7 @@ class Controller:
         info.window = self._coordinator(cmd.step).close(timeout_s=60)
         info.closed = self.now()
         if not info.core_joined:  # no training work in this step: the snapshot version moves on
-            self.snapshot_server.header[0] = cmd.step + 1
+            self.snapshot_server.restamp(cmd.step + 1)
             self._log_step(cmd.step)
         it = cmd.step + 1
         if should_save(it, save_interval=self.cfg.save_interval, train_steps=self.cfg.train_steps):
@@ -174,8 +175,6 @@ class Controller:
 
     def on_finished(self, fin: FinishedExecution) -> None:
         """Log the execution, tell the scheduler, hand its outcome and tree to the buffer."""
-        from gyre.buffer.trajectory_buffer import GroupDropped, ReadyGroup
-
         group = self.acct.groups.get(fin.key.group)
         status = self.executions.closed(fin, group.task if group else None, self.now())
         if self.sched.done:

@@ -58,6 +58,10 @@ class FinishedExecution:
     outcome: Any                # gyre.evaluation.ExecutionOutcome
     tree: Any                   # gyre.trajectory.TrajectoryTree recorded by the proxy, or None
     error: str = ""
+    execution_id: str = ""      # str(key), or the id an earlier attempt gave a carried-over execution
+
+    def __post_init__(self) -> None:
+        self.execution_id = self.execution_id or str(self.key)
 
 
 def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *, run_dir: Path, timeout_s: float,

@@ -147,6 +147,15 @@ class MooncakeSnapshotServer:
             session_id=f"{host}:{self._engine.get_rpc_port()}", header_addr=self.header.data_ptr(),
             payload_addr=self.payload.data_ptr(), numel=numel, dtype=str(dtype).removeprefix("torch."))
 
+    @property
+    def version(self) -> int:
+        """The version stamped last (``-1`` while a publication is being written)."""
+        return int(self.header[0])
+
+    def restamp(self, version: int) -> None:
+        """The same weights are now version ``version`` (a step that changed nothing)."""
+        self.header[0] = int(version)
+
     def publish(self, params: Iterable[torch.Tensor], version: int) -> None:
         """Copy ``params`` into the payload, then stamp ``version`` (header written last)."""
         self.header[0] = -1  # readers seeing -1 know a write is in progress

@@ -133,12 +133,24 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
                 (run / "evaluations" / "assessments.jsonl").read_text().splitlines()}
     for sid in closed_before:
         assert (run / "records" / f"{sid}.jsonl").exists() and sid in assessed
-    # no execution trained twice; the resumed run trains only its own, from step `done` + 1 on
+    # no execution trained twice; the resumed run trains from step `done` + 1 on
     trained_ck = set(ck["trained"])
     resumed = [e for e in after[len(before):] if e["event"] == "trained"]
     assert {e["step"] for e in resumed} == set(range(done + 1, 5))
     assert not trained_ck & {e["execution_id"] for e in resumed}
     assert len({e["execution_id"] for e in resumed}) == len(resumed) == 8 * (4 - done)
+    # nothing finished is lost: every execution that closed with an outcome and was not trained by
+    # the checkpoint is carried over (under its own id) and trained in the resumed run
+    finished = {e["execution_id"] for e in before if e["event"] == "closed"
+                and e["status"] in ("completed", "timeout") and e["outcome"] != "excluded"}
+    carried = {e["execution_id"] for e in after[len(before):] if e["event"] == "carried_over"}
+    assert carried == finished - trained_ck
+    assert carried <= {e["execution_id"] for e in resumed}
+    # executions in flight at the kill are closed as cancelled, once
+    launched = {e["execution_id"] for e in before if e["event"] == "launched"}
+    late = [e["execution_id"] for e in after[len(before):] if e["event"] == "closed" and e["status"] == "cancelled"
+            and e["execution_id"] in launched - closed_before]
+    assert sorted(late) == sorted(launched - closed_before)
     # optimizer steps: the resumed run logged exactly the steps after the checkpoint
     rows, events = read_metrics(run / "metrics.jsonl")
     start = max(i for i, e in enumerate(events) if e["event"] == "run_start")

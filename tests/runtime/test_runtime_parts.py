@@ -122,3 +122,61 @@ def test_a_resumed_run_summary_covers_the_whole_run():
     assert whole["steps_without_signal"] == 2
     assert whole["staleness_mean"] == pytest.approx((0.0 * 2 + 1.0 * 3) / 5)
     assert merge_summaries(whole, part(5, 6, 8, 48, [], 2.0, 5.0))["attempts"] == 3
+
+
+def test_resume_carries_over_finished_untrained_executions_and_closes_interrupted_ones(tmp_path):
+    import json
+
+    from gyre.runtime.carry_over import read_carry_over
+    from gyre.runtime.executions import ExecutionTable
+    from gyre.runtime.pipeline import ExecutionKey, FinishedExecution
+    from gyre.trajectory import TrajectoryStore
+    from tests.trajectory.helpers import rec
+
+    run = tmp_path
+    store = TrajectoryStore(run / "records")
+    for sid in ("a0-g0001-e00004", "a0-g0001-e00005", "a0-g0002-e00008"):
+        store.append(rec(0, [1, 2, 3], [4, 5], eid=sid))
+    store.close()
+
+    def closed(sid, group, status="completed", outcome="valid", reward=1.0):
+        return {"event": "closed", "execution_id": sid, "attempt": 0, "group": group, "task": f"t{group}",
+                "termination": "completed", "status": status, "outcome": outcome, "reward": reward}
+
+    log = [{"event": "launched", "execution_id": s, "attempt": 0, "group": g, "task": f"t{g}"}
+           for s, g in [("a0-g0000-e00000", 0), ("a0-g0001-e00004", 1), ("a0-g0001-e00005", 1),
+                        ("a0-g0001-e00006", 1), ("a0-g0002-e00008", 2), ("a0-g0002-e00009", 2)]]
+    log += [closed("a0-g0000-e00000", 0),                      # trained by the checkpoint
+            closed("a0-g0001-e00004", 1), closed("a0-g0001-e00005", 1, reward=0.0),
+            closed("a0-g0002-e00008", 2), closed("a0-g0002-e00009", 2, outcome="excluded", reward=None),
+            closed("a0-g0001-e00006", 1, status="surplus")]
+    (run / "executions.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+
+    carry = read_carry_over(run, trained={"a0-g0000-e00000"})
+    assert [g.task_id for g in carry.groups] == ["t1", "t2"]
+    assert [[e.execution_id for e in g.executions] for g in carry.groups] == [
+        ["a0-g0001-e00004", "a0-g0001-e00005"], ["a0-g0002-e00008"]]
+    assert [e.outcome.reward for e in carry.groups[0].executions] == [1.0, 0.0]
+    assert len(carry.groups[0].executions[0].tree.records) == 1
+    assert carry.interrupted == []
+
+    # an execution launched and never closed is closed as cancelled when the table opens, once
+    with open(run / "executions.jsonl", "a") as f:
+        f.write(json.dumps({"event": "launched", "execution_id": "a0-g0003-e00012", "attempt": 0, "group": 3,
+                            "task": "t3"}) + "\n")
+    carry = read_carry_over(run, trained={"a0-g0000-e00000"})
+    assert [e["execution_id"] for e in carry.interrupted] == ["a0-g0003-e00012"]
+    table = ExecutionTable(run / "executions.jsonl", attempt=1, trained=["a0-g0000-e00000"], carry=carry)
+    group = table.next_carried({"t1", "t2"})
+    sids = table.add_group(0, [0, 1, 2, 3], object(), group)
+    assert sids == ["a0-g0001-e00004", "a0-g0001-e00005", "a1-g0000-e00002", "a1-g0000-e00003"]
+    fin = FinishedExecution(ExecutionKey(1, 0, 0), None, group.executions[0].outcome, group.executions[0].tree,
+                            execution_id=table.sid(0))
+    assert table.closed(fin, "t1", now=1.0).value == "completed"
+    table.close()
+    assert read_carry_over(run, trained={"a0-g0000-e00000"}).interrupted == []
+    lines = [json.loads(x) for x in (run / "executions.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in lines[-2:]] == ["closed", "carried_over"]
+    assert lines[-2]["status"] == "cancelled" and lines[-1] == {
+        "event": "carried_over", "execution_id": "a0-g0001-e00004", "attempt": 1, "group": 0, "task": "t1", "t": 1.0}
+    assert table.closed_by_status == {}  # counted in the attempt that closed it
