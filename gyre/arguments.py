@@ -117,7 +117,13 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                             "softmax(logits / T) (the engine returns tempered log-probs).")
     group.add_argument("--rollout-top-p", type=float, default=1.0, help="Nucleus sampling threshold.")
     group.add_argument("--rollout-max-new-tokens", type=_positive_int, default=512,
-                       help="Cap on output tokens per model call.")
+                       help="Output tokens per model call: the default when a request sets no max_tokens, "
+                            "and the cap on every call (a request asking for more gets this many; its record "
+                            "says so in max_tokens_capped).")
+    group.add_argument("--rollout-max-context-tokens", type=_positive_int, default=None,
+                       help="Prompt + output limit per model call (longer prompts get 400 'prompt is too long'; "
+                            "output is cut to the room left). Default: the model's max_position_embeddings, "
+                            "at most --seq-length in the main job.")
     return parser
 
 

@@ -4,7 +4,7 @@
 Usage::
 
     python tools/serve_engine.py [--model-dir DIR] [--host 127.0.0.1] [--port P]
-        [--max-running-requests 64] [--prefix-cache-tokens 131072] [--logprob-mode tempered|truncated]
+        [--max-running-requests 64] [--prefix-cache-tokens 131072]
         [--weight-version default] [--no-incremental-streaming-output] [--num-threads N]
 
 Without ``--model-dir`` the embedded tiny Qwen3 is used (built on first use, no network).

@@ -9,7 +9,10 @@ Engines speak SGLang's native ``/generate`` API (``input_ids`` in, output ids wi
   ``finish_reason == "abort"`` after the partial output (SGLang semantics);
 * ``abort(rid)`` -- cancel an in-flight request (it then ends with ``"abort"``).
 
-Transport failures raise :class:`EngineUnavailable`. :class:`ClientEngine` adapts Gyre's
+Unavailability (connection refused or reset, a 5xx, 408/429) raises :class:`EngineUnavailable`,
+which the router retries; a request the engine refuses as invalid (a 4xx, or an error event in
+its stream, where SGLang reports a validation error after a 200) raises
+:class:`EngineRejected`, which is never retried. :class:`ClientEngine` adapts Gyre's
 SGLang-native client (``gyre.rollout.engine_client.AsyncEngineClient``: its ``stream`` yields chunks with
 ``delta_output_ids``/``delta_logprobs``/``finish_reason.type``/``weight_version``) -- the same for
 the embedded CPU engine and a real SGLang server. :class:`ScriptedEngine` emits scripted token
@@ -22,11 +25,37 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_checkable
 
-__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "ClientEngine", "ScriptedEngine", "parse_version"]
+__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine", "parse_version"]
 
 
 class EngineUnavailable(RuntimeError):
-    """The engine could not be reached or answered with an error (the proxy retries)."""
+    """The engine could not be reached or could not serve the request now (the proxy retries)."""
+
+
+class EngineRejected(RuntimeError):
+    """The engine refused the request as invalid: the same request would be refused again, so
+    the proxy does not retry it and answers the client with ``status`` (a 4xx).
+
+    Args:
+        status: the engine's HTTP status (4xx).
+        message: the engine's error message.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = int(status)
+        self.message = message
+
+
+#: Engine statuses that mean "not now" rather than "never": retried like a refused connection.
+RETRYABLE_4XX = frozenset({408, 429, 499})
+
+
+def is_rejection(exc: BaseException) -> bool:
+    """Whether a client exception is the engine refusing the request (a 4xx other than
+    :data:`RETRYABLE_4XX`; the client's ``EngineError.status_code``)."""
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in RETRYABLE_4XX
 
 
 @dataclass(slots=True)
@@ -93,6 +122,8 @@ class ClientEngine:
         except Exception as exc:  # the client's EngineError/EngineConnectionError, httpx errors
             if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
                 raise
+            if is_rejection(exc):
+                raise EngineRejected(exc.status_code, str(getattr(exc, "message", exc))) from exc
             raise EngineUnavailable(f"{self.engine_id}: {type(exc).__name__}: {exc}") from exc
         raise EngineUnavailable(f"{self.engine_id}: stream ended without a finish reason")
 

@@ -144,11 +144,14 @@ class SamplingOptions:
         """SGLang ``sampling_params`` for the native ``/generate`` API.
 
         ``defaults`` fill what the request left unset; ``forced`` override the request (e.g. an
-        RL run that samples every rollout at temperature 1).
+        RL run that samples every rollout at temperature 1). ``max_new_tokens`` is the
+        request's ``max_tokens`` (``default_max_tokens`` when it gave none), then cut to
+        ``max_tokens_cap``; ``min_new_tokens`` is cut to the same value, so that a capped
+        request stays one the engine accepts. :meth:`requested_max_tokens` is the value
+        before the cut.
         """
-        mt = default_max_tokens if self.max_tokens is None else self.max_tokens
         sp: dict[str, Any] = dict(defaults or {})
-        sp["max_new_tokens"] = max(1, min(int(mt), int(max_tokens_cap)))
+        sp["max_new_tokens"] = self.requested_max_tokens(default_max_tokens, forced)
         if self.temperature is not None:
             sp["temperature"] = float(self.temperature)
         if self.top_p is not None:
@@ -165,8 +168,18 @@ class SamplingOptions:
             sp["ignore_eos"] = bool(self.ignore_eos)
         for k, v in (forced or {}).items():
             sp[k] = v
-        sp["max_new_tokens"] = max(1, min(int(sp["max_new_tokens"]), int(max_tokens_cap)))
+        cap = max(1, int(max_tokens_cap))
+        sp["max_new_tokens"] = max(1, min(int(sp["max_new_tokens"]), cap))
+        if isinstance(sp.get("min_new_tokens"), int) and sp["min_new_tokens"] > sp["max_new_tokens"]:
+            sp["min_new_tokens"] = sp["max_new_tokens"]
         return sp
+
+    def requested_max_tokens(self, default_max_tokens: int, forced: dict[str, Any] | None = None) -> int:
+        """The output limit the call asked for before any cap: ``forced["max_new_tokens"]``,
+        else the request's ``max_tokens``, else ``default_max_tokens``."""
+        if forced and forced.get("max_new_tokens") is not None:
+            return int(forced["max_new_tokens"])
+        return int(default_max_tokens if self.max_tokens is None else self.max_tokens)
 
 
 @dataclass(slots=True)

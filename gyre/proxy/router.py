@@ -9,9 +9,12 @@ outstanding requests on a source engine with :meth:`Router.abort_engine`.
 :meth:`Router.generate` streams one generation for an execution. When the engine ends a request
 with ``"abort"`` (role transition, pause) or fails (:class:`~gyre.proxy.engines.EngineUnavailable`),
 it re-issues it on the execution's *current* route, continuing from what was already generated:
-the new request's input is ``input_ids ++ output so far`` and its ``max_new_tokens`` is reduced
-by the tokens already produced (SGLang-native continuation; the destination engine recomputes
-the KV cache of the prefix). The caller sees one uninterrupted stream; each
+the new request's input is ``input_ids ++ output so far`` and its ``max_new_tokens`` and
+``min_new_tokens`` are reduced by the tokens already produced (the remaining minimum is
+``max(0, min_new_tokens - produced)``; SGLang-native continuation; the destination engine
+recomputes the KV cache of the prefix). A request the engine refuses
+(:class:`~gyre.proxy.engines.EngineRejected`, a 4xx) is not retried: the error goes to the
+caller at once. The caller sees one uninterrupted stream; each
 :class:`Attempt` is reported for the record's metadata. Retries wait with exponential backoff
 (``retry_backoff_s`` doubling up to ``retry_backoff_max_s``) while the route stays on a failing
 engine, and give up after ``retry_timeout_s`` seconds (:class:`GenerationFailed`).
@@ -26,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from gyre.proxy.engines import Engine, EngineChunk, EngineUnavailable
+from gyre.proxy.engines import Engine, EngineChunk, EngineRejected, EngineUnavailable
 
 __all__ = ["Router", "Attempt", "GenerationFailed", "RouteError"]
 
@@ -44,7 +47,8 @@ class GenerationFailed(RuntimeError):
 @dataclass(slots=True)
 class Attempt:
     """One engine request of a generation: ``engine_id``, ``rid``, output ``tokens`` it
-    contributed, how it ended (``stop``/``length``/``abort``/``error``), its policy version."""
+    contributed, how it ended (``stop``/``length``/``abort``/``error``/``rejected``), its policy
+    version."""
 
     engine_id: str
     rid: str
@@ -169,11 +173,13 @@ class Router:
         Raises:
             RouteError: the execution has no route.
             GenerationFailed: the retry budget ran out.
+            EngineRejected: the engine refused the request (outcome ``"rejected"``; no retry).
         """
         base = rid or f"gyre-{next(self._ids)}"
         prompt = list(input_ids)
         produced: list[int] = []
         max_new = int(sampling_params.get("max_new_tokens", 1 << 30))
+        min_new = int(sampling_params.get("min_new_tokens") or 0)
         deadline = time.monotonic() + self.retry_timeout_s
         backoff = self.retry_backoff_s
         last_engine: str | None = None
@@ -206,6 +212,8 @@ class Router:
                 continue
             params = dict(sampling_params)
             params["max_new_tokens"] = max(1, max_new - len(produced))
+            if "min_new_tokens" in params:
+                params["min_new_tokens"] = min(max(0, min_new - len(produced)), params["max_new_tokens"])
             inflight = self._inflight.setdefault(engine_id, {})
             inflight[sub_rid] = execution_id
             finish: str | None = None
@@ -225,6 +233,9 @@ class Router:
                     if ch.finish_reason is not None:
                         finish = ch.finish_reason
                         break
+            except EngineRejected:
+                att.outcome = "rejected"
+                raise
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed request %s: %s", engine_id, sub_rid, exc)
                 finish = "error"

@@ -50,8 +50,6 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", type=str, default=None, help="Proxy address (default: --proxy-host).")
     g.add_argument("--save-dir", type=str, default=None,
                    help="Where records/trees are stored (default: <run-dir>/records).")
-    g.add_argument("--max-context-tokens", type=int, default=None,
-                   help="Prompt + output limit (default: the model's max_position_embeddings, else --seq-length).")
     g.add_argument("--admin-token", type=str, default=None, help="Bearer token required on /gyre/* (default: none).")
     e = parser.add_argument_group(title="serve_rollout: engines")
     e.add_argument("--engine-url", action="append", default=None, metavar="URL",
@@ -263,12 +261,13 @@ class RolloutService:
         else:
             self._start_engines(model_dir)
         renderer = ChatRenderer(load_tokenizer(model_dir))
-        max_ctx = a.max_context_tokens or _max_positions(model_dir) or a.seq_length
+        max_ctx = a.rollout_max_context_tokens or _max_positions(model_dir) or a.seq_length
         save = Path(a.save_dir or Path(a.run_dir) / "records")
         store = TrajectoryStore(save, fsync_every=0, max_open=1024)  # the proxy fsyncs in batches
         config = ProxyConfig(
             model_name=Path(model_dir).name,
             default_max_tokens=a.rollout_max_new_tokens,
+            max_tokens_cap=a.rollout_max_new_tokens,
             max_context_tokens=max_ctx,
             admin_token=a.admin_token,
             default_sampling={"temperature": a.rollout_temperature, "top_p": a.rollout_top_p},

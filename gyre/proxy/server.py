@@ -30,7 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gyre.proxy.admin import Execution, ExecutionAdmin
 from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
-from gyre.proxy.api.common import IdFactory, ResponseBuilder, Sse, decode_json, read_json
+from gyre.proxy.api.common import IdFactory, ResponseBuilder, Sse, check_engine_sampling, decode_json, read_json
+from gyre.proxy.engines import EngineRejected
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.messages import ChatRequest
 from gyre.proxy.parse import OutputParser
@@ -51,13 +52,21 @@ class ProxyConfig:
 
     * ``model_name`` -- name listed by ``/v1/models``.
     * ``default_max_tokens`` -- ``max_new_tokens`` when a request gives none (tokens).
-    * ``max_tokens_cap`` -- upper bound on any request's ``max_new_tokens`` (tokens).
+    * ``max_tokens_cap`` -- upper bound on every call's ``max_new_tokens`` (tokens): a request
+      asking for more gets the cap, and its record's metadata says so (``max_tokens_capped``:
+      ``{"requested", "applied", "by"}``). The main job and ``serve_rollout`` set it (and
+      ``default_max_tokens``) from ``--rollout-max-new-tokens``.
     * ``max_context_tokens`` -- prompt + output limit (tokens); longer prompts get 400
-      ``"prompt is too long"`` (the phrase harnesses react to by compacting).
+      ``"prompt is too long"`` (the phrase harnesses react to by compacting), and a call's
+      output is cut to the room the prompt leaves (``by: "context"``). The main job and
+      ``serve_rollout`` set it from ``--rollout-max-context-tokens``.
     * ``restore_reasoning`` -- see :class:`~gyre.proxy.tito.TitoSession`.
     * ``retry_timeout_s`` -- give up a generation after this long (seconds) -> 503/529.
     * ``delivery_timeout_s`` -- how long a finished stream may take to be sent (seconds).
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
+    * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
+      the response starts (seconds): an engine refusal or a failure within that time is
+      answered with its HTTP status instead of a 200 stream that ends in an error event.
     * ``admin_token`` -- bearer token required on ``/gyre/*`` (``None``: open, for 127.0.0.1).
     * ``policy_version`` -- fallback version when engines report none.
     * ``default_sampling`` -- SGLang sampling params used when a request leaves them unset
@@ -77,6 +86,7 @@ class ProxyConfig:
     retry_timeout_s: float = 600.0
     delivery_timeout_s: float = 300.0
     sse_ping_s: float = 15.0
+    stream_hold_s: float = 30.0
     admin_token: str | None = None
     policy_version: int = 0
     default_sampling: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +120,8 @@ class _Call:
         self.rid = f"{ex.execution_id}-{server._next_rid()}"
         self.final_events: list[Sse] = []
         self._commit_task: asyncio.Future | None = None
+        #: set at the engine's first output chunk, or when generation ends (output or error)
+        self.engine_answered = asyncio.Event()
 
     def _put(self, events: list[Sse]) -> None:
         for e in events:
@@ -122,6 +134,7 @@ class _Call:
             self._put(self.builder.start())
             async for ch in server.router.generate(ex.execution_id, self.prep.input_ids.tolist(), self.sampling,
                                                    rid=self.rid, attempts=self.attempts):
+                self.engine_answered.set()
                 if ch.output_ids:
                     if self.t_first is None:
                         self.t_first = time.perf_counter()
@@ -135,6 +148,9 @@ class _Call:
                 self._put(self.builder.on_event(ev))
             # closing events go out only after the record is committed (see sse())
             self.final_events = self.builder.finish(self.finish, len(self.out_ids))
+        except EngineRejected as exc:  # the engine refused the request: the client's error, no retry
+            self.error = ProxyError(exc.status, f"the engine refused the request: {exc.message}")
+            ex.counters.rejected += 1
         except (GenerationFailed, RouteError) as exc:
             status = 529 if self.req.api == "anthropic" else 503
             self.error = ProxyError(status, f"generation failed: {exc}")
@@ -146,6 +162,7 @@ class _Call:
         finally:
             ex.counters.inflight -= 1
             self.queue.put_nowait(_END)
+            self.engine_answered.set()
         if self.error is not None:
             return
         try:
@@ -455,8 +472,11 @@ class ProxyServer(ExecutionAdmin):
             room = self.config.max_context_tokens - n_in
             if room <= 0:
                 raise ProxyError(400, f"prompt is too long: {n_in} tokens > {self.config.max_context_tokens - 1} maximum")
-            sampling = req.sampling.to_sglang(self.config.default_max_tokens, min(self.config.max_tokens_cap, room),
-                                              self.config.default_sampling, self.config.forced_sampling)
+            cfg = self.config
+            sampling = req.sampling.to_sglang(cfg.default_max_tokens, min(cfg.max_tokens_cap, room),
+                                              cfg.default_sampling, cfg.forced_sampling)
+            check_engine_sampling(sampling)
+            meta.update(self._capped(req, sampling, room))
         except ProxyError:
             ex.counters.rejected += 1
             raise
@@ -468,6 +488,14 @@ class ProxyServer(ExecutionAdmin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if req.stream:
+            # hold the response until the engine answers, so that a refusal is a status, not a 200
+            try:
+                await asyncio.wait_for(call.engine_answered.wait(), self.config.stream_hold_s)
+            except asyncio.TimeoutError:
+                pass
+            if call.error is not None:
+                call.set_delivered(False)
+                raise call.error
             return EventSourceResponse(call.sse(), ping=self.config.sse_ping_s, sep="\n",
                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         while True:  # drain the queue (no SSE): wait for the end of generation
@@ -482,6 +510,22 @@ class ProxyServer(ExecutionAdmin):
         call.set_delivered(delivered)
         await task
         return JSONResponse(builder.body())
+
+    def _capped(self, req: ChatRequest, sampling: dict[str, Any], room: int) -> dict[str, Any]:
+        """Record metadata for limits the operator's caps applied to this call: the requested
+        and applied ``max_tokens`` (``by`` ``"max_tokens_cap"`` or ``"context"``), and
+        ``min_tokens`` when it was cut to the applied limit."""
+        out: dict[str, Any] = {}
+        cfg = self.config
+        requested = req.sampling.requested_max_tokens(cfg.default_max_tokens, cfg.forced_sampling)
+        applied = int(sampling["max_new_tokens"])
+        if requested > applied:
+            by = "max_tokens_cap" if applied == cfg.max_tokens_cap and cfg.max_tokens_cap <= room else "context"
+            out["max_tokens_capped"] = {"requested": requested, "applied": applied, "by": by}
+        want_min = cfg.forced_sampling.get("min_new_tokens", req.sampling.min_tokens)
+        if isinstance(want_min, int) and want_min > int(sampling.get("min_new_tokens") or 0):
+            out["min_tokens_capped"] = {"requested": want_min, "applied": int(sampling.get("min_new_tokens") or 0)}
+        return out
 
     async def _count_tokens(self, request: Request):
         ex = self._auth(request)

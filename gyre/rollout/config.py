@@ -18,7 +18,6 @@ class EngineConfig:
     to :data:`PREFIX_CACHE_DEFAULT_BYTES` of KV (about 1M tokens of the tiny model).
     ``max_running_requests``: KV slots; the slot store holds ``slots x longest sequence`` KV
     (right-padded), so keep it modest for very long contexts on big models.
-    ``logprob_mode``: ``"tempered"`` (default) or ``"truncated"`` (``gyre/rollout/sampling.py``).
     ``num_threads``: ``torch.set_num_threads`` for the process (``None``: leave as is).
     ``incremental_streaming_output``: stream chunks carry deltas (default; O(output) bytes per
     request) rather than SGLang's default cumulative chunks (O(output^2)); both are SGLang modes
@@ -33,7 +32,6 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     prefill_chunk_tokens: int = 2048
     prefix_cache_tokens: int | None = None
-    logprob_mode: str = "tempered"
     weight_version: str = "default"
     random_seed: int = 0
     incremental_streaming_output: bool = True

@@ -112,7 +112,6 @@ class CoreConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 8192
     prefix_cache_tokens: int = 131072
-    logprob_mode: str = "tempered"
     weight_version: str = "default"
     random_seed: int = 0
 
@@ -367,8 +366,7 @@ class EngineCore:
             else:
                 banned.append(None)
         res = sample_next_tokens(logits, [s.params for s in run], [s.generator for s in run], banned=banned,
-                                 top_logprobs_num=[s.spec.top_logprobs_num for s in run],
-                                 logprob_mode=self.config.logprob_mode)
+                                 top_logprobs_num=[s.spec.top_logprobs_num for s in run])
         self.num_decode_tokens += len(run)
         done: list[Seq] = []
         for i, s in enumerate(run):

@@ -87,7 +87,7 @@ class EmbeddedEngine:
             self.runner,
             CoreConfig(max_running_requests=config.max_running_requests,
                        max_prefill_tokens=config.max_prefill_tokens,
-                       prefix_cache_tokens=self.prefix_cache_tokens, logprob_mode=config.logprob_mode,
+                       prefix_cache_tokens=self.prefix_cache_tokens,
                        weight_version=config.weight_version, random_seed=config.random_seed),
             eos_token_ids=self.eos_token_ids,
             decode_tail=(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))

@@ -12,9 +12,13 @@ Semantics follow SGLang's sampler (``python/sglang/srt/layers/sampler.py`` and
   an exact draw from ``p`` that depends only on the request's own seed and position, never on
   the rest of the batch.
 * ``min_new_tokens`` sets the stop ids' logits to ``-inf`` before all of the above (SGLang's
-  min-new-tokens penalizer), so returned log-probs then come from those masked logits.
+  min-new-tokens penalizer); the masked logits choose the token.
 
-Which log-prob is returned is :func:`sample_next_tokens`'s ``logprob_mode``.
+The behaviour log-prob returned for a token is always *raw*: ``log_softmax(logits / T)`` at
+that token over the full vocabulary, from the model's logits before any masking or truncation
+(``T = 1`` for greedy rows), whatever processing (EOS masking, top-k, top-p, min-p) chose the
+token. That is what the trainer computes (``log_softmax(logits / T)`` at the same weights), so
+the two agree whenever the weights are the same.
 """
 
 from __future__ import annotations
@@ -25,9 +29,6 @@ from typing import Sequence
 import torch
 
 from gyre.rollout.sglang_api import SamplingParams
-
-LOGPROB_MODES = ("tempered", "truncated")
-
 
 @dataclass(slots=True)
 class SampleResult:
@@ -73,76 +74,64 @@ def sample_next_tokens(
     *,
     banned: Sequence[Sequence[int] | None] | None = None,
     top_logprobs_num: Sequence[int] | None = None,
-    logprob_mode: str = "tempered",
 ) -> SampleResult:
-    """Sample one token per row and return its behaviour log-prob.
+    """Sample one token per row and return its raw behaviour log-prob (module docstring).
 
     Args:
         logits: ``[B, V]`` (any float dtype; computed in fp32).
         params: ``B`` sampling parameters.
         generators: ``B`` CPU ``torch.Generator`` (consumed only by non-greedy rows).
-        banned: per row ids whose logits are set to ``-inf`` first (``min_new_tokens``), or None.
-        top_logprobs_num: per row how many top ``(logprob, id)`` pairs to return (0: none).
-        logprob_mode: ``"tempered"``: ``log_softmax(logits / T)[token]``, the untruncated
-            tempered distribution, from exactly the logits that were sampled from (a trainer
-            computing ``log_softmax(logits / T)`` at the same weights reproduces it).  With
-            top-k, top-p or min-p truncation the draw came from the truncated distribution, so
-            this is then not its exact probability.  ``"truncated"``:
-            ``log(p_truncated_renormalised[token])``, the exact probability of the draw.
+        banned: per row ids whose logits are set to ``-inf`` for the draw (``min_new_tokens``),
+            or None; they do not change the returned log-probs.
+        top_logprobs_num: per row how many top ``(logprob, id)`` pairs to return (0: none), from
+            the same raw distribution.
     Returns:
-        :class:`SampleResult` with ``B`` ids and log-probs.
+        :class:`SampleResult` with ``B`` ids and their ``log_softmax(logits / T)`` values.
     Raises:
-        ValueError: unknown ``logprob_mode`` or mismatched lengths.
+        ValueError: mismatched lengths.
     """
-    if logprob_mode not in LOGPROB_MODES:
-        raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}, got {logprob_mode!r}")
     B = logits.shape[0]
     if len(params) != B or len(generators) != B:
         raise ValueError(f"{B} rows but {len(params)} params and {len(generators)} generators")
     logits = logits.float()
-    if banned is not None and any(banned):
-        logits = logits.clone()
-        for b, ids in enumerate(banned):
-            if ids:
-                logits[b, list(ids)] = float("-inf")
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
                          dtype=logits.dtype)
-    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    raw_logp = torch.log_softmax(logits / temps[:, None], dim=-1)  # what is returned
+    masked = logits
+    if banned is not None and any(banned):
+        masked = logits.clone()
+        for b, ids in enumerate(banned):
+            if ids:
+                masked[b, list(ids)] = float("-inf")
+    logp = torch.log_softmax(masked / temps[:, None], dim=-1) if masked is not logits else raw_logp
     tokens = [0] * B
-    lps = [0.0] * B
     # Greedy rows: argmax of the (masked) logits.
     greedy = [b for b, p in enumerate(params) if p.greedy]
     if greedy:
-        idx = torch.tensor(greedy)
-        picks = torch.argmax(logits[idx], dim=-1)
-        vals = logp[idx, picks].tolist() if logprob_mode == "tempered" else [0.0] * len(greedy)
-        for b, t, v in zip(greedy, picks.tolist(), vals):
-            tokens[b], lps[b] = t, v
-    # Sampled rows: Gumbel-max over log-probs (exact draw from the (truncated) distribution);
-    # each row's uniforms come from its own generator, so a draw never depends on the batch.
+        picks = torch.argmax(masked[torch.tensor(greedy)], dim=-1)
+        for b, t in zip(greedy, picks.tolist()):
+            tokens[b] = t
+    # Sampled rows: Gumbel-max over the (masked, truncated) log-probs: an exact draw from that
+    # distribution; each row's uniforms come from its own generator, so a draw never depends
+    # on the batch.
     sampled = [b for b, p in enumerate(params) if not p.greedy]
     if sampled:
-        idx = torch.tensor(sampled)
-        rows = logp[idx]
-        trunc_rows = {}
+        rows = logp[torch.tensor(sampled)]
         for k, b in enumerate(sampled):
             p = params[b]
             if p.truncates:
-                trunc = truncate_probs(rows[k].exp(), p.top_k, p.top_p, p.min_p)
-                trunc_rows[b] = trunc
-                rows[k] = torch.log(trunc)
+                rows[k] = torch.log(truncate_probs(rows[k].exp(), p.top_k, p.top_p, p.min_p))
         u = torch.stack([torch.rand(rows.shape[1], generator=generators[b], dtype=rows.dtype) for b in sampled])
         gumbel = -torch.log(-torch.log(u))
         picks = torch.argmax(rows + gumbel, dim=-1)
-        vals = logp[idx, picks].tolist()
-        for b, t, v in zip(sampled, picks.tolist(), vals):
+        for b, t in zip(sampled, picks.tolist()):
             tokens[b] = t
-            lps[b] = float(torch.log(trunc_rows[b][t])) if logprob_mode == "truncated" and b in trunc_rows else v
+    lps = [float(raw_logp[b, t]) for b, t in enumerate(tokens)]
     tops: list[list[tuple[float, int]] | None] = []
     for b in range(B):
         k = top_logprobs_num[b] if top_logprobs_num is not None else 0
         if k:
-            vals, ids = torch.topk(logp[b], min(k, logp.shape[1]))
+            vals, ids = torch.topk(raw_logp[b], min(k, raw_logp.shape[1]))
             tops.append([(float(v), int(i)) for v, i in zip(vals, ids)])
         else:
             tops.append(None)

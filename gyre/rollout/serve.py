@@ -42,7 +42,6 @@ def build_arg_parser():
     p.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens)
     p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
                    help="Prefix cache capacity in tokens (0: off; default: 1 GiB of KV).")
-    p.add_argument("--logprob-mode", choices=("tempered", "truncated"), default=d.logprob_mode)
     p.add_argument("--weight-version", default=d.weight_version)
     p.add_argument("--random-seed", type=int, default=d.random_seed)
     p.add_argument("--incremental-streaming-output", action=argparse.BooleanOptionalAction,
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir=args.model_dir, tokenizer_dir=args.tokenizer_dir, served_model_name=args.served_model_name,
         context_length=args.context_length, max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
-        prefix_cache_tokens=args.prefix_cache_tokens, logprob_mode=args.logprob_mode,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         weight_version=args.weight_version, random_seed=args.random_seed,
         incremental_streaming_output=args.incremental_streaming_output, num_threads=args.num_threads)
     try:

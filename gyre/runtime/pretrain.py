@@ -228,8 +228,10 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
     proxy = ProxyServer(ChatRenderer(load_tokenizer(model_dir)),
                         store=TrajectoryStore(run_dir / "records", fsync_every=0, max_open=1024),
                         config=ProxyConfig(model_name="gyre-policy", default_max_tokens=args.rollout_max_new_tokens,
-                                           max_context_tokens=min(int(cfg.get("max_position_embeddings", args.seq_length)),
-                                                                  args.seq_length),
+                                           max_tokens_cap=args.rollout_max_new_tokens,
+                                           max_context_tokens=args.rollout_max_context_tokens
+                                           or min(int(cfg.get("max_position_embeddings", args.seq_length)),
+                                                  args.seq_length),
                                            default_sampling={"temperature": args.rollout_temperature,
                                                              "top_p": args.rollout_top_p}))
     for c, url in enumerate(urls):

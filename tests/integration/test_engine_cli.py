@@ -46,7 +46,7 @@ def test_engine_process_with_default_model_stops_on_sigterm():
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path):
-    for args in (["--model-dir", str(tmp_path)], ["--port", "-3"], ["--logprob-mode", "exact"], ["--port", "x"]):
+    for args in (["--model-dir", str(tmp_path)], ["--port", "-3"], ["--logprob-mode", "truncated"], ["--port", "x"]):
         p = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=120, env=ENV)
         assert p.returncode == 2, (args, p.stderr)
         assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "error" in p.stderr

@@ -85,6 +85,45 @@ def test_sampled_logprobs_equal_training_side_forward(client, hf, temperature):
         assert r.meta_info["output_token_logprobs"][0][1] == r.output_ids[0]
 
 
+def _top_ids(model, input_ids, k):
+    with torch.no_grad():
+        logits = model(torch.tensor(input_ids)[None]).logits[0, -1].float()
+    return torch.topk(logits, k).indices.tolist()
+
+
+@pytest.mark.parametrize("case", ["min_tokens", "min_tokens_greedy", "top_p", "top_k", "stop_strings"])
+def test_behaviour_logprobs_are_raw_whatever_chose_the_token(client, hf, case):
+    """Returned log-probs are log_softmax(logits / T) over the full vocabulary (T = 1 when greedy),
+    compared with a brute-force full forward, whatever processing chose the tokens."""
+    ids = prompts(1, seed=21)[0]
+    base = {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 3}
+    if case.startswith("min_tokens"):
+        # the model's 30 most likely first tokens are stop ids, masked for all 12 tokens: the
+        # masked distribution differs a lot from the raw one
+        stop_ids = sorted(set(_top_ids(hf, ids, 30)) | {EOS})
+        sp = dict(base, stop_token_ids=stop_ids, min_new_tokens=12)
+        if case == "min_tokens_greedy":
+            sp["temperature"] = 0
+    elif case == "top_p":
+        sp = dict(base, top_p=0.3, ignore_eos=True)
+    elif case == "top_k":
+        sp = dict(base, top_k=3, ignore_eos=True)
+    else:
+        free = client.generate(ids, dict(base, ignore_eos=True))
+        text = free.text
+        target = next(text[i:i + 2] for i in range(3, len(text) - 2)
+                      if text[i:i + 2].strip() and "\ufffd" not in text[i:i + 2])
+        sp = dict(base, ignore_eos=True, stop=[target])
+    r = client.generate(ids, sp)
+    assert len(r.output_ids) == len(r.output_logprobs) > 0
+    if case.startswith("min_tokens"):
+        assert len(r.output_ids) == 12 and not set(r.output_ids) & set(stop_ids)
+    if case == "stop_strings":
+        assert r.finish_reason.type == "stop" and r.finish_reason.matched == target
+    ref = ref_logprobs(hf, ids, r.output_ids, sp["temperature"] or 1.0)
+    assert max(abs(a - b) for a, b in zip(r.output_logprobs, ref)) < 1e-4
+
+
 def test_n_samples_seeds_and_reproducibility(client):
     ids = prompts(1, seed=3)[0]
     sp = {"max_new_tokens": 12, "temperature": 1.0, "n": 3, "sampling_seed": 5, "ignore_eos": True}

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gyre.proxy.engines import EngineChunk, EngineUnavailable, ScriptedEngine, parse_version
+from gyre.proxy.engines import EngineChunk, EngineRejected, EngineUnavailable, ScriptedEngine, parse_version
 from gyre.proxy.router import Attempt, GenerationFailed, RouteError, Router
 
 
@@ -68,6 +68,66 @@ def test_abort_is_continued_on_the_new_route():
     assert att[0].tokens + att[1].tokens == 20 and retries == [True]
     assert b.calls[0][1] == [7] + list(range(100, 100 + att[0].tokens))  # continuation input
     assert b.calls[0][0] == att[1].rid and att[1].rid.endswith(".r1")
+
+
+def test_retry_keeps_the_remaining_min_new_tokens():
+    seen: list[dict] = []
+
+    def script(ids, params):
+        seen.append(dict(params))
+        return list(range(100, 120))[len(ids) - 1:]
+
+    a = ScriptedEngine("a", script, chunk=2, delay_s=0.01)
+    b = ScriptedEngine("b", script, chunk=2)
+    r = Router()
+    r.add_engine(a)
+    r.add_engine(b)
+    r.set_route("x", "a")
+
+    async def main():
+        att: list[Attempt] = []
+        task = asyncio.create_task(_collect(r, "x", [7], {"max_new_tokens": 20, "min_new_tokens": 15}, attempts=att))
+        while not r.inflight("a") or len(a.calls) == 0:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.03)
+        r.set_route("x", "b")
+        await r.abort_engine("a")
+        await asyncio.wait_for(task, 2.0)
+        return att
+
+    att = asyncio.run(main())
+    done = att[0].tokens
+    assert 0 < done < 15 and len(seen) == 2
+    assert seen[0]["min_new_tokens"] == 15 and seen[0]["max_new_tokens"] == 20
+    assert seen[1]["min_new_tokens"] == 15 - done and seen[1]["max_new_tokens"] == 20 - done
+
+
+class _Refusing:
+    """An engine that refuses every request as invalid (an engine 4xx); counts the calls."""
+
+    engine_id = "bad"
+
+    def __init__(self):
+        self.calls = 0
+
+    async def generate_stream(self, ids, params, rid):
+        self.calls += 1
+        raise EngineRejected(400, "top_p must be in (0, 1]")
+        yield  # pragma: no cover
+
+    async def abort(self, rid):
+        pass
+
+
+def test_engine_rejection_is_raised_at_once_never_retried():
+    e = _Refusing()
+    r = Router(retry_timeout_s=60, retry_backoff_s=0.5)
+    r.add_engine(e)
+    r.set_route("x", "bad")
+    att: list[Attempt] = []
+    with pytest.raises(EngineRejected) as info:
+        asyncio.run(asyncio.wait_for(_collect(r, "x", [1], {"max_new_tokens": 4}, attempts=att), 2.0))
+    assert info.value.status == 400 and e.calls == 1 and [a.outcome for a in att] == ["rejected"]
 
 
 def test_failures_back_off_then_give_up():
@@ -132,3 +192,21 @@ def test_client_engine_adapter_maps_chunks_and_errors():
     assert chunks == [EngineChunk([1, 2], [-0.1, -0.2], None, 2), EngineChunk([3], [-0.3], "stop", 2)]
     with pytest.raises(EngineUnavailable):
         asyncio.run(run(ClientEngine(Client(fail=True), "e")))
+    from gyre.rollout.engine_messages import EngineConnectionError, EngineError
+
+    class Failing(Client):
+        def __init__(self, exc):
+            self.exc = exc
+
+        async def stream(self, ids, params, rid, return_logprob):
+            raise self.exc
+            yield  # pragma: no cover
+
+    # an engine 4xx is a refusal (not retried); 5xx, 429 and connection errors are unavailability
+    with pytest.raises(EngineRejected) as info:
+        asyncio.run(run(ClientEngine(Failing(EngineError(400, "bad top_p")), "e")))
+    assert info.value.status == 400 and info.value.message == "bad top_p"
+    for exc in (EngineError(500, "boom"), EngineError(503, "busy"), EngineError(429, "slow down"),
+                EngineConnectionError("refused")):
+        with pytest.raises(EngineUnavailable):
+            asyncio.run(run(ClientEngine(Failing(exc), "e")))

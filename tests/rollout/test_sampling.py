@@ -64,7 +64,7 @@ def test_truncation_semantics():
     assert truncate_probs(probs, -1, 1e-9, 0.0).tolist() == pytest.approx([0, 1, 0, 0])
 
 
-def test_truncated_sampling_never_draws_removed_tokens_and_logprob_modes():
+def test_truncated_sampling_never_draws_removed_tokens_and_returns_raw_logprobs():
     logits = torch.log(torch.tensor([[0.1, 0.4, 0.3, 0.2]]))
     p = SamplingParams(temperature=1.0, top_k=2)
     g = torch.Generator().manual_seed(0)
@@ -73,17 +73,16 @@ def test_truncated_sampling_never_draws_removed_tokens_and_logprob_modes():
     g = torch.Generator().manual_seed(0)
     r = sample_next_tokens(logits, [p], [g])
     t = r.token_ids[0]
-    assert r.logprobs[0] == pytest.approx(math.log([0.1, 0.4, 0.3, 0.2][t]), abs=1e-6)   # tempered, untruncated
-    g = torch.Generator().manual_seed(0)
-    r2 = sample_next_tokens(logits, [p], [g], logprob_mode="truncated")
-    assert r2.token_ids[0] == t
-    assert r2.logprobs[0] == pytest.approx(math.log([0, 4 / 7, 3 / 7, 0][t]), abs=1e-6)
+    assert r.logprobs[0] == pytest.approx(math.log([0.1, 0.4, 0.3, 0.2][t]), abs=1e-6)   # raw, untruncated
+    with pytest.raises(TypeError):
+        sample_next_tokens(logits, [p], [g], logprob_mode="truncated")
 
 
 def test_banned_ids_are_never_sampled_and_top_logprobs():
     logits = torch.tensor([[5.0, 0.0, 0.0]])
     r = sample_next_tokens(logits, [SamplingParams(temperature=0.0)], gens(1), banned=[[0]], top_logprobs_num=[2])
     assert r.token_ids[0] != 0
-    assert [t for _, t in r.top_logprobs[0]][0] in (1, 2) and len(r.top_logprobs[0]) == 2
-    with pytest.raises(ValueError):
-        sample_next_tokens(logits, [SamplingParams()], gens(1), logprob_mode="exact")
+    # log-probs and top log-probs are raw: the banned id keeps its mass in the distribution
+    raw = torch.log_softmax(logits[0], -1)
+    assert r.logprobs[0] == pytest.approx(float(raw[r.token_ids[0]]), abs=1e-6)
+    assert r.top_logprobs[0][0] == (pytest.approx(float(raw[0]), abs=1e-6), 0) and len(r.top_logprobs[0]) == 2

@@ -191,7 +191,7 @@ def normalize_anthropic(body: Any) -> ChatRequest:
         else:
             raise ProxyError(400, f"messages[{i}].role must be 'user', 'assistant' or 'system'", param="role")
     tools, kinds = _tools(body.get("tools"))
-    sampling = sampling_options(body, "max_tokens", top_k=True, stop_key="stop_sequences")
+    sampling = sampling_options(body, "max_tokens", top_k=True, stop_key="stop_sequences", extended=True)
     stream = stream_flag(body)
     model = model_name(body)
     md = body.get("metadata")

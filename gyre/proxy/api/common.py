@@ -29,7 +29,7 @@ from gyre.proxy.parse import OutputEvent
 
 __all__ = [
     "decode_json", "read_json", "MAX_TOKENS_LIMIT", "obj", "array", "string", "opt_bool", "opt_num", "opt_int", "stops", "model_name",
-    "stream_flag", "sampling_options", "dump_arguments", "arguments_text", "placeholder", "content_text",
+    "stream_flag", "sampling_options", "opt_top_p", "opt_top_k", "check_engine_sampling", "dump_arguments", "arguments_text", "placeholder", "content_text",
     "function_tool", "Sse", "IdFactory", "ResponseBuilder",
 ]
 
@@ -40,19 +40,31 @@ MAX_TOKENS_LIMIT = 1 << 30
 # ----------------------------------------------------------------------------- bodies
 def decode_json(raw: bytes, encoding: str) -> Any:
     """The JSON value of a request body sent with ``Content-Encoding: encoding`` (identity, gzip
-    or deflate). Raises :class:`ProxyError` 415 for another encoding, 400 for bad JSON."""
-    enc = encoding.lower()
+    or deflate: zlib-wrapped or raw). Raises :class:`ProxyError` 415 for another encoding, 400
+    for a body that does not decode: truncated or corrupt gzip/deflate data, bytes that are not
+    UTF-8, text that is not JSON."""
+    enc = encoding.strip().lower()
     try:
         if enc == "gzip":
             raw = gzip.decompress(raw)
         elif enc == "deflate":
-            raw = zlib.decompress(raw)
+            try:
+                raw = zlib.decompress(raw)
+            except zlib.error:
+                raw = zlib.decompress(raw, -zlib.MAX_WBITS)  # raw deflate, no zlib header
         elif enc not in ("", "identity"):
             raise ProxyError(415, f"unsupported content-encoding {enc!r}")
-        return json.loads(raw)
     except ProxyError:
         raise
-    except (ValueError, OSError, zlib.error, RecursionError) as exc:
+    except (EOFError, OSError, zlib.error, ValueError) as exc:
+        raise ProxyError(400, f"request body is not valid {enc} data: {type(exc).__name__}: {exc}") from None
+    try:
+        text = raw.decode("utf-8-sig") if isinstance(raw, (bytes, bytearray)) else raw
+    except UnicodeDecodeError as exc:
+        raise ProxyError(400, f"request body is not valid UTF-8: {exc}") from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ProxyError(400, f"request body is not valid JSON: {type(exc).__name__}") from None
 
 
@@ -140,24 +152,87 @@ def sampling_options(
     body: dict[str, Any], max_tokens_key: str, *, max_tokens: int | None = None, top_k: bool = False,
     stop_key: str | None = None, extended: bool = False,
 ) -> SamplingOptions:
-    """Sampling fields of a body, validated in this order: ``max_tokens_key`` (skipped when
-    ``max_tokens`` is given), ``temperature`` in [0, 2], ``top_p`` in [0, 1], then optionally
-    ``top_k``, stop strings under ``stop_key`` and (``extended``) ``seed``, ``min_tokens``,
-    ``ignore_eos`` (SGLang's extensions of Chat Completions)."""
+    """Sampling fields of a body, validated with the engine's limits in this order:
+    ``max_tokens_key`` (skipped when ``max_tokens`` is given; an integer >= 1),
+    ``temperature`` in [0, 2], ``top_p`` in (0, 1], then optionally ``top_k`` (-1 = off, or
+    >= 1), stop strings under ``stop_key`` and (``extended``) ``seed``, ``min_tokens`` (an
+    integer >= 0, at most ``max_tokens`` when both are given), ``ignore_eos`` (SGLang's
+    extensions of Chat Completions)."""
     if max_tokens is None:
         max_tokens = opt_int(body, max_tokens_key, 1, MAX_TOKENS_LIMIT)
     s = SamplingOptions(
         max_tokens=max_tokens,
         temperature=opt_num(body, "temperature", 0.0, 2.0),
-        top_p=opt_num(body, "top_p", 0.0, 1.0),
-        top_k=opt_int(body, "top_k", -1, 1 << 20) if top_k else None,
+        top_p=opt_top_p(body),
+        top_k=opt_top_k(body) if top_k else None,
         stop=stops(body.get(stop_key), stop_key) if stop_key else (),
     )
     if extended:
         s.seed = opt_int(body, "seed", -(1 << 63), (1 << 63) - 1)
         s.min_tokens = opt_int(body, "min_tokens", 0, MAX_TOKENS_LIMIT)
         s.ignore_eos = opt_bool(body, "ignore_eos", "body")
+        if s.min_tokens is not None and s.max_tokens is not None and s.min_tokens > s.max_tokens:
+            raise ProxyError(400, f"min_tokens ({s.min_tokens}) must not exceed {max_tokens_key} ({s.max_tokens})",
+                             param="min_tokens")
     return s
+
+
+def opt_top_p(d: dict[str, Any]) -> float | None:
+    """``d["top_p"]`` if it is a number in (0, 1] (0 would keep no token), ``None`` if absent."""
+    v = d.get("top_p")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0.0 < v <= 1.0:
+        raise ProxyError(400, "top_p must be a number in (0, 1]", param="top_p")
+    return float(v)
+
+
+def opt_top_k(d: dict[str, Any]) -> int | None:
+    """``d["top_k"]`` if it is -1 (off) or an integer >= 1, ``None`` if absent."""
+    v = d.get("top_k")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or 1 <= v <= 1 << 30):
+        raise ProxyError(400, "top_k must be -1 (off) or an integer >= 1", param="top_k")
+    return int(v)
+
+
+_INT_PARAMS = {"max_new_tokens": 1, "min_new_tokens": 0, "n": 1}
+
+
+def check_engine_sampling(sp: dict[str, Any]) -> None:
+    """Check the SGLang ``sampling_params`` the proxy is about to send (request values merged
+    with the operator's defaults and forced values) against the engine's limits: integer
+    ``max_new_tokens`` >= 1, ``min_new_tokens`` >= 0 and <= ``max_new_tokens``,
+    ``temperature`` >= 0, ``top_p`` in (0, 1], ``top_k`` -1 or >= 1, ``min_p`` in [0, 1].
+    Raises :class:`ProxyError` 400 naming the parameter, so that the engine never sees a
+    request it would refuse."""
+    for key, lo in _INT_PARAMS.items():
+        v = sp.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise ProxyError(400, f"sampling parameter {key} must be an integer >= {lo}, got {v!r}", param=key)
+
+    def num(key: str) -> float | None:
+        v = sp.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ProxyError(400, f"sampling parameter {key} must be a finite number, got {v!r}", param=key)
+        return float(v)
+
+    t, p, mp = num("temperature"), num("top_p"), num("min_p")
+    if t is not None and t < 0:
+        raise ProxyError(400, f"temperature must be >= 0, got {t}", param="temperature")
+    if p is not None and not 0.0 < p <= 1.0:
+        raise ProxyError(400, f"top_p must be in (0, 1], got {p}", param="top_p")
+    if mp is not None and not 0.0 <= mp <= 1.0:
+        raise ProxyError(400, f"min_p must be in [0, 1], got {mp}", param="min_p")
+    k = sp.get("top_k")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not (k == -1 or k >= 1)):
+        raise ProxyError(400, f"top_k must be -1 (off) or an integer >= 1, got {k!r}", param="top_k")
+    lo_n, hi_n = sp.get("min_new_tokens") or 0, sp.get("max_new_tokens")
+    if hi_n is not None and lo_n > hi_n:
+        raise ProxyError(400, f"min_tokens ({lo_n}) must not exceed max_tokens ({hi_n})", param="min_tokens")
 
 
 # ----------------------------------------------------------------------------- content and tools

@@ -230,7 +230,7 @@ def normalize_responses(body: Any) -> ChatRequest:
     else:
         _items(array(inp, "input"), "input", messages)
     tools, kinds, namespaces = _tools(body.get("tools"))
-    sampling = sampling_options(body, "max_output_tokens")
+    sampling = sampling_options(body, "max_output_tokens", top_k=True, extended=True)
     stream = stream_flag(body)
     include = body.get("include")
     if include is not None:
