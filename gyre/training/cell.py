@@ -3,12 +3,14 @@
 **Rollout -> training** (:meth:`CellRoles.to_train`): the proxy stops routing to this cell's
 engine (every execution pinned to it is rerouted to the destination the scheduler reserved), the
 requests still running on it are aborted and transparently retried by the proxy at the
-destination (which recomputes the whole context: no KV cache moves between engines), the engine releases its weights and KV cache (``release_memory_occupation``), and the
-training parameters and optimizer buffers are restored.
+destination (which recomputes the whole context: no KV cache moves between engines); the engine
+pauses generation in ``abort`` mode (a request that reached it after the proxy's abort is aborted
+too, and later ones wait), releases its weights and KV cache (``release_memory_occupation``), and
+the training parameters and optimizer buffers are restored.
 
 **Training -> rollout** (:meth:`CellRoles.to_rollout`): the reverse: training state is offloaded,
-the engine resumes its memory and loads the current published weights with their version, and the
-scheduler may route new executions to it again.
+the engine resumes its memory, loads the current published weights with their version and
+continues generation (requests that waited run now), and the scheduler may route executions to it.
 
 Backend processes (the engine server) and communication groups stay alive across transitions.
 Each transition's latency (seconds) is measured and recorded as a :class:`Transition` for the
@@ -37,6 +39,10 @@ class RouteControl(Protocol):
 
 class EngineControl(Protocol):
     """What a cell needs from its engine (``gyre.rollout.engine_client.EngineClient`` satisfies it)."""
+
+    def pause_generation(self, mode: str = "abort") -> dict: ...
+
+    def continue_generation(self) -> dict: ...
 
     def release_memory_occupation(self, tags=None) -> dict: ...
 
@@ -130,6 +136,7 @@ class CellRoles:
         self.on_transition = on_transition
         self.role = "rollout"
         self.transitions: list[Transition] = []
+        self.release_attempts = 3
 
     def _emit(self, tr: Transition) -> Transition:
         self.transitions.append(tr)
@@ -154,7 +161,17 @@ class CellRoles:
             moved = self.proxy.reroute_engine(self.engine_id, destination)
             aborted = self.proxy.abort_engine(self.engine_id)
         t1 = self.clock()
-        self.engine.release_memory_occupation(["weights", "kv_cache"])
+        for attempt in range(1, self.release_attempts + 1):
+            try:  # pausing in abort mode leaves nothing running, so the release cannot meet a request
+                self.engine.pause_generation("abort")
+                self.engine.release_memory_occupation(["weights", "kv_cache"])
+                break
+            except Exception as exc:
+                if attempt == self.release_attempts:
+                    raise
+                logger.warning("cell %d: releasing engine memory failed (attempt %d of %d), retrying: %s",
+                               self.cell, attempt, self.release_attempts, exc)
+                time.sleep(0.5 * attempt)
         t2 = self.clock()
         if self.training is not None:
             self.training.restore()
@@ -178,6 +195,7 @@ class CellRoles:
         self.engine.resume_memory_occupation(["weights", "kv_cache"])
         t2 = self.clock()
         self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
+        self.engine.continue_generation()
         t3 = self.clock()
         self.role = "rollout"
         return self._emit(Transition(self.cell, "training->rollout", wall, t3 - t0, version=str(version),

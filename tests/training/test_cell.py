@@ -22,10 +22,22 @@ class FakeProxy:
 
 
 class FakeEngine:
-    def __init__(self, log):
+    def __init__(self, log, release_failures=0):
         self.log = log
+        self.release_failures = release_failures
+
+    def pause_generation(self, mode="abort"):
+        self.log.append(("pause", mode))
+        return {"success": True}
+
+    def continue_generation(self):
+        self.log.append(("continue",))
+        return {"success": True}
 
     def release_memory_occupation(self, tags=None):
+        if self.release_failures:
+            self.release_failures -= 1
+            raise RuntimeError("1 requests are running")
         self.log.append(("release", tuple(tags)))
         return {"success": True}
 
@@ -65,14 +77,27 @@ def test_transitions_follow_the_documented_order_and_are_measured():
     tr = cell.to_train("standalone-0")
     assert proxy.calls == [("reroute", "engine-1", "standalone-0"), ("abort", "engine-1")]
     assert proxy.routes == {"e1": "standalone-0", "e2": "standalone-0", "e3": "engine-0"}
-    assert log == [("release", ("weights", "kv_cache"))]
+    assert log == [("pause", "abort"), ("release", ("weights", "kv_cache"))]
     assert (tr.direction, tr.rerouted, tr.aborted) == ("rollout->training", 2, 2)
     assert tr.latency_s == pytest.approx(0.35) and tr.phases_s["release"] == pytest.approx(0.2)
     with pytest.raises(RuntimeError, match="cell 1 is training, not rollout"):
         cell.to_train("x")
     tr2 = cell.to_rollout("7", {"w": torch.zeros(1)})
-    assert log[1:] == [("resume", ("weights", "kv_cache")), ("update", "7", ["w"])]
+    assert log[2:] == [("resume", ("weights", "kv_cache")), ("update", "7", ["w"]), ("continue",)]
     assert tr2.latency_s == pytest.approx(0.75) and tr2.version == "7"
     assert [t.direction for t in seen] == ["rollout->training", "training->rollout"]
     with pytest.raises(RuntimeError, match="not training"):
         cell.to_rollout("8", {})
+
+
+def test_a_release_that_fails_is_retried_then_reported(monkeypatch):
+    monkeypatch.setattr("gyre.training.cell.time.sleep", lambda s: None)
+    log = []
+    cell = CellRoles(1, "engine-1", FakeEngine(log, release_failures=2), None)
+    cell.to_train(None)
+    assert log == [("pause", "abort"), ("pause", "abort"), ("pause", "abort"), ("release", ("weights", "kv_cache"))]
+    assert cell.role == "training"
+    failing = CellRoles(2, "engine-2", FakeEngine([], release_failures=3), None)
+    with pytest.raises(RuntimeError, match="requests are running"):
+        failing.to_train(None)
+    assert failing.role == "rollout"
