@@ -29,13 +29,15 @@ def step_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     """``(steps, values)`` of ``key`` over metrics rows, in step order.
 
     Rows without ``key``, with ``None`` or a non-finite value are skipped; ``steps`` are the rows'
-    ``step`` as ints.
+    ``step`` as ints.  A step logged more than once (a resumed run repeats the steps after its
+    checkpoint) keeps its last row.
     """
-    pts = sorted(
-        (int(r["step"]), float(r[key])) for r in rows
-        if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
-    )
-    return [p[0] for p in pts], [p[1] for p in pts]
+    last: dict[int, float] = {}
+    for r in rows:
+        if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key]):
+            last[int(r["step"])] = float(r[key])
+    steps = sorted(last)
+    return steps, [last[s] for s in steps]
 
 
 def _integer_steps(ax) -> None:

@@ -94,3 +94,10 @@ def test_plot_run_cli(run_dir, capsys, tmp_path):
     assert capsys.readouterr().out.split() == [str(run_dir / "reward.png"), str(run_dir / "training.png")]
     assert mod.main([str(tmp_path / "missing")]) == 2
     assert "not a Gyre run directory" in capsys.readouterr().err
+
+
+def test_a_step_logged_again_after_a_resume_keeps_its_last_value():
+    from gyre.runtime.plot import step_series
+
+    rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}, {"step": 2, "loss": 0.3}, {"step": 3, "loss": 0.2}]
+    assert step_series(rows, "loss") == ([1, 2, 3], [0.5, 0.3, 0.2])
