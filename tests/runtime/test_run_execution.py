@@ -247,3 +247,14 @@ def test_custom_rm_path_scores_tasks_without_their_own_rule(proxy, tmp_path):
     fin2 = run2(task, command(CALL_AND_EXIT, "0"))  # without it: junit, and echo writes no report
     assert fin2.outcome.status is OutcomeStatus.EXCLUDED
     assert run2.records[0]["details"]["reason"].startswith("no usable JUnit report")
+
+
+def test_the_controller_config_carries_the_evaluation_flags():
+    from gyre.arguments import parse_args
+    from gyre.runtime.config import ControllerConfig
+
+    args = parse_args(["--custom-rm-path", "gyre.evaluation:stdout_score_rule", "--eval-timeout-s", "42",
+                       "--judge-base-url", "http://judge.example:8000/v1", "--judge-model", "big-judge"])
+    assert ControllerConfig.from_args(args).evaluation == EvaluatorSettings(
+        default_rule="gyre.evaluation:stdout_score_rule", default_timeout_s=42.0,
+        judge_base_url="http://judge.example:8000/v1", judge_model="big-judge")
