@@ -276,8 +276,8 @@ def _check_evaluator(spec: Any, where: str, c: _Collector, task_dir: Path, check
                 cw = f"{where}.components.{i}"
                 if isinstance(comp, Mapping) and "weight" in comp and not (
                         isinstance(comp["weight"], (int, float)) and not isinstance(comp["weight"], bool)
-                        and comp["weight"] >= 0):
-                    c.add(f"{cw}.weight", f"must be a number >= 0, got {comp['weight']!r}")
+                        and 0 < comp["weight"] < float("inf")):
+                    c.add(f"{cw}.weight", f"must be a number > 0, got {comp['weight']!r}")
                 inner = {k: v for k, v in comp.items() if k != "weight"} if isinstance(comp, Mapping) else comp
                 sub = _check_evaluator(inner, cw, c, task_dir, check_imports)
                 if sub is not None and isinstance(comp, Mapping) and "weight" in comp:
