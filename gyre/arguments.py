@@ -208,7 +208,18 @@ def _add_evaluation_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="Overall assessment budget of one execution, retries and waits included (s); "
                             "default (eval-max-retries + 1) * eval-timeout-s + the backoff waits.")
     group.add_argument("--custom-rm-path", type=str, default=None,
-                       help="Dotted path of a scoring rule used when a task names none.")
+                       help="Scoring rule 'pkg.mod:fn' (or pkg.mod.fn) of executable evaluators whose task names "
+                            "no 'scoring:' (instead of junit): fn takes a gyre.evaluation.CheckResult and returns "
+                            "a score, or (score, details); raising gyre.evaluation.Unresolved or returning None "
+                            "leaves the assessment unresolved. Judges and tasks with their own 'scoring:' ignore it.")
+    group.add_argument("--judge-base-url", type=str, default=None,
+                       help="OpenAI-compatible base URL (http://host:port/v1) judge tasks call; default: the run's "
+                            "proxy, i.e. the policy judges, with the execution's key and role evaluator (recorded, "
+                            "never trained). A task's own evaluator base_url wins.")
+    group.add_argument("--judge-model", type=str, default=None,
+                       help="'model' of judge requests whose task names none (default: policy).")
+    group.add_argument("--judge-api-key-env", type=str, default=None,
+                       help="Environment variable holding the key sent to --judge-base-url (needs it).")
     return parser
 
 
@@ -420,6 +431,22 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.eval_max_retries >= 0, "eval-max-retries", "must be >= 0")
     need(args.eval_retry_backoff_s >= 0, "eval-retry-backoff-s", "must be >= 0")
     need(args.eval_budget_s is None or args.eval_budget_s > 0, "eval-budget-s", "must be > 0")
+    if args.custom_rm_path is not None:
+        from gyre.evaluation import load_callable
+
+        try:
+            load_callable(args.custom_rm_path)
+        except Exception as exc:  # a user module may raise anything on import
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            need(False, "custom-rm-path", f"cannot load {args.custom_rm_path!r}: {reason}")
+    need(args.judge_base_url is None or args.judge_base_url.startswith(("http://", "https://")), "judge-base-url",
+         f"must be an http(s) URL, got {args.judge_base_url!r}")
+    need(args.judge_model is None or bool(args.judge_model.strip()), "judge-model", "must not be empty")
+    if args.judge_api_key_env is not None:
+        need(args.judge_base_url is not None, "judge-api-key-env",
+             "needs --judge-base-url (the run's proxy takes the execution's key)")
+        need(bool(os.environ.get(args.judge_api_key_env)), "judge-api-key-env",
+             f"${args.judge_api_key_env} is not set")
     need(0 <= args.proxy_port <= 65535, "proxy-port", "must be in [0, 65535]")
     need("evaluator" not in args.role_priority, "role-priority", "evaluator tokens are never trainable")
     if args.placement == "colocate":

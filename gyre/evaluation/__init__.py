@@ -4,8 +4,8 @@ Every closed execution is assessed on its preserved workspace (paper §5.2). Flo
 
     ws = preserve_workspace(live_dir, snapshot_dir)                 # harness launcher, at closure
     closure = ExecutionClosure(execution_id, TerminationStatus.TIMEOUT, ws, instruction, key)
-    evaluator = evaluator_from_spec(task.evaluator, default_rule=args.custom_rm_path, ...)
-    outcome = reward_manager.assess(closure, evaluator)             # retries, provenance log
+    evaluator = EvaluatorSettings.from_args(args).build(task, proxy_url + "/v1")   # custom rule, judge
+    outcome = reward_manager.assess(closure, evaluator, retry_until=deadline)    # retries, provenance log
     events = trajectory_buffer.record_outcome(outcome, tree)        # gyre.buffer: readiness
 
 Modules: :mod:`~gyre.evaluation.assessment` (interface), :mod:`~gyre.evaluation.executable`
@@ -14,7 +14,8 @@ Modules: :mod:`~gyre.evaluation.assessment` (interface), :mod:`~gyre.evaluation.
 policy), :mod:`~gyre.evaluation.provenance` (append-only assessment log),
 :mod:`~gyre.evaluation.rewards` (shell: outcomes, exclusion, placeholders),
 :mod:`~gyre.evaluation.workspace` (snapshots, digests), :mod:`~gyre.evaluation.process`
-(process-group runner), :mod:`~gyre.evaluation.junit`, :mod:`~gyre.evaluation.spec`.
+(process-group runner), :mod:`~gyre.evaluation.junit`, :mod:`~gyre.evaluation.spec`,
+:mod:`~gyre.evaluation.settings` (the run's flags that shape evaluators).
 """
 
 from gyre.evaluation.assessment import Assessment, AssessmentStatus, EvaluationTarget, Evaluator, Unresolved
@@ -41,6 +42,7 @@ from gyre.evaluation.rewards import (
     TerminationStatus,
     placeholder_tree,
 )
+from gyre.evaluation.settings import EvaluatorSettings
 from gyre.evaluation.spec import evaluator_from_spec
 from gyre.evaluation.validity import ActionKind, AttemptInfo, NextAction, RetryPolicy, RetryState
 from gyre.evaluation.workspace import PreservedWorkspace, preserve_workspace, tree_digest
@@ -59,6 +61,7 @@ __all__ = [
     "CompositeEvaluator",
     "EvaluationTarget",
     "Evaluator",
+    "EvaluatorSettings",
     "ExecutableCheck",
     "ExecutionClosure",
     "ExecutionOutcome",

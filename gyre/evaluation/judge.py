@@ -99,7 +99,8 @@ class AgenticJudge(Evaluator):
     """Model-with-a-rubric evaluator.
 
     Requests go to ``POST {base_url}/chat/completions`` with the headers
-    ``Authorization: Bearer <execution key>`` (ties the call to the execution assessed),
+    ``Authorization: Bearer <execution key>`` (ties the call to the execution assessed; ``api_key``
+    instead when one is given),
     ``x-gyre-role: evaluator`` (the proxy gives its output tokens ``Provenance.EVALUATOR``;
     never training targets, and a critique that reaches a later policy request keeps that
     provenance) and ``x-gyre-execution-id`` / ``x-gyre-attempt`` (for the proxy's logs).
@@ -115,7 +116,8 @@ class AgenticJudge(Evaluator):
         base_url: OpenAI-compatible base URL, e.g. ``http://127.0.0.1:8000/v1``.
         rubric: the task's rubric.
         model: ``model`` field of the requests.
-        api_key: key used when the target carries no ``execution_key``.
+        api_key: the endpoint's own key (a judge endpoint other than the run's proxy); when given
+            it is sent instead of the target's ``execution_key``.
         timeout_s: limit of one attempt, all turns together (seconds).
         max_turns: model calls per attempt.
         max_read_bytes: bytes returned by one ``read_file`` call.
@@ -231,7 +233,7 @@ class AgenticJudge(Evaluator):
         root = target.workspace
         if not root.is_dir():
             return unresolved(f"preserved workspace not found: {root}")
-        key = target.execution_key or self.api_key or "none"
+        key = self.api_key or target.execution_key or "none"
         headers = {"Authorization": f"Bearer {key}", ROLE_HEADER: EVALUATOR_ROLE,
                    "x-gyre-execution-id": target.execution_id, "x-gyre-attempt": str(target.attempt)}
         try:

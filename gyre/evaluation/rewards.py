@@ -5,8 +5,9 @@ Paper §5.2. :class:`RewardManager` is the thin shell around the pure retry poli
 execution's preserved workspace, records every attempt in the
 :class:`~gyre.evaluation.AssessmentLog`, sleeps the backoff (injected ``sleep``/``clock``), and
 returns an :class:`ExecutionOutcome` -- ``VALID`` with a score, ``EXCLUDED`` when every allowed
-attempt was unresolved (no reward, *not* 0), or ``PLACEHOLDER`` (reward 0.0, empty tree:
-:func:`placeholder_tree`) when there is no workspace to assess.
+attempt was unresolved (no reward, *not* 0; also :meth:`RewardManager.exclude` when nothing
+could be assessed at all), or ``PLACEHOLDER`` (reward 0.0, empty tree: :func:`placeholder_tree`)
+when the harness closed without assessable work.
 """
 
 from __future__ import annotations
@@ -203,12 +204,14 @@ class RewardManager:
             attempt=attempt, branch=ws.branch if ws else "", started_at=started))
 
     def assess(self, closure: ExecutionClosure, evaluator: Evaluator, *,
-               auxiliary: Sequence[Evaluator] = ()) -> ExecutionOutcome:
+               auxiliary: Sequence[Evaluator] = (), retry_until: float | None = None) -> ExecutionOutcome:
         """Score one closed execution with the task's designated ``evaluator``.
 
         Retries unresolved attempts against the same preserved workspace under the policy;
-        each attempt is recorded. ``auxiliary`` evaluators then run once each (recorded with
-        ``designated=False``; they never supply the reward).
+        each attempt is recorded. ``retry_until`` (on :attr:`clock`): the execution's overall
+        deadline -- no retry starts at or past it (the first attempt always runs).
+        ``auxiliary`` evaluators then run once each (recorded with ``designated=False``; they
+        never supply the reward).
         """
         if closure.workspace is None:
             out = ExecutionOutcome.placeholder(closure.execution_id, closure.termination)
@@ -216,7 +219,7 @@ class RewardManager:
                                              AssessmentStatus.VALID, 0.0, 0.0, self.clock(),
                                              {"reason": out.reason, "termination": closure.termination.value}))
             return out
-        state = RetryState(self.policy)
+        state = RetryState(self.policy, retry_until=math.inf if retry_until is None else float(retry_until))
         valid: Assessment | None = None
         while True:
             act = state.next_action(self.clock())
@@ -242,3 +245,15 @@ class RewardManager:
         logger.warning("execution %s excluded from training: %s", closure.execution_id, act.reason)
         return ExecutionOutcome(closure.execution_id, OutcomeStatus.EXCLUDED, None, closure.termination,
                                 ws.ref, ws.branch, len(state.attempts), act.reason)
+
+    def exclude(self, execution_id: str, termination: TerminationStatus | str, reason: str, *,
+                evaluator: str = "unassessed", details: dict[str, Any] | None = None) -> ExecutionOutcome:
+        """``EXCLUDED`` without an assessment attempt: the execution could not be assessed at all
+        (the launcher raised, the evaluator could not be built, the assessment itself crashed).
+        One unresolved record names ``reason``; no reward, so it never enters a group's baseline."""
+        out = ExecutionOutcome(execution_id, OutcomeStatus.EXCLUDED, None, termination, reason=reason)
+        self.log.append(AssessmentRecord(execution_id, evaluator, True, 0, "", "", AssessmentStatus.UNRESOLVED,
+                                         math.nan, 0.0, self.clock(),
+                                         {"reason": reason, "termination": out.termination.value, **(details or {})}))
+        logger.warning("execution %s excluded from training: %s", execution_id, reason)
+        return out

@@ -38,6 +38,9 @@ class RetryPolicy:
       the deadline is not scheduled;
     * the first ``VALID`` attempt resolves the execution (later attempts never happen).
 
+    :class:`RetryState` may also carry the execution's own deadline (``retry_until``): no retry
+    starts at or past it and a retry's limit ends there; the first attempt is not bound by it.
+
     Raises:
         ValueError: negative retries/backoff, factor < 1, non-positive limits.
     """
@@ -130,6 +133,10 @@ class RetryState:
     policy: RetryPolicy
     attempts: list[AttemptInfo] = field(default_factory=list)
     started_at: float | None = None
+    #: The execution's overall deadline (caller's clock): no retry starts at or past it, a retry's
+    #: limit ends there. The first attempt is not bound by it (work closed at its time limit is
+    #: still scored once). ``inf``: no such deadline.
+    retry_until: float = math.inf
     _running: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -154,9 +161,12 @@ class RetryState:
         if n == 0:
             return NextAction(ActionKind.EVALUATE, attempt=1, not_before=now,
                               timeout_s=min(self.policy.attempt_timeout_s, float(self.policy.budget_s)))
-        deadline = self.deadline
         not_before = self.attempts[-1].finished_at + self.policy.backoff(n)
         start = max(now, not_before)
+        if start >= self.retry_until:
+            return NextAction(ActionKind.EXHAUSTED, attempt=n,
+                              reason=f"unresolved after {n} attempts; the execution's time budget is spent")
+        deadline = min(self.deadline, self.retry_until)
         if start >= deadline:
             return NextAction(ActionKind.EXHAUSTED, attempt=n,
                               reason=f"unresolved after {n} attempts; evaluation budget of "

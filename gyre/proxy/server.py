@@ -435,7 +435,10 @@ class ProxyServer(ExecutionAdmin):
     async def _prepare(self, ex: Execution, req: ChatRequest, headers: dict[str, str], body: Any = None):
         harness = ex.harness if ex.harness in ("claude-code", "codex") else None
         role = None
-        if ex.role_rules is not None:
+        explicit = next((str(v).strip().lower() for k, v in headers.items() if k.lower() == "x-gyre-role"), None)
+        if explicit == "evaluator":  # Gyre's judge: never trained, whatever the harness's role rules say
+            role = explicit
+        elif ex.role_rules is not None:
             try:
                 role = ex.role_rules.classify(headers, body)
             except Exception:  # a bad rule set must not fail the call

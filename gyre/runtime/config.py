@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.buffer.packing import PackingConfig
+from gyre.evaluation.settings import EvaluatorSettings
 from gyre.evaluation.validity import RetryPolicy
 from gyre.rl.advantages import AdvantageConfig
 from gyre.scheduler.config import SchedulerConfig
@@ -33,6 +34,7 @@ class ControllerConfig:
     retry: RetryPolicy
     admission: AdmissionConfig
     packing: PackingConfig
+    evaluation: EvaluatorSettings = EvaluatorSettings()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ControllerConfig":
@@ -47,7 +49,7 @@ class ControllerConfig:
                    admission=AdmissionConfig(j_max=args.max_trajectories_per_execution,
                                              role_priority=tuple(args.role_priority),
                                              include_undelivered=bool(args.train_undelivered)),
-                   packing=PackingConfig.from_args(args))
+                   packing=PackingConfig.from_args(args), evaluation=EvaluatorSettings.from_args(args))
 
 
 @dataclass(frozen=True)

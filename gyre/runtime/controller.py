@@ -119,7 +119,8 @@ class Controller:
         timeout = min(task.timeout_s or self.cfg.execution_timeout_s, self.cfg.execution_timeout_s)
         self.pool.submit(lambda: self.finished.put(pipeline.run_execution(
             key, task, self.harness, self.proxy, self.rewards, ProxyEndpoint(self.proxy.url, ex.api_key),
-            run_dir=self.run_dir, timeout_s=timeout, on_launch=lambda r: xs.running.__setitem__(sid, r))))
+            run_dir=self.run_dir, timeout_s=timeout, on_launch=lambda r: xs.running.__setitem__(sid, r),
+            evaluators=self.cfg.evaluation)))
         self.handle(ev.ExecutionLaunched(cmd.execution_id))
 
     def reroute(self, cmd: ev.Reroute) -> None:

@@ -65,30 +65,70 @@ class FinishedExecution:
 
 
 def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *, run_dir: Path, timeout_s: float,
-                  on_launch: Callable[[Any], None]) -> FinishedExecution:
+                  on_launch: Callable[[Any], None], evaluators=None) -> FinishedExecution:
     """harness -> proxy -> trajectory tree -> evaluation, for one execution registered at the proxy.
 
-    The harness runs against ``endpoint`` (the proxy records every model call into the execution's
-    tree); the closed workspace is assessed by the task's evaluator; the execution is then closed
-    at the proxy.  A launcher or evaluator exception yields a placeholder outcome, never a raise.
+    The task's designated evaluator is built first (``evaluators``, a
+    :class:`gyre.evaluation.EvaluatorSettings`; judges call the model through the proxy at
+    ``endpoint`` unless a judge endpoint is configured).  The harness runs against ``endpoint``
+    (the proxy records every model call into the execution's tree); the closed workspace is
+    assessed while the execution's key still works (a judge calls with it, role ``evaluator``).
+    ``timeout_s`` is the execution's overall budget from the harness's start: evaluation retries
+    stop when it is spent (the first assessment always runs).  The execution is always closed at
+    the proxy at the end (its key and route released), whatever failed.
+
+    Outcomes: the evaluator's (``VALID``, or ``EXCLUDED`` when every attempt was unresolved);
+    ``PLACEHOLDER`` (reward 0, empty tree) only when the harness closed without assessable work
+    (workspace setup failed, it could not start, it crashed at start); ``EXCLUDED`` when the
+    evaluator cannot be built, the launcher raises, or the assessment itself raises.  Never raises.
     """
-    from gyre.evaluation.rewards import ExecutionOutcome
+    from gyre.evaluation.rewards import OutcomeStatus, TerminationStatus, placeholder_tree
+    from gyre.evaluation.settings import EvaluatorSettings
 
     sid = str(key)
+    clock = rewards.clock
+    deadline = clock() + float(timeout_s)
+    result, outcome, error = None, None, ""
     try:
-        result = harness.run(task, run_dir, sid, endpoint, timeout_s=timeout_s,
-                             model_calls=lambda: proxy.counters(sid)["calls"], on_launch=on_launch)
-        outcome = rewards.assess(result.closure(task, endpoint.api_key), task.build_evaluator())
-    except Exception as exc:  # a broken execution must not stop the run
-        logger.exception("execution %s failed in the launcher", sid)
-        return FinishedExecution(key, None, ExecutionOutcome.placeholder(sid), None, f"{type(exc).__name__}: {exc}")
-    tree = None
+        try:
+            evaluator = (evaluators or EvaluatorSettings()).build(task, endpoint.openai_base_url)
+        except Exception as exc:  # a task that cannot be scored is not run
+            error = f"evaluator cannot be built: {_one_line(exc)}"
+            outcome = rewards.exclude(sid, TerminationStatus.SETUP_FAILED, error)
+            return FinishedExecution(key, None, outcome, None, error)
+        try:
+            result = harness.run(task, run_dir, sid, endpoint, timeout_s=timeout_s,
+                                 model_calls=lambda: proxy.counters(sid)["calls"], on_launch=on_launch)
+        except Exception as exc:  # a broken launcher must not stop the run
+            logger.exception("execution %s failed in the launcher", sid)
+            error = f"launcher failed: {_one_line(exc)}"
+            outcome = rewards.exclude(sid, TerminationStatus.CRASHED, error)
+            return FinishedExecution(key, None, outcome, _tree(proxy, sid), error)
+        try:
+            outcome = rewards.assess(result.closure(task, endpoint.api_key), evaluator, retry_until=deadline)
+        except Exception as exc:
+            logger.exception("execution %s: assessment failed", sid)
+            error = f"assessment failed: {_one_line(exc)}"
+            outcome = rewards.exclude(sid, result.termination, error)
+        tree = placeholder_tree(sid) if outcome.status is OutcomeStatus.PLACEHOLDER else _tree(proxy, sid)
+        return FinishedExecution(key, result, outcome, tree, error)
+    finally:
+        try:
+            proxy.close_execution(sid)
+        except Exception as exc:
+            logger.warning("execution %s: closing at the proxy failed: %s", sid, exc)
+
+
+def _tree(proxy, sid: str):
     try:
-        tree = proxy.tree(sid)
-        proxy.close_execution(sid)
+        return proxy.tree(sid)
     except Exception as exc:
-        logger.warning("execution %s: closing at the proxy failed: %s", sid, exc)
-    return FinishedExecution(key, result, outcome, tree)
+        logger.warning("execution %s: no trajectory tree at the proxy: %s", sid, exc)
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 @dataclass

@@ -41,7 +41,8 @@ _WORKSPACE_FIELDS = ("dir", "git", "files")
 _GIT_FIELDS = ("repo", "commit")
 _EVALUATOR_TYPES = ("executable", "judge", "composite")
 _EXECUTABLE_FIELDS = ("type", "command", "scoring", "timeout_s", "env", "junit_skipped", "readonly_source", "name")
-_JUDGE_FIELDS = ("type", "rubric", "model", "timeout_s", "max_turns", "score_scale", "name", "base_url")
+_JUDGE_FIELDS = ("type", "rubric", "model", "timeout_s", "max_turns", "max_tokens", "score_scale", "name",
+                 "base_url")
 _COMPOSITE_FIELDS = ("type", "components", "name")
 _BUILTIN_RULES = ("junit", "fraction_passed", "exit_code", "stdout_score")
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{4,64}$")
@@ -144,7 +145,7 @@ class TaskSpec:
     def build_evaluator(self, **kwargs: Any):
         """The task's designated evaluator: :func:`gyre.evaluation.evaluator_from_spec` on
         :attr:`evaluator` (``kwargs``: ``default_rule``, ``default_timeout_s``,
-        ``judge_base_url``, ``eval_root``).
+        ``judge_base_url``, ``judge_model``, ``judge_api_key``, ``eval_root``).
 
         Raises:
             ValueError: from ``evaluator_from_spec`` (e.g. a judge without ``judge_base_url``).
@@ -255,9 +256,14 @@ def _check_evaluator(spec: Any, where: str, c: _Collector, task_dir: Path, check
         rubric = spec.get("rubric")
         if not isinstance(rubric, str) or not rubric.strip():
             c.add(f"{where}.rubric", "missing or empty (the judge's rubric text)")
-        for key in ("max_turns",):
+        for key in ("max_turns", "max_tokens"):
             if key in spec and not (isinstance(spec[key], int) and not isinstance(spec[key], bool) and spec[key] > 0):
                 c.add(f"{where}.{key}", f"must be an integer > 0, got {spec[key]!r}")
+        if "model" in spec and not (isinstance(spec["model"], str) and spec["model"].strip()):
+            c.add(f"{where}.model", f"must be a non-empty string, got {spec['model']!r}")
+        if "base_url" in spec and not (isinstance(spec["base_url"], str)
+                                       and spec["base_url"].startswith(("http://", "https://"))):
+            c.add(f"{where}.base_url", f"must be an http(s) URL, got {spec['base_url']!r}")
         if "score_scale" in spec and not _positive_number(spec["score_scale"]):
             c.add(f"{where}.score_scale", f"must be a number > 0, got {spec['score_scale']!r}")
     else:  # composite
@@ -270,8 +276,8 @@ def _check_evaluator(spec: Any, where: str, c: _Collector, task_dir: Path, check
                 cw = f"{where}.components.{i}"
                 if isinstance(comp, Mapping) and "weight" in comp and not (
                         isinstance(comp["weight"], (int, float)) and not isinstance(comp["weight"], bool)
-                        and comp["weight"] >= 0):
-                    c.add(f"{cw}.weight", f"must be a number >= 0, got {comp['weight']!r}")
+                        and 0 < comp["weight"] < float("inf")):
+                    c.add(f"{cw}.weight", f"must be a number > 0, got {comp['weight']!r}")
                 inner = {k: v for k, v in comp.items() if k != "weight"} if isinstance(comp, Mapping) else comp
                 sub = _check_evaluator(inner, cw, c, task_dir, check_imports)
                 if sub is not None and isinstance(comp, Mapping) and "weight" in comp:

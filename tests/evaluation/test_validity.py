@@ -99,6 +99,24 @@ def test_budget_limits_attempts_and_their_timeouts():
     assert act.kind is ActionKind.EXHAUSTED and "budget" in act.reason
 
 
+def test_the_execution_deadline_bounds_retries_but_not_the_first_attempt():
+    s = RetryState(RetryPolicy(max_retries=10, attempt_timeout_s=10, backoff_s=1, backoff_factor=1), retry_until=5.0)
+    act = s.next_action(7.0)  # already past the execution's deadline: the first attempt still runs, at full limit
+    assert act.kind is ActionKind.EVALUATE and act.timeout_s == 10
+    s.begin(7.0)
+    s.finish(U, 8.0)
+    act = s.next_action(8.0)
+    assert act.kind is ActionKind.EXHAUSTED and act.reason == "unresolved after 1 attempts; the execution's time budget is spent"
+    s = RetryState(RetryPolicy(max_retries=10, attempt_timeout_s=10, backoff_s=1, backoff_factor=1), retry_until=14.0)
+    s.begin(0.0)
+    s.finish(U, 10.0)
+    act = s.next_action(11.0)
+    assert act.kind is ActionKind.EVALUATE and act.timeout_s == pytest.approx(3.0)  # the retry ends at the deadline
+    s.begin(11.0)
+    s.finish(U, 13.5)
+    assert s.next_action(13.5).kind is ActionKind.EXHAUSTED  # the backoff would end at 14.5 >= 14
+
+
 def test_policy_from_args():
     p = RetryPolicy.from_args(parse_args(["--eval-max-retries", "2", "--eval-timeout-s", "30",
                                           "--eval-retry-backoff-s", "0.5", "--eval-budget-s", "200"]))

@@ -169,3 +169,33 @@ def test_model_dir_problem_broken_tokenizer(model_copy):
     (model_copy / "tokenizer.json").write_text("{not json")
     problem = model_dir_problem(model_copy)
     assert problem.startswith("tokenizer: cannot load it offline (") and "\n" not in problem
+
+
+def test_custom_rm_path_is_loaded_at_check_time():
+    assert check_config("--custom-rm-path", "gyre.evaluation:stdout_score_rule").returncode == 0
+    r = check_config("--custom-rm-path", "no_such_module_here:score")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == ["pretrain_gyre.py: error: argument --custom-rm-path: cannot load "
+                                     "'no_such_module_here:score': ModuleNotFoundError: No module named "
+                                     "'no_such_module_here'"]
+    r = check_config("--custom-rm-path", "gyre.evaluation:no_such_rule")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert "argument --custom-rm-path: cannot load 'gyre.evaluation:no_such_rule': AttributeError" in r.stderr
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--judge-base-url", "localhost:8000"],
+     "argument --judge-base-url: must be an http(s) URL, got 'localhost:8000'"),
+    (["--judge-api-key-env", "GYRE_TEST_JUDGE_KEY"],
+     "argument --judge-api-key-env: needs --judge-base-url (the run's proxy takes the execution's key)"),
+    (["--judge-base-url", "http://127.0.0.1:9/v1", "--judge-api-key-env", "GYRE_TEST_UNSET_JUDGE_KEY"],
+     "argument --judge-api-key-env: $GYRE_TEST_UNSET_JUDGE_KEY is not set"),
+])
+def test_bad_judge_flags_exit_2_with_one_line(argv, line):
+    r = check_config(*argv)
+    assert r.returncode == 2 and r.stderr.splitlines() == [f"pretrain_gyre.py: error: {line}"]
+
+
+def test_judge_tasks_pass_the_check():
+    r = check_config("--tasks", str(ROOT / "examples" / "tasks" / "judge"), "--strict-tasks")
+    assert (r.returncode, r.stderr) == (0, "")

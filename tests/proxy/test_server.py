@@ -124,6 +124,25 @@ def test_role_rules_hook(local_renderer):
         assert [tree.record_info(i).role for i in range(2)] == ["main", "subagent"]
 
 
+def test_evaluator_header_wins_over_role_rules(local_renderer):
+    class Rules:  # a harness's rules know nothing of the judge: everything is main
+        def classify(self, headers, body):
+            return "main"
+
+    srv = ProxyServer(local_renderer)
+    srv.add_engine(ScriptedEngine("e0", [local_renderer.eos_id]))
+    with srv:
+        ex = srv.register_execution(role_rules=Rules())
+        with httpx.Client(base_url=srv.url) as c:
+            for role in (None, "evaluator", "subagent"):
+                headers = {"authorization": f"Bearer {ex.api_key}", **({"x-gyre-role": role} if role else {})}
+                c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": f"q {role}"}]},
+                       headers=headers)
+        tree = srv.tree(ex.execution_id)
+        # only the judge's own header overrides the rules; other roles stay the harness's call
+        assert [tree.record_info(i).role for i in range(3)] == ["main", "evaluator", "main"]
+
+
 def test_stored_tree_is_bit_identical_to_the_live_one(served):
     srv, eng, save = served
     ex = srv.register_execution()

@@ -38,8 +38,11 @@ def test_sets_and_counts(tasks):
     sets = {}
     for t in tasks.values():
         sets.setdefault(t.metadata["set"], []).append(t.id)
-    assert {k: len(v) for k, v in sets.items()} == {"bugfix": 4, "nl2repo": 1, "terminal": 4, "toy": 20}
+    assert {k: len(v) for k, v in sets.items()} == {"bugfix": 4, "nl2repo": 1, "terminal": 4, "toy": 20, "judge": 2}
     for t in tasks.values():
+        if t.metadata["set"] == "judge":  # a model reads the workspace: no evaluator-only file to hide
+            assert t.evaluator["type"] == "judge" and t.evaluator["rubric"].startswith("10: ")
+            continue
         assert t.hidden, f"{t.id} hides nothing from the harness"
         assert t.evaluator["type"] == "executable"
 
@@ -129,3 +132,15 @@ def test_nl2repo_hidden_tests(tasks, tmp_path):
         init.write_text(init.read_text().replace('out.append("\\n")', "pass"))
 
     assert score(t, tmp_path / "h", half) == pytest.approx(10 / 12)
+
+
+def test_judge_tasks_build_judges_on_the_given_endpoint(tasks):
+    from gyre.evaluation import AgenticJudge, EvaluatorSettings
+
+    ev = EvaluatorSettings().build(tasks["judge-docstring"], "http://127.0.0.1:8000/v1")
+    assert isinstance(ev, AgenticJudge) and ev.url == "http://127.0.0.1:8000/v1/chat/completions"
+    assert (ev.model, ev.score_scale, ev.max_turns, ev.max_tokens, ev.timeout_s) == ("policy", 10.0, 2, 64, 60.0)
+    assert "ValueError" in ev.rubric and ev.api_key is None  # the execution's key is used
+    other = EvaluatorSettings(judge_base_url="http://judge:9/v1", judge_model="m").build(tasks["judge-docstring"],
+                                                                                       "http://127.0.0.1:8000/v1")
+    assert (other.url, other.model, other.api_key) == ("http://judge:9/v1/chat/completions", "m", "none")

@@ -81,6 +81,10 @@ def test_not_a_mapping(tmp_path):
     ({"type": "composite", "components": []}, "evaluator.components"),
     ({"type": "composite", "components": [{"weight": -1, "type": "judge", "rubric": "r"}]},
      "evaluator.components.0.weight"),
+    ({"type": "composite", "components": [{"weight": 0, "type": "judge", "rubric": "r"}]},
+     "evaluator.components.0.weight"),
+    ({"type": "judge", "rubric": "r", "max_tokens": 0}, "evaluator.max_tokens"),
+    ({"type": "judge", "rubric": "r", "base_url": "localhost:1"}, "evaluator.base_url"),
     ({"type": "composite", "components": [{"weight": 1, "type": "executable"}]},
      "evaluator.components.0.command"),
 ])
