@@ -169,3 +169,12 @@ def test_model_dir_problem_broken_tokenizer(model_copy):
     (model_copy / "tokenizer.json").write_text("{not json")
     problem = model_dir_problem(model_copy)
     assert problem.startswith("tokenizer: cannot load it offline (") and "\n" not in problem
+
+
+def test_standalone_pool_is_accepted_and_needs_a_concurrency():
+    r = check_config("--standalone-engines", "2", "--standalone-concurrency", "4")
+    assert (r.returncode, r.stderr) == (0, "")
+    r = check_config("--standalone-engines", "2")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["pretrain_gyre.py: error: argument --standalone-concurrency: --standalone-engines 2 "
+                                     "needs --standalone-concurrency > 0 (the executions the pool serves at once)"]
