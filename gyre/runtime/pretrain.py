@@ -291,7 +291,8 @@ def _standalone_pool(args, connect, worker, server, model_dir, version: int, pro
     pool = StandalonePool.start(args.standalone_engines, model_dir, concurrency=args.standalone_concurrency,
                                 seed=args.seed, num_cells=args.num_cells,
                                 snapshot=Snapshot(client=MooncakeSnapshotClient(server.handle)),
-                                train_step=worker.train_step, channel=ctl.ControlChannel(connect(), "standalone"),
+                                train_step=worker.train_step, shapes=worker.shapes,
+                                channel=ctl.ControlChannel(connect(), "standalone"),
                                 version=version)
     for eid, url in zip(pool.engine_ids, pool.urls):
         proxy.add_engine(ClientEngine(AsyncEngineClient(url), eid))

@@ -87,22 +87,25 @@ class StandalonePool(StandaloneRoutes):
             is ``servers[i]``).
         snapshot: :class:`gyre.runtime.cell_worker.Snapshot` reading the core's snapshot.
         train_step: names the snapshot's tensors for the engines (``hf_named``).
+        shapes: ``(shape, dtype)`` of each of the training replica's parameters (taken before it
+            was offloaded: an offloaded replica's parameters are empty).
         channel: a :class:`gyre.training.control.ControlChannel` (its own store client) the
             replies are sent on, to ``rank0``.
         version: the version the engines serve at start.
     """
 
-    def __init__(self, servers: Sequence[Any], snapshot, train_step, channel: ctl.ControlChannel, *, version: int = 0):
+    def __init__(self, servers: Sequence[Any], snapshot, train_step, shapes: Sequence[tuple], channel: ctl.ControlChannel,
+                 *, version: int = 0):
         super().__init__([standalone_engine_id(i) for i in range(len(servers))])
         self.servers, self.snapshot, self.train_step, self.channel = list(servers), snapshot, train_step, channel
         self.clients = [s.client() for s in self.servers]
         self.version = version
-        self.shapes = [(p.shape, p.dtype) for p in train_step.params]
+        self.shapes = list(shapes)
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gyre-standalone-load")
 
     @classmethod
     def start(cls, k: int, model_dir: str, *, concurrency: int, seed: int, num_cells: int, snapshot, train_step,
-              channel: ctl.ControlChannel, version: int = 0) -> "StandalonePool":
+              shapes: Sequence[tuple], channel: ctl.ControlChannel, version: int = 0) -> "StandalonePool":
         """Start ``k`` embedded engines on ``model_dir`` serving ``version``: engine ``i`` seeded
         ``seed + 1000 * (num_cells + i)`` (after the cells' ``seed + 1000 * c``), with
         ``ceil(concurrency / k)`` running requests (least-loaded routing puts no more on one)."""
@@ -113,7 +116,7 @@ class StandalonePool(StandaloneRoutes):
         servers = [EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=per_engine,
                                              random_seed=seed + 1000 * (num_cells + i),
                                              weight_version=str(version))).start() for i in range(k)]
-        return cls(servers, snapshot, train_step, channel, version=version)
+        return cls(servers, snapshot, train_step, shapes, channel, version=version)
 
     @property
     def urls(self) -> list[str]:

@@ -217,6 +217,10 @@ def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path,
     assert published and min(published) >= 1
     assert max(r.policy_version for r in standalone) >= 1
     assert {r.policy_version for r in standalone} <= {0, *published}
+    # groups 2 and 3 are dispatched at the first publication (B = 2, no extra dispatch), which
+    # waits for the pool: the pool serves them the published weights
+    late = [r for r in standalone if int(r.execution_id.split("-g")[1][:4]) >= 2]
+    assert late and min(r.policy_version for r in late) >= 1
     # at the end it serves the last published version
     (info,) = [e for e in events if e["event"] == "standalone_engines"]
     assert [(e["engine_id"], int(e["weight_version"])) for e in info["engines"]] == [("standalone-0", max(published))]

@@ -76,9 +76,10 @@ class FakeSnapshot:
         return self.version
 
 
-class FakeStep:
-    params = [torch.zeros(2, 3), torch.zeros(4)]
+SHAPES = [((2, 3), torch.float32), ((4,), torch.float32)]
 
+
+class FakeStep:
     def hf_named(self, tensors):
         return {"w": tensors[0], "b": tensors[1]}
 
@@ -93,7 +94,7 @@ class Inbox:
 
 def test_pool_loads_every_engine_once_per_publication_and_replies_as_standalone():
     servers, snap, inbox = [FakeServer(0), FakeServer(1)], FakeSnapshot(2), Inbox()
-    pool = StandalonePool(servers, snap, FakeStep(), inbox, version=0)
+    pool = StandalonePool(servers, snap, FakeStep(), SHAPES, inbox, version=0)
     assert pool.engine_ids == ["standalone-0", "standalone-1"]
     assert pool.urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
     assert pool.publish(1) == {STANDALONE}
@@ -116,7 +117,7 @@ def test_pool_loads_every_engine_once_per_publication_and_replies_as_standalone(
 
 def test_a_failed_load_is_reported_as_failed():
     inbox = Inbox()
-    pool = StandalonePool([FakeServer(0), FakeServer(1, fail=True)], FakeSnapshot(1), FakeStep(), inbox)
+    pool = StandalonePool([FakeServer(0), FakeServer(1, fail=True)], FakeSnapshot(1), FakeStep(), SHAPES, inbox)
     pool.publish(1)
     assert [i["weight_version"] for i in pool.server_info()] == ["1", "0"]  # the first engine loaded
     (to, msg), = inbox.sent
