@@ -6,8 +6,8 @@ Start-up, in order: the torch.distributed group and a TCPStore (control plane an
 streams) -> the prefix groups -> each cell's training replica and engine -> the core's weight
 snapshot (Mooncake over TCP) -> on rank 0 the proxy (routes ``engine-{c}`` to every cell's
 engine), the standalone pool's engines (``--standalone-engines``, :mod:`gyre.runtime.standalone`,
-routed as ``standalone-{i}``), the harness and the tasks, the core's cell loop in a thread and the controller
-(:class:`gyre.runtime.controller.Controller`) in the main thread.  Other ranks run their cell loop.
+routed as ``standalone-{i}``), the harness and the tasks, the core's cell loop in a thread and
+the controller (:class:`gyre.runtime.controller.Controller`) in the main thread.  Other ranks run their cell loop.
 Resume (``--load DIR``, :mod:`gyre.runtime.checkpointing`): the newest checkpoint gives the policy
 (every cell starts from it), the core's optimizer state, the controller's state and the steps done.
 """
