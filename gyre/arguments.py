@@ -148,7 +148,8 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--rollout-concurrency-per-cell", type=int, default=8,
                        help="c: concurrent executions one rollout cell serves.")
     group.add_argument("--standalone-engines", type=int, default=0,
-                       help="Engines that only ever serve rollouts.")
+                       help="Engines that only ever serve rollouts (the main job starts them on rank 0; "
+                            "needs --standalone-concurrency > 0).")
     group.add_argument("--standalone-concurrency", type=int, default=0,
                        help="c_s: concurrent executions the standalone pool serves in total.")
     group.add_argument("--cell-lease-s", type=float, default=60.0,

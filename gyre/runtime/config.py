@@ -43,7 +43,8 @@ class ControllerConfig:
                    placement=str(args.placement), training_backend=str(args.training_backend),
                    execution_timeout_s=float(args.execution_timeout_s),
                    n_samples_per_prompt=int(args.n_samples_per_prompt),
-                   max_executions_in_flight=int(args.num_cells) * int(args.rollout_concurrency_per_cell),
+                   max_executions_in_flight=int(args.num_cells) * int(args.rollout_concurrency_per_cell)
+                   + int(args.standalone_concurrency),
                    scheduler=SchedulerConfig.from_args(args), advantages=AdvantageConfig.from_args(args),
                    retry=RetryPolicy.from_args(args),
                    admission=AdmissionConfig(j_max=args.max_trajectories_per_execution,

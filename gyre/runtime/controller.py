@@ -37,14 +37,15 @@ logger = logging.getLogger(__name__)
 
 
 class Controller:
-    """Rank 0's shell: a started proxy with ``engine-{c}`` per cell, the ``rank0`` control channel,
-    the micro-step stream, the harness and tasks every execution runs, the core's snapshot server
-    (its version moves on for steps without training work), a metrics sink; ``resume``: the
-    :class:`ControllerState` of the checkpoint resumed from."""
+    """Rank 0's shell: a started proxy with ``engine-{c}`` per cell and the engines of ``standalone``
+    (:class:`gyre.runtime.standalone.StandaloneRoutes`), the ``rank0`` control channel, the micro-step
+    stream, the harness and tasks, the core's snapshot server (its version moves on for steps without
+    training work), a metrics sink; ``resume``: the :class:`ControllerState` of the checkpoint resumed from."""
 
     def __init__(self, config: ControllerConfig, proxy, channel: ctl.ControlChannel, stream, harness,
-                 tasks: Sequence[Any], snapshot_server, sink, *, resume: ControllerState | None = None):
+                 tasks: Sequence[Any], snapshot_server, sink, *, resume: ControllerState | None = None, standalone):
         self.cfg, self.proxy, self.channel, self.stream, self.run_dir = config, proxy, channel, stream, config.run_dir
+        self.standalone = standalone  # route -> engine id; the pool's publication
         self.harness, self.tasks, self.snapshot_server, self.sink = harness, list(tasks), snapshot_server, sink
         resume = resume or ControllerState()
         self.attempt, self.start_step = resume.attempt + 1, resume.iteration
@@ -67,12 +68,11 @@ class Controller:
         self.group_items: dict[int, list[list[Any]]] = {}       # ready group -> its work items
         self.coordinators: dict[int, Any] = {}                  # step -> StepCoordinator
         self.joined: dict[int, set[int]] = {}                   # step -> cells told to join
-        self.pending_publish: dict[int, set[int]] = {}          # version -> cells yet to load it
+        self.pending_publish: dict[int, set[int]] = {}          # version -> cells (or STANDALONE) yet to load it
         self._pending, self._handling = collections.deque(), False
         self.commands = {ev.Dispatch: self.dispatch, ev.Launch: self.launch, ev.Reroute: self.reroute,
-                         ev.ToTrain: self.to_train, ev.ToRollout: self.to_rollout,
-                         ev.EnqueueGroup: self.enqueue_group, ev.CloseJoinWindow: self.close_join_window,
-                         ev.Publish: self.publish}
+                         ev.ToTrain: self.to_train, ev.ToRollout: self.to_rollout, ev.EnqueueGroup: self.enqueue_group,
+                         ev.CloseJoinWindow: self.close_join_window, ev.Publish: self.publish}
         self.replies = {ctl.Switched: self.on_switched, ctl.StepDone: self.on_step_done,
                         ctl.JoinSkipped: self.on_join_skipped, ctl.Published: self.on_published,
                         ctl.Saved: self.on_saved, ctl.Failed: self.on_failed}
@@ -107,14 +107,14 @@ class Controller:
         self.acct.groups[cmd.group_id] = GroupStats(task.id, cmd.policy_version)
 
     def launch(self, cmd: ev.Launch) -> None:
-        """Register the execution with the proxy (pinned to its cell) and run it in a harness thread."""
+        """Register the execution with the proxy (pinned to its route's engine) and run it in a harness thread."""
         xs = self.executions
         key, task, sid = xs.keys[cmd.execution_id], xs.group_task[cmd.group_id], xs.sid(cmd.execution_id)
         if (ce := xs.adopted.get(cmd.execution_id)) is not None:  # it finished before the run stopped
             self.handle(ev.ExecutionLaunched(cmd.execution_id))
             return self.finished.put(FinishedExecution(key, None, ce.outcome, ce.tree, execution_id=sid))
-        ex = self.proxy.register_execution(sid, task_id=task.id, harness=self.harness.name,
-                                           role_rules=self.harness.roles, engine_id=f"engine-{cmd.dest}")
+        ex = self.proxy.register_execution(sid, engine_id=self.standalone.engine_for(sid, cmd.dest), task_id=task.id,
+                                           harness=self.harness.name, role_rules=self.harness.roles)
         xs.launching(sid, key, task.id)
         timeout = min(task.timeout_s or self.cfg.execution_timeout_s, self.cfg.execution_timeout_s)
         self.pool.submit(lambda: self.finished.put(pipeline.run_execution(
@@ -126,7 +126,7 @@ class Controller:
     def reroute(self, cmd: ev.Reroute) -> None:
         for sid in map(self.executions.sid, cmd.execution_ids):
             if sid in self.executions.in_flight:
-                self.proxy.set_route(sid, f"engine-{cmd.dest}")
+                self.proxy.set_route(sid, self.standalone.engine_for(sid, cmd.dest))
 
     def to_train(self, cmd: ev.ToTrain) -> None:
         """Abort the cell's in-flight requests (the proxy retries them at their new route), then switch it."""
@@ -170,7 +170,7 @@ class Controller:
             self.channel.send("cell0", ctl.SaveCheckpoint(self.checkpoints.request(it, state)))
 
     def publish(self, cmd: ev.Publish) -> None:
-        self.pending_publish[cmd.version] = set(range(self.cfg.num_cells))
+        self.pending_publish[cmd.version] = set(range(self.cfg.num_cells)) | self.standalone.publish(cmd.version)
         for c in range(self.cfg.num_cells):
             self.channel.send(f"cell{c}", ctl.LoadWeights(cmd.version))
 
@@ -178,6 +178,7 @@ class Controller:
         """Log the execution, tell the scheduler, hand its outcome and tree to the buffer."""
         group = self.acct.groups.get(fin.key.group)
         status = self.executions.closed(fin, group.task if group else None, self.now())
+        self.standalone.release(fin.execution_id)
         if self.sched.done:
             return
         if group is not None:

@@ -238,6 +238,14 @@ def _core_update(train_step, summed) -> float | None:
 def publish_to_engine(snapshot, engine, train_step, scratch: list, *, at_least: int) -> int:
     """core snapshot -> engine: load the newest snapshot ``>= at_least`` into a rollout engine
     (under the engine's HF names); returns the version now served."""
+    return publish_to_engines(snapshot, [engine], train_step, scratch, at_least=at_least)
+
+
+def publish_to_engines(snapshot, engines, train_step, scratch: list, *, at_least: int) -> int:
+    """:func:`publish_to_engine` for several engines (the standalone pool): the snapshot is read
+    once, then loaded into each engine in turn; returns the version they now serve."""
     version = snapshot.pull(scratch, at_least=at_least)
-    engine.update_weights_from_tensor(train_step.hf_named(scratch), weight_version=str(version))
+    named = train_step.hf_named(scratch)
+    for engine in engines:
+        engine.update_weights_from_tensor(named, weight_version=str(version))
     return version

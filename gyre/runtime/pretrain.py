@@ -5,8 +5,9 @@ training replica is megatron-core (``--training-backend megatron``) or ``transfo
 Start-up, in order: the torch.distributed group and a TCPStore (control plane and micro-step
 streams) -> the prefix groups -> each cell's training replica and engine -> the core's weight
 snapshot (Mooncake over TCP) -> on rank 0 the proxy (routes ``engine-{c}`` to every cell's
-engine), the harness and the tasks, the core's cell loop in a thread and the controller
-(:class:`gyre.runtime.controller.Controller`) in the main thread.  Other ranks run their cell loop.
+engine), the standalone pool's engines (``--standalone-engines``, :mod:`gyre.runtime.standalone`,
+routed as ``standalone-{i}``), the harness and the tasks, the core's cell loop in a thread and
+the controller (:class:`gyre.runtime.controller.Controller`) in the main thread.  Other ranks run their cell loop.
 Resume (``--load DIR``, :mod:`gyre.runtime.checkpointing`): the newest checkpoint gives the policy
 (every cell starts from it), the core's optimizer state, the controller's state and the steps done.
 """
@@ -54,8 +55,9 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"argument --num-cells: the CPU main job runs one rank per cell; "
                             f"WORLD_SIZE={world} with --num-cells {args.num_cells} "
                             f"and TP*PP={args.tensor_model_parallel_size * args.pipeline_model_parallel_size}")
-    if args.standalone_engines:
-        raise ArgumentError("argument --standalone-engines: the main job serves rollouts from cells only")
+    if args.standalone_engines and not args.standalone_concurrency:
+        raise ArgumentError(f"argument --standalone-concurrency: --standalone-engines {args.standalone_engines} "
+                            f"needs --standalone-concurrency > 0 (the executions the pool serves at once)")
     if args.rollout_engine != "embedded" and args.backend == "cpu":
         raise ArgumentError("argument --rollout-engine: --backend cpu serves from the embedded engine")
     if args.wandb_project:
@@ -196,14 +198,14 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         dist.barrier()
         return None
     try:
-        summary = _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume)
+        summary = _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume)
     finally:
         dist.barrier()
         lock.release()
     return summary
 
 
-def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> dict[str, Any]:
+def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume) -> dict[str, Any]:
     from gyre.embedded_model import load_tokenizer
     from gyre.harness import harness_from_args
     from gyre.metrics import MetricsSink
@@ -214,6 +216,7 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
     from gyre.runtime.config import ControllerConfig
     from gyre.runtime.controller import Controller
     from gyre.runtime.plot import plot_run
+    from gyre.runtime.standalone import StandalonePool
     from gyre.tasks import load_tasks
     from gyre.training import control as ctl
     from gyre.training.streaming import MicroStepStream
@@ -236,34 +239,64 @@ def _run_rank0(args, store, worker, server, urls, model_dir, ckpt, resume) -> di
                                                              "top_p": args.rollout_top_p}))
     for c, url in enumerate(urls):
         proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}"))
+    start_step = resume.iteration if resume else 0
+    standalone = _standalone_pool(args, connect, worker, server, model_dir, start_step, proxy)
     proxy.start(args.proxy_host, args.proxy_port)
     wandb = None
     if args.wandb_project:
         wandb = {"project": args.wandb_project, "name": args.wandb_exp_name, "dir": args.wandb_save_dir or str(run_dir),
                  "mode": args.wandb_mode, "config": json.loads((run_dir / "args.json").read_text())}
     sink = MetricsSink(run_dir, tensorboard_dir=args.tensorboard_dir, wandb=wandb)
-    start_step = resume.iteration if resume else 0
     sink.event("run_start", start_step=start_step, placement=args.placement, proxy=proxy.url,
                resumed_from=str(ckpt) if ckpt else None)
     cell0 = threading.Thread(target=worker.run, name="gyre-cell0", daemon=True)
     cell0.start()
     controller = Controller(ControllerConfig.from_args(args), proxy, ctl.ControlChannel(store, "rank0"),
-                            MicroStepStream(store, args.num_cells), harness, tasks, server, sink, resume=resume)
+                            MicroStepStream(store, args.num_cells), harness, tasks, server, sink, resume=resume,
+                            standalone=standalone)
     controller.acct.tasks_skipped = loaded.skipped
     progress = _progress(args, start_step)
     try:
         summary = controller.run(progress=progress.update if progress else None)
+        if isinstance(standalone, StandalonePool):
+            sink.event("standalone_engines", engines=standalone.server_info(), t=controller.now())
     finally:
         if progress:
             progress.close()
         cell0.join(timeout=120)
         proxy.stop()
+        if isinstance(standalone, StandalonePool):
+            standalone.stop()
         sink.close()
     try:
         plot_run(run_dir)
     except Exception as exc:  # a plot must not fail a finished run
         logger.warning("run plots failed: %s", exc)
     return summary
+
+
+def _standalone_pool(args, connect, worker, server, model_dir, version: int, proxy):
+    """The standalone pool (``--standalone-engines K``): ``K`` engines on this rank serving
+    ``version``, registered with ``proxy``, reading the core's snapshot over Mooncake and replying
+    on their own store client.  Without the flag: a :class:`StandaloneRoutes` of cells only."""
+    from gyre.proxy.engines import ClientEngine
+    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.runtime.cell_worker import Snapshot
+    from gyre.runtime.standalone import StandalonePool, StandaloneRoutes
+    from gyre.training import control as ctl
+    from gyre.training.weight_snapshot import MooncakeSnapshotClient
+
+    if not args.standalone_engines:
+        return StandaloneRoutes()
+    pool = StandalonePool.start(args.standalone_engines, model_dir, concurrency=args.standalone_concurrency,
+                                seed=args.seed, num_cells=args.num_cells,
+                                snapshot=Snapshot(client=MooncakeSnapshotClient(server.handle)),
+                                train_step=worker.train_step, shapes=worker.shapes,
+                                channel=ctl.ControlChannel(connect(), "standalone"),
+                                version=version)
+    for eid, url in zip(pool.engine_ids, pool.urls):
+        proxy.add_engine(ClientEngine(AsyncEngineClient(url), eid))
+    return pool
 
 
 class _Progress:

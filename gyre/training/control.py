@@ -154,7 +154,8 @@ class JoinSkipped(ControlMessage):
 
 @dataclass(slots=True)
 class Published(ControlMessage):
-    """Cell ``cell``'s engine serves weights of ``version`` (``load_s`` 0 when nothing had to load)."""
+    """Cell ``cell``'s engine serves weights of ``version`` (``load_s`` 0 when nothing had to load);
+    ``cell`` -1 (``STANDALONE``): every engine of the standalone pool on rank 0 serves it."""
 
     kind: ClassVar[str] = "published"
     cell: int
@@ -182,7 +183,8 @@ class Stopped(ControlMessage):
 
 @dataclass(slots=True)
 class Failed(ControlMessage):
-    """Cell ``cell`` could not carry out a ``command`` (its ``kind``); ``detail`` is the error."""
+    """Cell ``cell`` (-1: the standalone pool) could not carry out a ``command`` (its ``kind``);
+    ``detail`` is the error."""
 
     kind: ClassVar[str] = "failed"
     cell: int

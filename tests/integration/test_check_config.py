@@ -199,3 +199,12 @@ def test_bad_judge_flags_exit_2_with_one_line(argv, line):
 def test_judge_tasks_pass_the_check():
     r = check_config("--tasks", str(ROOT / "examples" / "tasks" / "judge"), "--strict-tasks")
     assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_standalone_pool_is_accepted_and_needs_a_concurrency():
+    r = check_config("--standalone-engines", "2", "--standalone-concurrency", "4")
+    assert (r.returncode, r.stderr) == (0, "")
+    r = check_config("--standalone-engines", "2")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["pretrain_gyre.py: error: argument --standalone-concurrency: --standalone-engines 2 "
+                                     "needs --standalone-concurrency > 0 (the executions the pool serves at once)"]

@@ -197,6 +197,35 @@ def alive(pid: int) -> bool:
         return False
 
 
+def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path, tiny_model_dir):
+    from gyre.trajectory.store import read_records
+
+    run = tmp_path / "run"
+    summary, _ = run_job(run, "--train-steps", "2", "--standalone-engines", "1", "--standalone-concurrency", "4")
+    assert summary["steps"] == 2
+    records = [r for p in sorted((run / "records").glob("*.jsonl")) for r in read_records(p)]
+    by_engine: dict[str, list] = {}
+    for r in records:
+        by_engine.setdefault(r.engine_id, []).append(r)
+    # the scheduler sends launches to the pool first: the standalone engine served executions
+    standalone = by_engine.get("standalone-0", [])
+    assert len({r.execution_id for r in standalone}) >= 4, sorted(by_engine)
+    assert set(by_engine) <= {"standalone-0", "engine-0", "engine-1", "engine-2"}
+    # it followed the publications: it served calls with a trained policy
+    _, events = read_metrics(run / "metrics.jsonl")
+    published = [e["version"] for e in events if e["event"] == "publish"]
+    assert published and min(published) >= 1
+    assert max(r.policy_version for r in standalone) >= 1
+    assert {r.policy_version for r in standalone} <= {0, *published}
+    # groups 2 and 3 are dispatched at the first publication (B = 2, no extra dispatch), which
+    # waits for the pool: the pool serves them the published weights
+    late = [r for r in standalone if int(r.execution_id.split("-g")[1][:4]) >= 2]
+    assert late and min(r.policy_version for r in late) >= 1
+    # at the end it serves the last published version
+    (info,) = [e for e in events if e["event"] == "standalone_engines"]
+    assert [(e["engine_id"], int(e["weight_version"])) for e in info["engines"]] == [("standalone-0", max(published))]
+
+
 def files_of(run: Path) -> dict[str, int]:
     return {str(p.relative_to(run)): p.stat().st_size for p in run.rglob("*") if p.is_file()}
 
