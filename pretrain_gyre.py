@@ -25,7 +25,7 @@ import os
 import sys
 
 from gyre.arguments import ArgumentError, parse_args
-from gyre.process_guard import die_with_parent, exit_on_termination
+from gyre.process_guard import die_with_parent, exit_on_termination, kill_tracked_process_groups
 
 
 def extra_args_provider(parser):
@@ -59,6 +59,11 @@ def main(argv=None) -> int:
     except ArgumentError as exc:  # found once the job started (e.g. the run directory is taken)
         print(f"pretrain_gyre.py: error: {exc}", file=sys.stderr)
         return 2
+    except BaseException:  # a failed rank ends at once (threads, harnesses and all): torchrun stops the others
+        logging.getLogger("gyre").exception("the job failed on rank %s", os.environ.get("RANK", "0"))
+        kill_tracked_process_groups()
+        sys.stderr.flush()
+        os._exit(1)
     if summary is not None:
         print(format_summary(summary), file=sys.stderr)
         print(f"gyre: run directory {os.path.abspath(args.run_dir)}", file=sys.stderr)

@@ -106,3 +106,33 @@ def test_one_job_per_run_directory(tmp_path):
         holder.wait()
     assert lock.is_free()  # released when its holder died, however it died
     lock.acquire().release()
+
+
+def test_a_failing_job_exits_at_once_with_its_children(tmp_path):
+    """pretrain_gyre.main on a rank whose job raises: a traceback, exit 1 at once (not after its
+    worker threads or harnesses), and the process groups it started die with it."""
+    script = textwrap.dedent(f"""
+        import subprocess, sys, threading, time
+        sys.path.insert(0, {str(ROOT)!r})
+        import pretrain_gyre
+        import gyre.runtime.pretrain as pretrain
+        from gyre.process_guard import track_process_group
+
+        def failing_job(args):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+            track_process_group(child.pid)
+            print(child.pid, flush=True)
+            threading.Thread(target=time.sleep, args=(120,)).start()  # a non-daemon worker thread
+            raise RuntimeError("cell 1 failed to carry out switch_to_training: boom")
+
+        pretrain.pretrain = failing_job
+        sys.exit(pretrain_gyre.main(["--config", {str(ROOT / "examples" / "cpu_tiny.yaml")!r},
+                                     "--run-dir", {str(tmp_path / "run")!r}, "--no-progress"]))
+    """)
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "WORLD_SIZE": "3"})
+    assert p.returncode == 1 and time.monotonic() - t0 < 60
+    assert "RuntimeError: cell 1 failed to carry out switch_to_training: boom" in p.stderr
+    child = int(p.stdout.split()[0])
+    assert wait_until(lambda: not alive(child))

@@ -50,8 +50,7 @@ class Controller:
         resume = resume or ControllerState()
         self.attempt, self.start_step = resume.attempt + 1, resume.iteration
         self.sched = Scheduler(config.scheduler)
-        if self.start_step:
-            self.sched.resume_at(self.start_step)
+        self.sched.resume_at(self.start_step)  # 0: a new run
         self.buffer = TrajectoryBuffer(config.n_samples_per_prompt, config.advantages)
         self.rewards = RewardManager(config.retry, AssessmentLog(self.run_dir / "evaluations" / "assessments.jsonl"))
         self.packer = MicroStepPacker(config.packing)

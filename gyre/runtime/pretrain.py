@@ -197,11 +197,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         worker.run()
         dist.barrier()
         return None
-    try:
-        summary = _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume)
-    finally:
-        dist.barrier()
-        lock.release()
+    summary = _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume)
+    dist.barrier()  # only on success: the other ranks reach it after Shutdown (a failure ends the job instead)
+    lock.release()
     return summary
 
 
