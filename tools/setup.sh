@@ -11,7 +11,7 @@ VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 say() { echo "[gyre setup] $*" >&2; }
 
-if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then
+if ! ldconfig -p 2>/dev/null | grep 'libibverbs\.so\.1' >/dev/null; then  # not grep -q: pipefail + SIGPIPE
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing Debian libibverbs1"
     apt-get install -y -qq libibverbs1 >/dev/null 2>&1 \

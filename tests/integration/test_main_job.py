@@ -245,8 +245,10 @@ def test_sigkill_of_the_launcher_leaves_nothing_running_and_the_run_dir_is_locke
         assert r.returncode == 2
         assert r.stderr.strip().splitlines() == [f"pretrain_gyre.py: error: argument --run-dir: {run} is in use "
                                                  f"by another job"]
-        procs = descendants(proc.pid)
-        assert len(procs) >= 4  # three ranks and at least one harness
+        deadline = time.monotonic() + 120  # kill while a harness runs (the ranks' children)
+        while len(procs := descendants(proc.pid)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(procs) >= 4, procs  # three ranks and at least one harness
         proc.kill()  # SIGKILL the launcher only
         proc.wait()
         deadline = time.monotonic() + 30
