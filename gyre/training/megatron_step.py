@@ -242,12 +242,17 @@ class MegatronTrainStep(TrainStep):
         return out
 
     def save_hf(self, directory) -> None:
-        """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``)."""
+        """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``).
+
+        At TP > 1 every TP rank must call it (the shards are gathered); TP rank 0 writes."""
+        from megatron.core import parallel_state as ps
         from safetensors.torch import save_file
 
+        named = self.hf_named([p.detach() for p in self.params])
+        if ps.get_tensor_model_parallel_rank() != 0:
+            return
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.hf_config.save_pretrained(directory)
-        named = self.hf_named([p.detach() for p in self.params])
         save_file({k: v.contiguous() for k, v in named.items()}, str(Path(directory) / "model.safetensors"),
                   metadata={"format": "pt"})
 

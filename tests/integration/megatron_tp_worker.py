@@ -11,7 +11,8 @@ the single-process HF reference (the tiny model is cheap). Measured, each as a m
   to HF layout, vs the HF step's un-normalised gradients;
 * ``grad_unreduced`` / ``grad_reduced``: the same after one ``forward_backward(finalize=False)``
   (no TP reduction: the negative control) and after ``reduce_tensor_parallel_grads``;
-* ``weights``: the gathered HF weights vs the HF model's; ``update``: the weights after
+* ``weights`` / ``saved``: the gathered HF weights, and those of the checkpoint ``save_hf`` wrote,
+  vs the HF model's; ``update``: the weights after
   ``optimizer_step(|E|)`` vs the HF step's after its update; ``finalized``: one full Megatron step
   (``finalize_model_grads``) vs the HF step: loss, grad norm, weights.
 """
@@ -112,6 +113,11 @@ def main() -> None:
     rec["weights"] = max_diffs(named, dict(hf.named_parameters()))
     rec["weight_names"] = sorted(named)
     rec["hf_names"] = sorted(n for n, _ in hf.named_parameters())
+    saved = Path(a.out).parent / "saved-hf"
+    step.save_hf(saved)  # gathered on every TP rank, written by TP rank 0
+    dist.barrier()
+    back = dict(load_hf_model(saved).named_parameters())
+    rec["saved"] = max_diffs(back, dict(hf.named_parameters()))
 
     # (b) the streaming cell's accumulate, one micro-step at a time
     step.zero_grad()

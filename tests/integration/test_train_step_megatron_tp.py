@@ -53,6 +53,7 @@ def test_gathered_weights_are_the_hf_weights(tp2):
     for r in tp2:
         assert r["weight_names"] == [n for n in r["hf_names"] if n != "lm_head.weight"]
         assert max(r["weights"].values()) == 0.0
+        assert set(r["saved"]) == set(r["hf_names"]) and max(r["saved"].values()) == 0.0  # save_hf at TP 2
 
 
 def test_accumulate_gradients_equal_single_process(tp2):
