@@ -7,9 +7,13 @@ materialises ``[T, V]`` log-probs. Both functions take the positions that predic
 from the saved ``logsumexp``, so the extra memory is ``chunk_size x V`` whatever the row length
 (the "fused linear cross-entropy" trick). :func:`target_logprobs_from_hidden` (HF) forms the
 logits from the final hidden states chunk by chunk; :func:`target_logprobs_from_logits`
-(Megatron, whose ``GPTModel`` returns full logits) avoids the second ``[N, V]`` copy of
-``log_softmax(...).gather(...)``. Given a vocabulary shard (TP > 1) they would normalise over the
-shard only, so :class:`gyre.training.megatron_step.MegatronPolicy` refuses TP > 1. Numbers equal
+(Megatron, whose ``GPTModel`` returns logits) avoids the second ``[N, V]`` copy of
+``log_softmax(...).gather(...)``. With tensor parallelism the Megatron logits are vocabulary
+shards: given the tensor-parallel ``group``, :func:`target_logprobs_from_logits` all-reduces, per
+chunk, the max over the vocabulary (MAX), then the sum of ``exp``, the target logit (taken on the
+rank whose shard holds it) and the entropy's ``sum p * z`` (one SUM), so every rank gets the
+log-probs and entropy of the full distribution; the backward needs no communication (each rank's
+logits gradient is ``onehot - softmax`` restricted to its shard). Numbers equal
 ``torch.log_softmax(logits, -1).gather(-1, targets)`` to float rounding; arithmetic is in fp32
 (bf16 inputs are upcast per chunk) or fp64 for fp64 inputs.
 """
@@ -39,9 +43,30 @@ def _chunk_stats(z: torch.Tensor, tgt: torch.Tensor, want_entropy: bool):
     return lp, lse, ent
 
 
+def _shard_stats(z: torch.Tensor, tgt: torch.Tensor, want_entropy: bool, group, vocab_start: int):
+    """``z [c, V/tp]`` (this rank's vocabulary shard, ids ``vocab_start..``) -> the full
+    distribution's (target log-prob [c], logsumexp [c], entropy [c] or None), all-reduced over
+    ``group``."""
+    import torch.distributed as dist
+
+    m = z.max(dim=-1).values
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    local = tgt - vocab_start
+    here = (local >= 0) & (local < z.shape[1])
+    sums = torch.zeros(3 if want_entropy else 2, z.shape[0], dtype=z.dtype, device=z.device)
+    sums[0] = torch.exp(z - m[:, None]).sum(-1)
+    sums[1] = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1) * here
+    if want_entropy:  # sum_v exp(z_v - m) * z_v; divided by the global sum below
+        sums[2] = (torch.exp(z - m[:, None]) * z).sum(-1)
+    dist.all_reduce(sums, group=group)
+    lse = m + torch.log(sums[0])
+    ent = lse - sums[2] / sums[0] if want_entropy else None
+    return sums[1] - lse, lse, ent
+
+
 class _FromLogits(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, index, targets, chunk_size, want_entropy):  # noqa: D102
+    def forward(ctx, logits, index, targets, chunk_size, want_entropy, group, vocab_start):  # noqa: D102
         cdt = _compute_dtype(logits.dtype)
         n = index.shape[0]
         lp = torch.empty(n, dtype=cdt, device=logits.device)
@@ -50,12 +75,15 @@ class _FromLogits(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = logits.index_select(0, index[s:e]).to(cdt)
-            a, b, c = _chunk_stats(z, targets[s:e], want_entropy)
+            if group is None:
+                a, b, c = _chunk_stats(z, targets[s:e], want_entropy)
+            else:
+                a, b, c = _shard_stats(z, targets[s:e], want_entropy, group, vocab_start)
             lp[s:e], lse[s:e] = a, b
             if want_entropy:
                 ent[s:e] = c
         ctx.save_for_backward(logits, index, targets, lse)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.vocab_start = chunk_size, vocab_start
         ctx.mark_non_differentiable(ent)
         return lp, ent
 
@@ -66,16 +94,18 @@ class _FromLogits(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             cdt = lse.dtype
             grad_logits = torch.zeros(logits.shape, dtype=cdt, device=logits.device)
-            n = index.shape[0]
+            n, width = index.shape[0], logits.shape[1]
             for s in range(0, n, ctx.chunk_size):
                 e = min(s + ctx.chunk_size, n)
                 z = logits.index_select(0, index[s:e]).to(cdt)
                 g = grad_lp[s:e].to(cdt)
                 dz = -torch.exp(z - lse[s:e, None]) * g[:, None]
-                dz.scatter_add_(1, targets[s:e, None], g[:, None])
+                local = targets[s:e] - ctx.vocab_start
+                here = (local >= 0) & (local < width)
+                dz.scatter_add_(1, local.clamp(0, width - 1)[:, None], (g * here)[:, None])
                 grad_logits.index_add_(0, index[s:e], dz)
             grad_logits = grad_logits.to(logits.dtype)
-        return grad_logits, None, None, None, None
+        return grad_logits, None, None, None, None, None, None
 
 
 class _FromHidden(torch.autograd.Function):
@@ -143,28 +173,40 @@ def target_logprobs_from_logits(
     targets: torch.Tensor,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
+    group=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``targets`` under the softmax of ``logits[index]``, chunked.
 
     Args:
-        logits: ``[M, V]`` (any float dtype; flatten ``[b, s, V]`` to ``[b*s, V]`` first).
+        logits: ``[M, V]`` (any float dtype; flatten ``[b, s, V]`` to ``[b*s, V]`` first), or
+            with ``group`` this rank's vocabulary shard ``[M, V / |group|]`` holding the ids
+            ``rank * V/|group| ..`` (Megatron's contiguous vocab-parallel split).
         index: ``int64 [N]`` rows of ``logits`` that predict each target (position ``t - 1``
-            for token ``t``); repeats allowed.
-        targets: ``int64 [N]`` vocabulary ids.
+            for token ``t``); repeats allowed; the same on every rank of ``group``.
+        targets: ``int64 [N]`` vocabulary ids (of the full vocabulary).
         chunk_size: targets per chunk (peak extra memory ``chunk_size x V``).
         with_entropy: also return the entropy of each predicting distribution (nats, no grad).
+        group: the tensor-parallel process group over which the vocabulary is split; ``None``:
+            ``logits`` hold the whole vocabulary. Every rank of ``group`` must call with the same
+            ``index``, ``targets``, ``chunk_size`` and ``with_entropy`` (collectives per chunk).
 
     Returns:
-        ``(logprobs [N], entropy [N] or None)``, fp32 (fp64 for fp64 input); ``logprobs`` is
-        differentiable w.r.t. ``logits``.
+        ``(logprobs [N], entropy [N] or None)`` of the full distribution, fp32 (fp64 for fp64
+        input), the same on every rank of ``group``; ``logprobs`` is differentiable w.r.t.
+        ``logits`` (this rank's shard).
 
     Raises:
         ValueError: bad shapes/dtypes, out-of-range ``index`` or ``targets``, ``chunk_size < 1``.
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [M, V], got {tuple(logits.shape)}")
-    _check(index, targets, logits.shape[0], logits.shape[1], chunk_size)
-    lp, ent = _FromLogits.apply(logits, index, targets, chunk_size, with_entropy)
+    vocab_start, vocab = 0, logits.shape[1]
+    if group is not None:
+        import torch.distributed as dist
+
+        vocab_start, vocab = dist.get_rank(group) * logits.shape[1], dist.get_world_size(group) * logits.shape[1]
+    _check(index, targets, logits.shape[0], vocab, chunk_size)
+    lp, ent = _FromLogits.apply(logits, index, targets, chunk_size, with_entropy, group, vocab_start)
     return lp, (ent if with_entropy else None)
 
 

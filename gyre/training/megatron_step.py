@@ -9,8 +9,15 @@ normaliser ``|E|`` once (``megatron/core/pipeline_parallel/schedules.py``,
 ``megatron/core/distributed/finalize_model_grads.py``); a streaming cell skips that step and sums
 the ``main_grad`` buffers over its prefix group itself.
 
-Scope: TP = 1 (vocab-parallel log-softmax is not implemented, see :mod:`gyre.training.logprobs`);
-PP > 1 would need ``config.variable_seq_lengths = True`` since micro-steps differ in shape.
+Tensor parallelism inside the cell: the logits are vocabulary shards and the target log-probs and
+entropy are all-reduced over the TP group (:func:`gyre.training.logprobs.target_logprobs_from_logits`);
+:meth:`MegatronTrainStep.accumulate` sums, over the TP group, the gradients of the parameters that
+every TP rank holds whole but that see only its own heads (``q_layernorm``/``k_layernorm``) or
+sequence shard (``sequence_parallel`` parameters) -- the non-tensor-parallel reduction
+``finalize_model_grads`` does -- so ``main_grad`` holds the full gradients after each call;
+:meth:`MegatronTrainStep.hf_named` all-gathers the shards. PP > 1 is not supported (it would need
+``config.variable_seq_lengths = True`` since micro-steps differ in shape, and the stages' shards
+in :meth:`MegatronTrainStep.hf_named`).
 """
 
 from __future__ import annotations
@@ -75,16 +82,15 @@ class _RotaryPositions:
 class MegatronPolicy:
     """Target log-probs from a megatron-core ``GPTModel`` (optionally wrapped in DDP).
 
-    ``logits(model, batch)`` runs the model (``[b, s, V]`` logits, no labels) with the
-    micro-step's mask (complement of ``attention_allowed``) and RoPE at the micro-step's
-    position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by chunk.
-    TP = 1 only (logits would be vocabulary shards). ``temperature``: as
-    :class:`~gyre.training.hf_step.HFPolicy`; the logits are divided by it in place (a
-    ``[b, s, V]`` copy would double the largest tensor of the step; the output layer's backward
-    does not need its output).
+    ``logits(model, batch)`` runs the model (``[b, s, V / TP]`` logits, this rank's vocabulary
+    shard, no labels) with the micro-step's mask (complement of ``attention_allowed``) and RoPE at
+    the micro-step's position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by
+    chunk, all-reducing over the TP group when TP > 1 (every TP rank gets the full distribution's
+    log-probs and entropy). ``temperature``: as :class:`~gyre.training.hf_step.HFPolicy`; the
+    logits are divided by it in place (a ``[b, s, V]`` copy would double the largest tensor of the
+    step; the output layer's backward does not need its output).
 
     Raises:
-        NotImplementedError: tensor parallelism > 1.
         ValueError: ``temperature <= 0``.
     """
 
@@ -93,8 +99,9 @@ class MegatronPolicy:
         from megatron.core import parallel_state as ps
 
         self.temperature = checked_temperature(temperature)
+        self.tp_group = None
         if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
-            raise NotImplementedError("MegatronPolicy: vocab-parallel target log-probs (TP > 1) are not implemented")
+            self.tp_group = ps.get_tensor_model_parallel_group()
         self.model = model
         self.gpt = _unwrap(model)
         self.rope = _RotaryPositions.install(self.gpt)
@@ -112,11 +119,12 @@ class MegatronPolicy:
             self.rope.positions = None
 
     def target_logprobs(self, logits: torch.Tensor, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [N], entropy [N] or None)`` from ``logits [b, s, V]``."""
+        """``(logprobs [N], entropy [N] or None)`` from ``logits [b, s, V / TP]`` (collective over
+        the TP group when TP > 1)."""
         if self.temperature != 1.0:
             logits = logits.div_(self.temperature)
         return target_logprobs_from_logits(logits.reshape(-1, logits.shape[-1]), batch.target_index,
-                                           batch.target_ids, self.chunk_size, self.with_entropy)
+                                           batch.target_ids, self.chunk_size, self.with_entropy, group=self.tp_group)
 
     def __call__(self, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Both steps on ``self.model``."""
@@ -142,7 +150,8 @@ class MegatronTrainStep(TrainStep):
 
     Raises:
         ValueError: ``calculate_per_token_loss`` is off or ``finalize_model_grads_func`` is unset.
-        NotImplementedError: TP > 1.
+        NotImplementedError: a parameter is marked ``average_gradients_across_tp_domain`` (none is
+            in the Qwen3 ``GPTModel``).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, objective: ObjectiveConfig | None = None,
@@ -165,6 +174,9 @@ class MegatronTrainStep(TrainStep):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        self.tp_partial = [p for n, p in named if _tp_partial_grad(n, p, config)]
+        if any(getattr(p, "average_gradients_across_tp_domain", False) for p in self.params):
+            raise NotImplementedError("parameters averaged across the TP domain are not reduced by accumulate")
         apply_wd_mult(optimizer)  # idempotent; build_optimizer already applied it
 
     def zero_grad(self) -> None:
@@ -176,32 +188,71 @@ class MegatronTrainStep(TrainStep):
         """Each parameter's accumulated gradient: DDP's ``main_grad`` (a view of its fp32 buffer)."""
         return [p.main_grad for p in self.params]
 
+    def reduce_tensor_parallel_grads(self) -> None:
+        """Sum ``main_grad`` of the TP-partial parameters over the TP group, in place (no-op at TP = 1).
+
+        These parameters (``q_layernorm``/``k_layernorm`` weights, applied to this rank's heads
+        only, and ``sequence_parallel`` ones) are whole on every TP rank but each rank's backward
+        gives only its share of their gradient; this is the TP all-reduce of Megatron's
+        ``finalize_model_grads``. Collective over the TP group. :meth:`accumulate` calls it."""
+        from megatron.core import parallel_state as ps
+        import torch.distributed as dist
+
+        if not self.tp_partial or ps.get_tensor_model_parallel_world_size() == 1:
+            return
+        grads = [p.main_grad for p in self.tp_partial]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
+        offset = 0
+        with torch.no_grad():
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
     def hf_named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """``tensors`` (shaped like :attr:`params`) converted to HF names and layout
         (:func:`gyre.training.checkpoint_conversion.megatron_to_hf`; a tied ``lm_head`` is left out).
 
+        At TP > 1 each tensor is all-gathered over the TP group first (collective: every TP rank
+        must call it, with its own shards) and every rank returns the whole HF tensors.
+
         Raises:
-            NotImplementedError: TP or PP > 1 inside the cell (the shards live on other ranks).
+            NotImplementedError: PP > 1 inside the cell (the stages' shards live on other ranks).
             ValueError: the step was built without ``hf_config``.
         """
         from megatron.core import parallel_state as ps
+        import torch.distributed as dist
 
         if self.hf_config is None:
             raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
-        if ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size() != 1:
-            raise NotImplementedError("hf_named gathers one shard only: TP = PP = 1 inside a cell")
-        out = megatron_to_hf({(0, 0): dict(zip(self.param_names, tensors))}, self.hf_config)
+        if ps.get_pipeline_model_parallel_world_size() != 1:
+            raise NotImplementedError("hf_named gathers tensor-parallel shards only: PP = 1 inside a cell")
+        tp = ps.get_tensor_model_parallel_world_size()
+        shards = {(0, 0): dict(zip(self.param_names, tensors))}
+        if tp > 1:
+            shards = {(t, 0): {} for t in range(tp)}
+            for name, x in zip(self.param_names, tensors):
+                parts = [torch.empty_like(x) for _ in range(tp)]
+                dist.all_gather(parts, x.contiguous(), group=ps.get_tensor_model_parallel_group())
+                for t in range(tp):
+                    shards[(t, 0)][name] = parts[t]
+        out = megatron_to_hf(shards, self.hf_config)
         if self.hf_config.tie_word_embeddings:
             out.pop("lm_head.weight", None)
         return out
 
     def save_hf(self, directory) -> None:
-        """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``)."""
+        """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``).
+
+        At TP > 1 every TP rank must call it (the shards are gathered); TP rank 0 writes."""
+        from megatron.core import parallel_state as ps
         from safetensors.torch import save_file
 
+        named = self.hf_named([p.detach() for p in self.params])
+        if ps.get_tensor_model_parallel_rank() != 0:
+            return
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.hf_config.save_pretrained(directory)
-        named = self.hf_named([p.detach() for p in self.params])
         save_file({k: v.contiguous() for k, v in named.items()}, str(Path(directory) / "model.safetensors"),
                   metadata={"format": "pt"})
 
@@ -260,8 +311,8 @@ class MegatronTrainStep(TrainStep):
         micro-steps (this rank's share). Split executions need ``log_ratio_sum`` first.
 
         ``finalize=False`` skips ``finalize_model_grads``: the un-normalised per-token-weighted
-        gradients stay in ``main_grad`` and nothing is reduced (a streaming cell sums them over its
-        prefix group itself)."""
+        gradients stay in ``main_grad`` and nothing is reduced -- at TP > 1 not even over the TP
+        group (see :meth:`accumulate`)."""
         stats = ObjectiveStats()
         if micro_steps:
             saved = self.config.finalize_model_grads_func
@@ -275,8 +326,28 @@ class MegatronTrainStep(TrainStep):
         return stats.normaliser, stats
 
     def accumulate(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
-        """:meth:`forward_backward` with ``finalize=False`` (the streaming cell's micro-step)."""
-        return self.forward_backward(micro_steps, finalize=False)
+        """The streaming cell's micro-step: :meth:`forward_backward` with ``finalize=False``, then
+        the TP-partial gradients these micro-steps added are summed over the TP group
+        (:meth:`reduce_tensor_parallel_grads` on the increment, so repeated calls never sum a
+        gradient twice). Afterwards ``main_grad`` holds the un-normalised full gradients of
+        everything accumulated, as a single process would, ready for a cross-cell sum; nothing is
+        reduced over data parallelism or divided by ``|E|``."""
+        before = [p.main_grad.clone() for p in self.tp_partial] if self._tp_size() > 1 else []
+        out = self.forward_backward(micro_steps, finalize=False)
+        if before:
+            with torch.no_grad():
+                for p, b in zip(self.tp_partial, before):
+                    p.main_grad.sub_(b)
+                self.reduce_tensor_parallel_grads()
+                for p, b in zip(self.tp_partial, before):
+                    p.main_grad.add_(b)
+        return out
+
+    @staticmethod
+    def _tp_size() -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_tensor_model_parallel_world_size()
 
     def optimizer_step(self, normaliser: int | None = None) -> float:
         """Clip and one Adam update (Megatron optimizer); returns the grad norm before clipping.
@@ -296,6 +367,17 @@ class MegatronTrainStep(TrainStep):
         # the gradients are divided by |E| in finalize_model_grads
         _, stats = self.forward_backward(micro_steps)
         return self.optimizer_step(), stats
+
+
+def _tp_partial_grad(name: str, param: torch.nn.Parameter, config) -> bool:
+    """Whether ``param`` is whole on every TP rank while each rank's backward gives only part of its
+    gradient: the per-head ``q_layernorm``/``k_layernorm`` weights (applied to this rank's heads)
+    and, with sequence parallelism, parameters Megatron marks ``sequence_parallel``."""
+    if getattr(param, "tensor_model_parallel", False):
+        return False
+    if config.sequence_parallel and getattr(param, "sequence_parallel", False):
+        return True
+    return "q_layernorm" in name or "k_layernorm" in name
 
 
 def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveConfig | None = None,
