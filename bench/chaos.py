@@ -25,7 +25,9 @@ section that did not run is 0):
   executions to the other one (``POST /gyre/routes``) and restarts the killed engine on the same
   port. ``harness_errors``: non-200 answers, transport errors and streams that end without
   ``[DONE]`` or with an error event; ``records_lost``: 200 answers beyond the execution's
-  delivered records; ``records_duplicated``: records beyond the requests sent.
+  delivered records; ``records_duplicated``: records beyond the requests sent;
+  ``kill_proxy_retries`` / ``kill_proxy_reroutes``: the proxy's own counters of closed executions
+  (engine attempts it retried), which show the kills hit calls in flight.
 * ``rank_kills`` -- the cpu_tiny main job (``torchrun pretrain_gyre.py``); a training rank is
   SIGKILLed at a random time after a random checkpoint, and the job resumed with ``--load``.
   From ``executions.jsonl``, the checkpoints and ``metrics.jsonl``: ``finished_lost`` (closed
@@ -447,7 +449,7 @@ def section_engine_kills(kills: int, seed: int, workers: int = 4) -> dict:
     names = httpx.get(base + "/health").json()["engines"]  # engine-0, engine-1 in --engine-url order
     stop = threading.Event()
     lock = threading.Lock()
-    stats = {"harness_errors": 0, "calls": 0, "inflight": 0}
+    stats = {"harness_errors": 0, "calls": 0, "inflight": 0, "retries": 0, "reroutes": 0}
     why: Counter = Counter()
     per_ex: dict[str, list[int]] = {}  # execution id -> [requests sent, 200 answers]
     deadline = time.monotonic() + max(300, kills * 60)
@@ -472,7 +474,10 @@ def section_engine_kills(kills: int, seed: int, workers: int = 4) -> dict:
                         if not ok:
                             stats["harness_errors"] += 1
                             why[reason] += 1
-                c.post(f"/gyre/executions/{eid}/close")
+                counters = c.post(f"/gyre/executions/{eid}/close").json().get("counters", {})
+                with lock:
+                    stats["retries"] += counters.get("retries", 0)
+                    stats["reroutes"] += counters.get("reroutes", 0)
 
     threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(workers)]
     for th in threads:
@@ -522,7 +527,8 @@ def section_engine_kills(kills: int, seed: int, workers: int = 4) -> dict:
         lost += max(0, ok - sum(bool(x.delivered) for x in recs))
         dup += max(0, len(recs) - sent)
     return {"engine_kills": done_kills, "harness_errors": stats["harness_errors"], "records_lost": lost,
-            "records_duplicated": dup, "kill_calls": stats["calls"], "kill_errors_by_kind": dict(why),
+            "records_duplicated": dup, "kill_calls": stats["calls"],
+            "kill_proxy_retries": stats["retries"], "kill_proxy_reroutes": stats["reroutes"], "kill_errors_by_kind": dict(why),
             "engine_restart_s_max": round(max(restart_s, default=0.0), 1)}
 
 
