@@ -18,7 +18,9 @@ section that did not run is 0):
 * ``retries`` -- a harness-like client that gives up after a short read timeout and sends the
   same bytes again, then once more with a long timeout. One execution per logical call, so the
   records of a logical call are its execution's records. ``retry_records_extra`` counts records
-  beyond one per logical call; ``retry_delivered_extra`` counts delivered ones beyond one.
+  beyond one per logical call; ``retry_delivered_extra`` counts delivered ones beyond one;
+  ``retry_client_timeouts`` the early attempts that did hit the read timeout (an early attempt
+  the proxy answered in time is a plain repeat of the call).
 * ``engine_kills`` -- two engines as processes (``python -m gyre.rollout.serve``) behind
   ``tools/serve_rollout.py --engine-url`` twice; client threads run executions of streamed and
   non-streamed Chat calls while a killer SIGKILLs one engine mid-generation, moves that engine's
@@ -343,6 +345,7 @@ def section_retries(n: int, seed: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="chaos-retry-"))
     engine, srv, store = _in_process_proxy(tmp, cap=64)
     calls: list[tuple[str, int, int]] = []  # (execution id, attempts sent, final status)
+    gave_up = 0  # early attempts that hit the client's read timeout
     try:
         t_end = time.monotonic() + 900
         for i in range(n):
@@ -359,8 +362,10 @@ def section_retries(n: int, seed: int) -> dict:
                 sent += 1
                 try:
                     with httpx.Client(base_url=srv.url, timeout=httpx.Timeout(CLIENT_TIMEOUT_S,
-                                                                              read=r.choice([0.02, 0.05, 0.2]))) as c:
+                                                                              read=r.choice([0.005, 0.02, 0.05]))) as c:
                         c.post(PATHS[api], content=raw, headers=_headers(api, ex.api_key)).read()
+                except httpx.TimeoutException:
+                    gave_up += 1
                 except httpx.HTTPError:
                     pass
             sent += 1
@@ -384,6 +389,7 @@ def section_retries(n: int, seed: int) -> dict:
         delivered_extra += max(0, sum(bool(x.delivered) for x in recs) - 1)
         failed += final != 200
     return {"retry_calls": len(calls), "retry_requests_sent": sum(s for _, s, _ in calls),
+            "retry_client_timeouts": gave_up,
             "retry_records_extra": extra, "retry_delivered_extra": delivered_extra, "retry_final_not_200": failed}
 
 
