@@ -578,11 +578,18 @@ class ProxyServer(ExecutionAdmin):
             return JSONResponse(error_body(self._api_of(request), 500, f"internal error: {type(exc).__name__}"),
                                 status_code=500)
 
-        @app.middleware("http")
-        async def _remember_loop(request: Request, call_next):
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            return await call_next(request)
+        proxy = self
+
+        class _RememberLoop:  # plain ASGI (Starlette's http middleware hides client disconnects)
+            def __init__(self, inner):
+                self.inner = inner
+
+            async def __call__(self, scope, receive, send):
+                if proxy._loop is None:
+                    proxy._loop = asyncio.get_running_loop()
+                await self.inner(scope, receive, send)
+
+        app.add_middleware(_RememberLoop)
 
         def model_route(api: str):
             async def route(request: Request):

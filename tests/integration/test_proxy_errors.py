@@ -236,3 +236,20 @@ def test_a_request_for_more_than_the_cap_gets_the_cap(setup, api):
         assert "max_tokens_capped" not in rec.metadata and len(rec.output_ids) <= 3
     finally:
         srv.config.max_tokens_cap = old
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_whose_client_gave_up_is_recorded_undelivered(setup, stream):
+    srv, _, save = setup
+    ex = srv.register_execution()
+    body = dict(_body("chat", max_tokens=48, ignore_eos=True), stream=stream)
+    with pytest.raises(httpx.TimeoutException):  # the harness gives up long before 48 tokens
+        with httpx.Client(timeout=httpx.Timeout(60, read=0.005)) as c:
+            c.post(srv.url + PATHS["chat"], json=body, headers={"x-api-key": ex.api_key}).read()
+    deadline = time.monotonic() + 60
+    while not (save / f"{ex.execution_id}.jsonl").exists():
+        assert time.monotonic() < deadline, "no record"
+        time.sleep(0.1)
+    records = TrajectoryStore(save).read_records(ex.execution_id)
+    assert [r.delivered for r in records] == [False]
+    srv.close_execution(ex.execution_id)
