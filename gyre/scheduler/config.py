@@ -27,6 +27,13 @@ class SchedulerConfig:
         max_steps: optimizer steps of the run; ``None`` runs until the shell stops.
         oversample: extra executions dispatched per group (``--oversample-executions``); the
             first ``N`` valid ones are used, the rest are closed as surplus.
+        streaming: ``True``: ready groups enter the current step's stream one by one, so
+            training starts before the step's ``B`` groups are all ready; ``False``: a step's
+            groups enter its stream together, once ``B`` ready groups are waiting.
+        standalone_handoff: colocate only, needs a standalone pool: the pool switches to
+            training once the unfinished executions fit in the standalone pool (which keeps
+            serving them) and there is training work, instead of waiting for all executions
+            to finish; it also allows ``phi > 0``.
 
     Raises:
         ValueError: on an inconsistent shape (see :meth:`validate`, called on construction).
@@ -43,6 +50,8 @@ class SchedulerConfig:
     train_cells: int = 1
     max_steps: int | None = None
     oversample: int = 0
+    streaming: bool = True
+    standalone_handoff: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,8 +76,11 @@ class SchedulerConfig:
         need(self.placement in PLACEMENTS, f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         need(self.oversample >= 0, f"oversample must be >= 0, got {self.oversample}")
         need(self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
-        if self.placement == "colocate":
-            need(self.phi == 0, f"colocate requires phi = 0, got {self.phi}")
+        if self.placement == "colocate" and not self.standalone_handoff:
+            need(self.phi == 0, f"colocate requires phi = 0 (unless standalone_handoff), got {self.phi}")
+        if self.standalone_handoff:
+            need(self.placement == "colocate", f"standalone_handoff is for colocate, got {self.placement!r}")
+            need(self.standalone_concurrency > 0, "standalone_handoff needs a standalone pool (standalone_concurrency > 0)")
         if self.placement == "async":
             need(1 <= self.train_cells < self.num_cells or
                  (1 <= self.train_cells <= self.num_cells and self.standalone_concurrency > 0),

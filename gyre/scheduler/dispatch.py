@@ -270,9 +270,15 @@ class BoundaryDispatch:
         return self.stream.micro_total - self.stream.micro_done
 
     def fill_stream(self) -> list[EnqueueGroup]:
-        """Move ready groups (oldest version first) into the current step's stream."""
+        """Move ready groups (oldest version first) into the current step's stream.
+
+        Without ``config.streaming`` an empty stream takes nothing until ``B`` groups are ready,
+        then takes ``B`` at once.
+        """
         out: list[EnqueueGroup] = []
         s = self.stream
+        if not self.config.streaming and not s.group_ids and len(self._ready) < self.config.B:
+            return out
         while self._ready and len(s.group_ids) < self.config.B:
             v_d, _, gid = heapq.heappop(self._ready)
             grp = self.groups[gid]

@@ -119,7 +119,12 @@ class AsyncPlacement:
 
 
 class ColocatePlacement:
-    """Whole pool trains once every admitted execution finished; returns after each burst."""
+    """Whole pool trains once every admitted execution finished; returns after each burst.
+
+    With ``standalone_handoff`` the pool switches once the unfinished executions (running and
+    queued) fit in the standalone pool and the current step's stream is open or holds
+    unfinished micro-steps; once the first cell moved, the others follow.
+    """
 
     name = "colocate"
 
@@ -127,7 +132,14 @@ class ColocatePlacement:
         return ()
 
     def next_to_train(self, s: "Scheduler") -> int | None:
-        if not s.training_may_grow or s.counters.waterlevel > 0:
+        if not s.training_may_grow:
+            return None
+        if s.config.standalone_handoff:
+            if s.counters.waterlevel > s.config.standalone_concurrency:
+                return None
+            if s.cells_in(_TRAINING_SIDE) == 0 and not s.supply_ok(busy_cells=0):
+                return None
+        elif s.counters.waterlevel > 0:
             return None
         return next_in_ascending_order(s)
 

@@ -42,6 +42,7 @@ class Preset:
     scheduler: SchedulerConfig
     sim: SimConfig
     description: str
+    nodes_per_cell: int = 1
 
 
 def _paper_nl2repo() -> Preset:
@@ -53,6 +54,7 @@ def _paper_nl2repo() -> Preset:
         sim=SimConfig(train_step_cell_s=TRAIN_STEP_CELL_S_NL2REPO, micro_steps_per_group=4,
                       optimizer_s=30.0, broadcast_s=10.0, pull_s=10.0, publish_s=30.0),
         description="NL2RepoBench, 8 cells x 144, N=16, B=32 (paper §6)",
+        nodes_per_cell=4,
     )
 
 
