@@ -89,3 +89,38 @@ def compare(preset: Preset, placements: Sequence[str], mean_staleness: float, st
                 speedup[p] = round(r.hours / results["elastic"].hours, 4)
     return {"placements": {p: r.summary() for p, r in results.items()}, "speedup_over": speedup,
             "_results": results}
+
+
+def regroup(preset: Preset, nodes_per_cell: int | None = None, standalone_nodes: int = 0) -> Preset:
+    """``preset``'s nodes regrouped into cells of ``nodes_per_cell`` plus a standalone pool.
+
+    The node count (``num_cells * preset.nodes_per_cell`` plus the nodes of an existing
+    standalone pool) stays; per node, rollout concurrency (``rollout_concurrency_per_cell /
+    nodes_per_cell``) and training speed are kept, so a cell of twice the nodes serves twice
+    the executions and does a step's work in half the time (``train_step_cell_s`` scales by
+    ``preset.nodes_per_cell / nodes_per_cell``).  Standalone nodes are taken from the cells and
+    serve the same per-node concurrency.  Async's ``train_cells`` is kept as a node count
+    (rounded down, at least 1).
+
+    Raises:
+        ValueError: the node counts do not divide, or no cell is left.
+    """
+    old = preset.nodes_per_cell
+    per_node_c, rem = divmod(preset.scheduler.rollout_concurrency_per_cell, old)
+    if rem:
+        raise ValueError(f"rollout concurrency {preset.scheduler.rollout_concurrency_per_cell} is not a "
+                         f"whole number per node for {old}-node cells")
+    npc = old if nodes_per_cell is None else int(nodes_per_cell)
+    if npc < 1 or standalone_nodes < 0:
+        raise ValueError(f"need nodes_per_cell >= 1 and standalone_nodes >= 0, got {npc}, {standalone_nodes}")
+    standalone_before = preset.scheduler.standalone_concurrency // per_node_c
+    nodes = preset.scheduler.num_cells * old + standalone_before
+    cells, rem = divmod(nodes - standalone_nodes, npc)
+    if rem or cells < 1:
+        raise ValueError(f"{nodes} nodes minus {standalone_nodes} standalone do not make whole {npc}-node cells")
+    sched = replace(preset.scheduler, num_cells=cells, rollout_concurrency_per_cell=per_node_c * npc,
+                    standalone_concurrency=per_node_c * standalone_nodes,
+                    train_cells=min(cells, max(1, preset.scheduler.train_cells * old // npc)))
+    sim = replace(preset.sim, train_step_cell_s=preset.sim.train_step_cell_s * old / npc)
+    return replace(preset, scheduler=sched, sim=sim, nodes_per_cell=npc,
+                   description=f"{preset.description}; regrouped as {cells} x {npc} nodes + {standalone_nodes} standalone")
