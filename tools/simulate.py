@@ -24,6 +24,15 @@ per-execution ``duration_s``, ``timed_out``, optional ``query``, ``model_calls``
 paper-nl2repo cluster.  ``--plot`` writes a per-cell role timeline (rollout / training /
 switching), one panel per placement.  A progress bar goes to stderr on a terminal.
 
+``--no-streaming``, ``--nodes-per-cell`` and ``--standalone-nodes`` reshape every placement's
+run (:func:`gyre.sim.compare.regroup` keeps the node count and per-node speeds).
+
+``--table1`` runs the paper's Table 1 ablations instead (:mod:`gyre.sim.table1`; 12 steps
+unless ``--steps`` is given, at ``E[d]`` = 1.5) and prints each configuration's hours and time
+relative to ``E0``; with ``--json``::
+
+    {"configs": {"A0": {"hours": h, "time_vs_E0": r, "phi": p, "mu": m, "mean_staleness": s}, ...}}
+
 Exit status 0 on success, 2 on bad input (one line on stderr).
 """
 
@@ -33,11 +42,12 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gyre.scheduler import PLACEMENTS  # noqa: E402
-from gyre.sim.compare import compare, placement_config  # noqa: E402
+from gyre.sim.compare import compare, placement_config, regroup  # noqa: E402
 from gyre.sim.presets import load_preset  # noqa: E402
 
 PROG = "simulate"
@@ -98,6 +108,18 @@ def _table(out: dict, results: dict, preset_name: str, e: float, steps: int) -> 
     return "\n".join(lines)
 
 
+def _table1(out: dict, results: dict, preset_name: str, steps: int) -> str:
+    from gyre.sim.table1 import TABLE1, TABLE1_MEAN_STALENESS
+
+    lines = [f"Table 1 ablations: workload {preset_name}, E[d] = {TABLE1_MEAN_STALENESS:g}, {steps} steps"]
+    lines.append(f"{'config':<6} {'hours':>7} {'vs E0':>6} {'phi':>4} {'mu':>3} {'staleness':>9} {'switches':>8}  description")
+    for name, c in out["configs"].items():
+        rel = "-" if c["time_vs_E0"] is None else f"{c['time_vs_E0']:.2f}"
+        lines.append(f"{name:<6} {c['hours']:>7.2f} {rel:>6} {c['phi']:>4g} {c['mu']:>3} {c['mean_staleness']:>9.3f} "
+                     f"{results[name].switches:>8}  {TABLE1[name].description}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     ap = _Parser(prog="simulate.py", description="Compare elastic / async / colocate placements in simulation.")
@@ -107,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of placements (default: elastic,async,colocate)")
     ap.add_argument("--mean-staleness", type=_non_negative_float, default=1.5,
                     help="target mean staleness E[d] = phi + (mu - 1)/2 (default 1.5)")
-    ap.add_argument("--steps", type=_positive_int, default=48, help="optimizer steps to simulate (default 48)")
+    ap.add_argument("--steps", type=_positive_int, default=None,
+                    help="optimizer steps to simulate (default 48; 12 with --table1)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--plot", metavar="PNG", help="write per-cell role timelines, one panel per placement")
@@ -115,14 +138,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--elastic-mu", type=_positive_int, default=None, help="elastic mu (with --elastic-phi)")
     ap.add_argument("--train-cells", type=_positive_int, default=None,
                     help="async: cells fixed in training (default: the workload's)")
+    ap.add_argument("--no-streaming", action="store_true",
+                    help="a step's groups enter training together once B are ready (default: streaming)")
+    ap.add_argument("--nodes-per-cell", type=_positive_int, default=None,
+                    help="regroup the workload's nodes into cells of this many nodes (default: the preset's)")
+    ap.add_argument("--standalone-nodes", type=int, default=0,
+                    help="nodes taken from the cells into a standalone rollout pool (default 0)")
+    ap.add_argument("--table1", action="store_true",
+                    help="run the paper's Table 1 ablations (A0-A3, C0-C3, E0-E2) at E[d] = 1.5 instead; "
+                         "paper-nl2repo's E0 is 16.85 h for 12 steps vs the paper's 16.12 h (docs/simulator.md)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
     if (args.elastic_phi is None) != (args.elastic_mu is None):
         return _fail("--elastic-phi and --elastic-mu go together")
     elastic = (args.elastic_phi, args.elastic_mu) if args.elastic_phi is not None else None
+    if args.table1:
+        return _run_table1(args)
+    if args.steps is None:
+        args.steps = 48
     try:
         preset = load_preset(args.workload)
+        if args.nodes_per_cell is not None or args.standalone_nodes:
+            preset = regroup(preset, args.nodes_per_cell, args.standalone_nodes)
+        if args.no_streaming:
+            preset = replace(preset, scheduler=replace(preset.scheduler, streaming=False))
         for p in args.placement:  # validate every shape before simulating anything
             placement_config(preset, p, args.mean_staleness, args.steps, elastic, args.train_cells)
     except ValueError as exc:
@@ -151,6 +191,26 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     else:
         print(_table(out, results, preset.name, args.mean_staleness, args.steps))
+    return 0
+
+
+def _run_table1(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gyre.sim.table1 import TABLE1, run_table1
+
+    steps = 12 if args.steps is None else args.steps
+    try:
+        preset = load_preset(args.workload)
+        for name in TABLE1:  # validate every configuration before simulating anything
+            TABLE1[name].preset(preset)
+    except ValueError as exc:
+        return _fail(str(exc))
+    with tqdm(total=steps * len(TABLE1), desc="simulating", unit="step", file=sys.stderr, leave=False,
+              disable=True if args.no_progress else None) as bar:
+        out = run_table1(preset, steps, seed=args.seed, on_step=lambda _v: bar.update(1))
+    results = out.pop("_results")
+    print(json.dumps(out) if args.json else _table1(out, results, preset.name, steps))
     return 0
 
 
