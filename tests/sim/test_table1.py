@@ -44,7 +44,7 @@ def test_configurations(base):
     assert [shapes[n].train_cells for n in ("A0", "A1", "A3")] == [3, 2, 3]
     assert [shapes[n].streaming for n in NAMES] == [False] * 3 + [True] + [False, False, True, True] + [True] * 3
     assert [(shapes[n].num_cells, shapes[n].standalone_concurrency) for n in ("C0", "C1", "C3", "E2")] == \
-        [(8, 0), (7, 144), (6, 288), (4, 288 * 0)]
+        [(8, 0), (7, 144), (6, 288), (4, 0)]
     assert shapes["E2"].rollout_concurrency_per_cell == 288
     assert TABLE1["E2"].preset(base).sim.train_step_cell_s == base.sim.train_step_cell_s / 2
     assert shapes["C1"].standalone_handoff and not shapes["C0"].standalone_handoff
