@@ -60,6 +60,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.json_paths import json_deleted, json_paths, json_replaced  # noqa: E402
+
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}
 MAX_KEY = {"chat": "max_tokens", "responses": "max_output_tokens", "anthropic": "max_tokens"}
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minloglevel="2",
@@ -149,15 +151,15 @@ class Fuzzer:
     def mutate(self, body, n: int):
         """Replace, delete or retype ``n`` random places of ``body``."""
         for _ in range(n):
-            places = list(_places(body))
+            places = list(json_paths(body))
             path = self.r.choice(places)
             op = self.r.random()
             if op < 0.25 and path:
-                body = _delete(body, path)
+                body = json_deleted(body, path)
             elif op < 0.35:
-                body = _replace(body, path, self.huge())
+                body = json_replaced(body, path, self.huge())
             else:
-                body = _replace(body, path, self.value())
+                body = json_replaced(body, path, self.value())
         return body
 
     def case(self, api: str) -> tuple[bytes, dict[str, str], str]:
@@ -208,38 +210,8 @@ class Fuzzer:
         elif kind == "nested":
             raw = self.nested_raw(api)
         else:  # huge
-            raw = json.dumps(_replace(base, r.choice(list(_places(base))), self.huge())).encode()
+            raw = json.dumps(json_replaced(base, r.choice(list(json_paths(base))), self.huge())).encode()
         return raw, hdr, kind
-
-
-def _places(v, prefix=()):
-    yield prefix
-    if isinstance(v, dict):
-        for k, x in v.items():
-            yield from _places(x, prefix + (k,))
-    elif isinstance(v, list):
-        for i, x in enumerate(v):
-            yield from _places(x, prefix + (i,))
-
-
-def _replace(v, path, new):
-    if not path:
-        return new
-    v = json.loads(json.dumps(v))
-    cur = v
-    for p in path[:-1]:
-        cur = cur[p]
-    cur[path[-1]] = new
-    return v
-
-
-def _delete(v, path):
-    v = json.loads(json.dumps(v))
-    cur = v
-    for p in path[:-1]:
-        cur = cur[p]
-    del cur[path[-1]]
-    return v
 
 
 def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gyre.proxy.engines import ScriptedEngine
 from gyre.proxy.server import ProxyConfig, ProxyServer
+from tests.json_paths import json_paths, json_replaced
 
 SCALE = float(os.environ.get("GYRE_HYPOTHESIS_SCALE", "1"))
 KEYS = ["model", "messages", "role", "content", "type", "text", "tools", "tool_calls", "function", "name",
@@ -48,27 +49,6 @@ VALID = {
 PATHS = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
 
 
-def _paths(v, prefix=()):
-    yield prefix
-    if isinstance(v, dict):
-        for k, x in v.items():
-            yield from _paths(x, prefix + (k,))
-    elif isinstance(v, list):
-        for i, x in enumerate(v):
-            yield from _paths(x, prefix + (i,))
-
-
-def _replace(v, path, new):
-    if not path:
-        return new
-    v = json.loads(json.dumps(v))
-    cur = v
-    for p in path[:-1]:
-        cur = cur[p]
-    cur[path[-1]] = new
-    return v
-
-
 @st.composite
 def bodies(draw):
     api = draw(st.sampled_from(sorted(PATHS)))
@@ -78,11 +58,11 @@ def bodies(draw):
     if kind == "bytes":
         return api, draw(st.binary(max_size=64))
     base = VALID[api]
-    paths = list(_paths(base))
+    paths = list(json_paths(base))
     body = base
     for _ in range(draw(st.integers(1, 3))):
-        body = _replace(body, draw(st.sampled_from(paths)), draw(json_values))
-        paths = list(_paths(body)) or [()]
+        body = json_replaced(body, draw(st.sampled_from(paths)), draw(json_values))
+        paths = list(json_paths(body)) or [()]
     if isinstance(body, dict) and draw(st.booleans()):
         body["stream"] = True
     return api, json.dumps(body).encode()
