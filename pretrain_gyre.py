@@ -10,7 +10,7 @@ evaluators.  The pipeline's arrows are the functions of :mod:`gyre.runtime.pipel
 * ``run_execution``   -- harness -> proxy -> trajectory tree -> evaluation (one execution);
 * ``assemble_group``  -- buffer -> advantages -> admission -> materialise -> pack (one ready group);
 * ``train_on_stream`` -- claim -> accumulate -> reduce -> one core update (one cell, one step);
-* ``publish_to_engine`` -- core snapshot -> rollout engines.
+* ``publish_to_engines`` -- core snapshot -> rollout engines.
 
 Extension points: the harness (``--harness NAME``, :class:`gyre.harness.Harness`), the task's
 evaluator or reward function (a task's ``scoring``, :mod:`gyre.evaluation`) and the loss

@@ -13,28 +13,9 @@ from pathlib import Path
 import pytest
 
 from gyre.process_guard import RunDirectoryLock, RunDirectoryLockedError
+from tests.processes import alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def wait_until(pred, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 # A "rank": starts a tracked child process group (like a harness), reports both pids, then blocks.

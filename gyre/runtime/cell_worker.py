@@ -6,7 +6,7 @@ the rollout role, and its **training replica** (a :class:`gyre.training.step.Tra
 or HF), offloaded while the cell serves rollouts.  The cell carries out the typed commands of
 :mod:`gyre.training.control` through :attr:`CellWorker.handlers`, in order, and replies to
 ``rank0``; a step's work is :func:`gyre.runtime.pipeline.train_on_stream`, a publication
-:func:`gyre.runtime.pipeline.publish_to_engine`.
+:func:`gyre.runtime.pipeline.publish_to_engines`.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ class CellWorker:
             self._reply(ctl.Published(self.cell, self.engine_version, 0.0))
             return
         t0 = time.perf_counter()
-        self.engine_version = pipeline.publish_to_engine(self.snapshot, self.client, self.train_step, self._scratch(),
-                                                       at_least=msg.version)
+        self.engine_version = pipeline.publish_to_engines(self.snapshot, [self.client], self.train_step,
+                                                          self._scratch(), at_least=msg.version)
         self._reply(ctl.Published(self.cell, self.engine_version, time.perf_counter() - t0))
 
     def join_step(self, msg: ctl.JoinStep) -> None:

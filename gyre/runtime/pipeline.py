@@ -4,7 +4,7 @@
     buffer -> advantages -> admission -> materialise
            -> pack into work items                        assemble_group    (rank 0, the controller)
     claim -> accumulate -> reduce -> one core update      train_on_stream   (every cell of the step)
-    core snapshot -> engines                              publish_to_engine (every rollout cell)
+    core snapshot -> engines                              publish_to_engines (rollout cells, standalone pool)
 
 When each arrow runs is the scheduler's decision: :class:`gyre.runtime.controller.Controller`
 carries out its commands on rank 0 and :class:`gyre.runtime.cell_worker.CellWorker` carries out
@@ -235,15 +235,9 @@ def _core_update(train_step, summed) -> float | None:
     return train_step.optimizer_step(int(round(normaliser)))
 
 
-def publish_to_engine(snapshot, engine, train_step, scratch: list, *, at_least: int) -> int:
-    """core snapshot -> engine: load the newest snapshot ``>= at_least`` into a rollout engine
-    (under the engine's HF names); returns the version now served."""
-    return publish_to_engines(snapshot, [engine], train_step, scratch, at_least=at_least)
-
-
 def publish_to_engines(snapshot, engines, train_step, scratch: list, *, at_least: int) -> int:
-    """:func:`publish_to_engine` for several engines (the standalone pool): the snapshot is read
-    once, then loaded into each engine in turn; returns the version they now serve."""
+    """core snapshot -> engines: read the newest snapshot ``>= at_least`` once and load it into
+    each rollout engine in turn (under the engines' HF names); returns the version now served."""
     version = snapshot.pull(scratch, at_least=at_least)
     named = train_step.hf_named(scratch)
     for engine in engines:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gyre.harness import HarnessProcess, isolation_supported
+from tests.processes import alive
 
 MODES = [pytest.param(False, id="plain"),
          pytest.param(True, id="isolated", marks=pytest.mark.skipif(not isolation_supported(),
@@ -24,18 +25,6 @@ def proc(tmp_path: Path, script: str, isolate: bool, **kw) -> HarnessProcess:
     return HarnessProcess(["bash", "-c", script], cwd=own / "workspace", env={"PATH": os.environ["PATH"]},
                           log_path=own / "harness.log", isolate=isolate, own_dir=own,
                           masks=[tmp_path / "run"] if isolate else [], **kw)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie counts as dead
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def wait_for(pred, timeout=20.0):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gyre.metrics import read_metrics
+from tests.processes import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -171,30 +172,6 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     assert r.stderr.strip().splitlines() == [
         f"pretrain_gyre.py: error: argument --train-steps: {run / 'checkpoints' / 'iter_0000004'} already holds 4 "
         f"steps; pass --train-steps greater than 4 to train further"]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (children of children, whatever their session)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.add(c)
-            todo.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path, tiny_model_dir):

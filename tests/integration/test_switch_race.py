@@ -9,7 +9,6 @@ construction, and a second one arrives while the cell trains.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from gyre.rollout.config import EngineConfig
 from gyre.rollout.embedded_server import EngineServer
 from gyre.rollout.engine_client import EngineClient
 from gyre.training.cell import CellRoles
+from tests.processes import wait_until
 
 
 @pytest.fixture
@@ -40,19 +40,13 @@ def generate_in_thread(client: EngineClient, box: dict, key: str, max_new_tokens
     return t
 
 
-def wait_until(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 def test_a_request_in_flight_at_the_switch_is_aborted_and_a_late_one_waits(engine, tiny_model_dir):
     client = EngineClient(engine.url, timeout=120.0)
     roles = CellRoles(0, "engine-0", client, None)
     box: dict = {}
     first = generate_in_thread(client, box, "in_flight", max_new_tokens=4000)
-    wait_until(lambda: state(client)["num_running_reqs"] == 1)  # it is running when the cell switches
+    # it is running when the cell switches
+    assert wait_until(lambda: state(client)["num_running_reqs"] == 1, 30, poll_s=0.01)
 
     tr = roles.to_train(None)  # no proxy abort reached it: the cell's own pause must
     first.join(30)
@@ -62,7 +56,7 @@ def test_a_request_in_flight_at_the_switch_is_aborted_and_a_late_one_waits(engin
     assert info["paused"] == "abort" and info["memory_released"] == ["kv_cache", "weights"]
 
     late = generate_in_thread(client, box, "late", max_new_tokens=8)  # reaches the engine while it trains
-    wait_until(lambda: state(client)["num_waiting_reqs"] == 1)
+    assert wait_until(lambda: state(client)["num_waiting_reqs"] == 1, 30, poll_s=0.01)
     assert "late" not in box and state(client)["num_running_reqs"] == 0
 
     weights = {k: v.detach() for k, v in load_hf_model(tiny_model_dir).state_dict().items()}
