@@ -73,15 +73,14 @@ class Controller:
                          ev.ToTrain: self.to_train, ev.ToRollout: self.to_rollout, ev.EnqueueGroup: self.enqueue_group,
                          ev.CloseJoinWindow: self.close_join_window, ev.Publish: self.publish}
         self.replies = {ctl.Switched: self.on_switched, ctl.StepDone: self.on_step_done,
-                        ctl.JoinSkipped: self.on_join_skipped, ctl.Published: self.on_published,
+                        ctl.JoinSkipped: self.on_step_done, ctl.Published: self.on_published,
                         ctl.Saved: self.on_saved, ctl.Failed: self.on_failed}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def handle(self, event: Any) -> None:
-        """Feed one scheduler event (stamped now) and carry out its commands in order; events
-        raised meanwhile queue behind the current commands (the scheduler's order holds)."""
+        """Feed one event (stamped now); carry out its commands in order (later events queue behind)."""
         self._pending.append(event)
         if self._handling:
             return
@@ -216,13 +215,13 @@ class Controller:
                 self.sink.event("publish", version=v, t=self.now())
                 self.handle(ev.WeightsPublished(v))
 
-    def on_step_done(self, r: ctl.StepDone) -> None:
+    def on_step_done(self, r: ctl.StepDone | ctl.JoinSkipped) -> None:
+        """The core's step statistics; a core that skipped the step (it had no work) sends none."""
+        if isinstance(r, ctl.JoinSkipped):
+            logger.info("cell %d skipped step %d: %s", r.cell, r.step + 1, r.reason)
         if r.cell == 0:
-            self.acct.step(r.step).train = r
+            self.acct.step(r.step).train = r if isinstance(r, ctl.StepDone) else None
             self._log_step(r.step)
-
-    def on_join_skipped(self, r: ctl.JoinSkipped) -> None:
-        logger.info("cell %d skipped step %d: %s", r.cell, r.step + 1, r.reason)
 
     def on_saved(self, r: ctl.Saved) -> None:
         for it in self.checkpoints.complete(r.directory):

@@ -170,6 +170,8 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
     """
     t0 = time.perf_counter()
     if reason := _join(step, cell, stream, snapshot, train_step.params):
+        if cell == 0:  # the window closed before the core joined: the step had no work, the weights stay
+            snapshot.server.restamp(step + 1)
         return ctl.JoinSkipped(cell, step, reason)
     t_join = time.perf_counter()
     stats, tokens = ObjectiveStats(), dict.fromkeys(TOKEN_COUNTS, 0)
