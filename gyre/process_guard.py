@@ -4,7 +4,10 @@
   starts (harnesses, evaluation commands, engine servers) is registered while it runs;
   :func:`kill_tracked_process_groups` sends ``SIGKILL`` to all of them.
 * :func:`die_with_parent`: the kernel sends this process ``SIGTERM`` when its parent dies
-  (``PR_SET_PDEATHSIG``, Linux), so a rank ends when ``torchrun`` is killed, even by ``SIGKILL``.
+  (``PR_SET_PDEATHSIG``, Linux), and a watchdog thread polls the parent process id: when the
+  parent is gone it kills the tracked groups and ends the process itself. A rank thus ends when
+  ``torchrun`` is killed, even by ``SIGKILL`` and even while its main thread sits in a native call
+  (a collective) where Python signal handlers cannot run.
 * :func:`exit_on_termination`: ``SIGTERM`` / ``SIGHUP`` kill the tracked groups, then end the
   process at once (exit status ``128 + signal``): nothing more is written to the run directory.
 * :class:`RunDirectoryLock`: one job writes a run directory at a time.
@@ -18,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -53,20 +57,34 @@ def kill_tracked_process_groups() -> int:
     return n
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """Ask the kernel for ``sig`` when the parent process dies; returns whether it is in place.
+def die_with_parent(sig: int = signal.SIGTERM, poll_s: float = 0.5) -> bool:
+    """End this process when its parent dies; returns whether the kernel request is in place.
 
-    If the parent already died before the request took effect, ``sig`` is sent at once.
+    Asks the kernel for ``sig`` when the parent dies (Linux; sent at once if the parent already
+    died), and starts a daemon thread that checks the parent process id every ``poll_s`` seconds:
+    once the parent is gone it kills the tracked process groups and calls ``os._exit(128 + sig)``.
+    The thread covers a main thread blocked in native code, where the ``sig`` handler would wait.
     """
+    parent = os.getppid()
+    threading.Thread(target=_exit_when_orphaned, args=(parent, sig, poll_s), name="die-with-parent",
+                     daemon=True).start()
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
     if os.getppid() != parent or parent == 1:
         os.kill(os.getpid(), sig)
     return True
+
+
+def _exit_when_orphaned(parent: int, sig: int, poll_s: float) -> None:
+    while os.getppid() == parent and parent != 1:
+        time.sleep(poll_s)
+    try:
+        kill_tracked_process_groups()
+    finally:
+        os._exit(128 + int(sig))
 
 
 def exit_on_termination(before_exit: Callable[[], None] | None = None) -> None:

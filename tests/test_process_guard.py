@@ -29,13 +29,17 @@ RANK = textwrap.dedent("""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     track_process_group(child.pid)
     print(os.getpid(), child.pid, flush=True)
+    if {stuck}:  # the main thread stuck where no Python signal handler runs (like a collective)
+        import signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+        time.sleep(600)
     while True:
         time.sleep(0.05)
 """)
 
 
 def start_rank(with_parent: bool) -> tuple[subprocess.Popen, int, int]:
-    p = subprocess.Popen([sys.executable, "-c", RANK.format(root=str(ROOT), with_parent=with_parent)],
+    p = subprocess.Popen([sys.executable, "-c", RANK.format(root=str(ROOT), with_parent=with_parent, stuck=False)],
                          stdout=subprocess.PIPE, text=True)
     rank, child = map(int, p.stdout.readline().split())
     return p, rank, child
@@ -49,12 +53,14 @@ def test_sigterm_kills_the_tracked_groups_and_ends_the_rank():
     assert wait_until(lambda: not alive(child)), "the harness-like child outlived its rank"
 
 
-def test_a_rank_dies_with_its_launcher_even_after_sigkill():
+@pytest.mark.parametrize("stuck", [False, True], ids=["python", "stuck-in-native-code"])
+def test_a_rank_dies_with_its_launcher_even_after_sigkill(stuck):
     # launcher -> rank (die_with_parent) -> child group; SIGKILL the launcher
+    rank_code = RANK.format(root=str(ROOT), with_parent=True, stuck=stuck)
     launcher = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import subprocess, sys
-            p = subprocess.Popen([sys.executable, "-c", {RANK.format(root=str(ROOT), with_parent=True)!r}],
+            p = subprocess.Popen([sys.executable, "-c", {rank_code!r}],
                                  stdout=subprocess.PIPE, text=True)
             print(p.stdout.readline().strip(), flush=True)
             p.wait()
