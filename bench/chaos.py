@@ -551,7 +551,8 @@ def section_rank_kills(kills: int, seed: int, train_steps: int) -> dict:
                 rc = -9
             attempts_failed += rc != 0
             break
-        target = r.randint(have + 1, train_steps - 1)  # kill after this checkpoint, before the last
+        # kill after this checkpoint, before the last, leaving a step for each kill still to come
+        target = r.randint(have + 1, max(have + 1, train_steps - 1 - (kills - 1 - k)))
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline and proc.poll() is None:
             if tracker.exists() and tracker.read_text().strip() and int(tracker.read_text()) >= target:

@@ -152,6 +152,9 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                             "needs --standalone-concurrency > 0).")
     group.add_argument("--standalone-concurrency", type=int, default=0,
                        help="c_s: concurrent executions the standalone pool serves in total.")
+    group.add_argument("--max-switch-failures", type=int, default=3,
+                       help="A cell whose switch into training fails this many times in a row stays in rollout, "
+                            "with every cell above it (the core: the run ends).")
     group.add_argument("--cell-lease-s", type=float, default=60.0,
                        help="A training cell whose stream heartbeat is older than this (seconds) is dead; "
                             "its micro-steps are queued again.")
@@ -399,6 +402,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.standalone_engines > 0 or args.standalone_concurrency == 0, "standalone-concurrency",
          "needs --standalone-engines > 0")
     need(args.train_steps >= 1, "train-steps", "must be >= 1")
+    need(args.max_switch_failures >= 1, "max-switch-failures", "must be >= 1")
     need(args.save_interval >= 0, "save-interval", "must be >= 0")
     need(args.token_is_cap > 0, "token-is-cap", "C must be > 0")
     need(0 <= args.seq_clip_low < 1, "seq-clip-low", "eps_low must be in [0, 1)")

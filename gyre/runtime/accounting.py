@@ -187,6 +187,7 @@ class RunAccounting:
             "executions_trained": len(executions.trained),
             "reward_mean_by_step": self.history["reward_mean_by_step"],
             "role_changes": len(self.transitions),
+            "switch_failures": sched.switch_failures,
             "switch_latency_s": {"rollout_to_training": to_t, "training_to_rollout": to_r,
                                  "mean": statistics.fmean(to_t + to_r) if to_t + to_r else None},
             "train_rollout_overlap_s": round(self.overlap_s, 3),
@@ -213,6 +214,7 @@ def merge_summaries(before: dict[str, Any] | None, now: dict[str, Any]) -> dict[
     if not before:
         return {**now, "attempts": 1}
     out = dict(now)
+    out["switch_failures"] = before.get("switch_failures", 0) + now["switch_failures"]
     for k in ("executions", "role_changes", "train_rollout_overlap_s", "trajectories_admitted", "tokens_trained",
               "steps_without_signal", "wall_s"):
         out[k] = round(before[k] + now[k], 3) if isinstance(now[k], float) else before[k] + now[k]
@@ -242,6 +244,12 @@ NO_SIGNAL = ("gyre: {n} of {of} steps had no learning signal: in each, every gro
              "teach it nothing (examples/cpu_toy_learning.yaml is a task set it learns from)")
 
 
+def format_step(iteration: int, m: dict[str, Any]) -> str:
+    """The log line of step ``iteration`` (1-based) from its metrics ``m``."""
+    return (f"step {iteration}: reward {m['reward_mean']:.3f} ({m['groups']} groups), loss {m.get('loss')}, "
+            f"grad norm {m.get('grad_norm')}, staleness {m['staleness_mean']:.2f}, window {m['window']}")
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A few human-readable lines of ``summary.json`` for the console."""
     rewards = ", ".join(f"{float(v):.3f}" if v is not None else "-"
@@ -256,7 +264,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"gyre: trajectories admitted {s['trajectories_admitted']}, tokens trained {int(s['tokens_trained'])}, "
         f"mean staleness {s['staleness_mean']:.2f}",
         f"gyre: role changes {s['role_changes']}, switch median R->T {med(sw['rollout_to_training']):.3f} s, "
-        f"T->R {med(sw['training_to_rollout']):.3f} s",
+        f"T->R {med(sw['training_to_rollout']):.3f} s"
+        + (f", failed switches {s['switch_failures']}" if s.get("switch_failures") else ""),
         f"gyre: time per phase: rollout {ph['rollout']:.1f} s, training {ph['training']:.1f} s, overlap "
         f"{ph['overlap']:.1f} s, micro-steps {ph['micro_steps']:.1f} s, updates {ph['update']:.1f} s, "
         f"switching {ph['switching']:.1f} s",

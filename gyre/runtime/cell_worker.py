@@ -20,7 +20,7 @@ import torch
 from gyre.runtime import pipeline
 from gyre.runtime.config import CellConfig
 from gyre.training import control as ctl
-from gyre.training.cell import CellRoles, TrainingState
+from gyre.training.cell import CellRoles, SwitchFailedError, TrainingState
 from gyre.training.streaming import MicroStepStream
 from gyre.training.weight_snapshot import (MooncakeSnapshotClient, MooncakeSnapshotServer, SnapshotError,
                                            copy_flat_to_params)
@@ -124,15 +124,23 @@ class CellWorker:
 
     def switch_to_training(self, msg: ctl.SwitchToTraining) -> None:
         """Release the engine's memory, restore the training state (the proxy on rank 0 already
-        moved this engine's executions and aborted its requests)."""
-        tr = self.roles.to_train(None)
+        moved this engine's executions and aborted its requests); a switch that fails and rolls
+        back is reported as :class:`~gyre.training.control.SwitchFailed`."""
+        try:
+            tr = self.roles.to_train(None)
+        except SwitchFailedError as exc:
+            return self._reply(ctl.SwitchFailed(self.cell, "training", str(exc)))
         self._reply(ctl.Switched(self.cell, "training", tr.latency_s, dict(tr.phases_s)))
 
     def switch_to_rollout(self, msg: ctl.SwitchToRollout) -> None:
-        """Offload the training state, resume the engine and load snapshot ``>= msg.version``."""
+        """Offload the training state, resume the engine and load snapshot ``>= msg.version``
+        (a switch that fails and rolls back: :class:`~gyre.training.control.SwitchFailed`)."""
         scratch = self._scratch()
         v = self.snapshot.pull(scratch, at_least=msg.version)
-        tr = self.roles.to_rollout(str(v), self.train_step.hf_named(scratch))
+        try:
+            tr = self.roles.to_rollout(str(v), self.train_step.hf_named(scratch))
+        except SwitchFailedError as exc:
+            return self._reply(ctl.SwitchFailed(self.cell, "rollout", str(exc)))
         self.engine_version = v
         self._reply(ctl.Switched(self.cell, "rollout", tr.latency_s, dict(tr.phases_s), version=v))
 

@@ -1,9 +1,8 @@
 """Rank 0's controller: the event pump around the scheduler.
 
-The scheduler's commands are carried out in its order through :attr:`Controller.commands`, the
-cells' replies handled through :attr:`Controller.replies`.  Each arrow's work is a function of
-:mod:`gyre.runtime.pipeline`; counting is :mod:`~gyre.runtime.accounting`, checkpoints
-:mod:`~gyre.runtime.checkpointing`.  Events are stamped with the controller's clock when handled.
+Scheduler commands are carried out in order through :attr:`Controller.commands`, cell replies
+through :attr:`Controller.replies`; each arrow's work is a function of :mod:`gyre.runtime.pipeline`,
+counting :mod:`~gyre.runtime.accounting`, checkpoints :mod:`~gyre.runtime.checkpointing`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from gyre.evaluation.provenance import AssessmentLog
 from gyre.evaluation.rewards import RewardManager
 from gyre.harness import ProxyEndpoint
 from gyre.runtime import pipeline
-from gyre.runtime.accounting import GroupStats, RunAccounting, write_summary
+from gyre.runtime.accounting import GroupStats, RunAccounting, format_step, write_summary
 from gyre.runtime.carry_over import read_carry_over
 from gyre.runtime.checkpointing import CheckpointWriter, ControllerState, should_save
 from gyre.runtime.config import ControllerConfig
@@ -74,7 +73,7 @@ class Controller:
                          ev.CloseJoinWindow: self.close_join_window, ev.Publish: self.publish}
         self.replies = {ctl.Switched: self.on_switched, ctl.StepDone: self.on_step_done,
                         ctl.JoinSkipped: self.on_step_done, ctl.Published: self.on_published,
-                        ctl.Saved: self.on_saved, ctl.Failed: self.on_failed}
+                        ctl.Saved: self.on_saved, ctl.Failed: self.on_failed, ctl.SwitchFailed: self.on_switch_failed}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -202,6 +201,14 @@ class Controller:
     def on_failed(self, r: ctl.Failed) -> None:  # a cell's failure ends the run
         raise RuntimeError(f"cell {r.cell} failed to carry out {r.command}: {r.detail}")
 
+    def on_switch_failed(self, r: ctl.SwitchFailed) -> None:
+        """Report it; the cell keeps its role and the scheduler may command the switch again."""
+        logger.warning("cell %d could not switch to %s and keeps its role: %s", r.cell, r.role, r.detail)
+        self.sink.event("switch_failed", cell=r.cell, to=r.role, detail=r.detail, t=self.now())
+        self.handle(ev.SwitchFailed(r.cell, ev.Role(r.role)))
+        if self.sched.stalled:
+            raise RuntimeError(f"{self.sched.stalled}: {r.detail}")
+
     def on_switched(self, r: ctl.Switched) -> None:
         rec = self.acct.transition(r, self.sched.queue.stream.step, self.now())
         self.sink.event("role_change", **rec)
@@ -228,15 +235,10 @@ class Controller:
             self.sink.event("checkpoint", iteration=it, dir=r.directory, t=self.now())
 
     def _send_joins(self) -> None:
-        """Training cells join the current step's stream (ascending), once no publication is pending."""
-        s = self.sched
-        step = s.queue.stream.step
-        if s.done or s.awaiting_publish is not None or step >= self.cfg.train_steps:
-            return
+        """The scheduler's joining cells join the current step's stream (ascending), once each."""
+        step = self.sched.queue.stream.step
         sent = self.joined.setdefault(step, set())
-        for c, state in enumerate(s.cell_states):
-            if state is not ev.CellState.TRAINING:
-                break
+        for c in self.sched.joining_cells():
             if c not in sent:
                 sent.add(c)
                 self._coordinator(step)
@@ -249,8 +251,7 @@ class Controller:
         if note := self.acct.take_no_signal_note():
             logger.warning(note)
         self.sink.log(step + 1, m)
-        logger.info("step %d: reward %.3f (%d groups), loss %s, grad norm %s, staleness %.2f, window %d", step + 1,
-                    m["reward_mean"], m["groups"], m.get("loss"), m.get("grad_norm"), m["staleness_mean"], m["window"])
+        logger.info(format_step(step + 1, m))
 
     def run(self, progress=None) -> dict[str, Any]:
         """Drive the run to ``--train-steps`` steps; return the summary (also ``summary.json``)."""

@@ -258,10 +258,10 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
         summary = controller.run(progress=progress.update if progress else None)
         if isinstance(standalone, StandalonePool):
             sink.event("standalone_engines", engines=standalone.server_info(), t=controller.now())
+        cell0.join(timeout=120)  # it stopped on Shutdown (after a failure nothing waits for it)
     finally:
         if progress:
             progress.close()
-        cell0.join(timeout=120)
         proxy.stop()
         if isinstance(standalone, StandalonePool):
             standalone.stop()

@@ -9,7 +9,7 @@ from .config import PLACEMENTS, SchedulerConfig
 from .dispatch import BoundaryDispatch, Counters, ExecutionState
 from .events import (STANDALONE, CellRoleChanged, CellState, CloseJoinWindow, Command, Dispatch,
                      EnqueueGroup, Event, ExecutionFinished, ExecutionLaunched, ExecutionStatus,
-                     GroupReady, Launch, MicroStepDone, Publish, Reroute, Role, Start, Tick,
+                     GroupReady, Launch, MicroStepDone, Publish, Reroute, Role, Start, SwitchFailed, Tick,
                      ToRollout, ToTrain, WeightsPublished)
 from .placement import (AsyncPlacement, ColocatePlacement, ElasticPlacement, PlacementPolicy,
                         make_placement)
@@ -22,7 +22,7 @@ __all__ = [
     "make_placement", "STANDALONE", "Role", "CellState", "ExecutionStatus",
     # events
     "Event", "Start", "Tick", "ExecutionLaunched", "ExecutionFinished", "GroupReady", "MicroStepDone",
-    "CellRoleChanged", "WeightsPublished",
+    "CellRoleChanged", "SwitchFailed", "WeightsPublished",
     # commands
     "Command", "Dispatch", "Launch", "Reroute", "ToTrain", "ToRollout", "EnqueueGroup",
     "CloseJoinWindow", "Publish",

@@ -34,6 +34,9 @@ class SchedulerConfig:
             training once the unfinished executions fit in the standalone pool (which keeps
             serving them) and there is training work, instead of waiting for all executions
             to finish; it also allows ``phi > 0``.
+        max_switch_failures: a cell whose switch into training failed this many times in a row
+            (``--max-switch-failures``) and every cell above it stay in rollout for the rest of
+            the run; for the core (cell 0) this means no cell can train.
 
     Raises:
         ValueError: on an inconsistent shape (see :meth:`validate`, called on construction).
@@ -52,6 +55,7 @@ class SchedulerConfig:
     oversample: int = 0
     streaming: bool = True
     standalone_handoff: bool = False
+    max_switch_failures: int = 3
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,6 +80,7 @@ class SchedulerConfig:
         need(self.placement in PLACEMENTS, f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         need(self.oversample >= 0, f"oversample must be >= 0, got {self.oversample}")
         need(self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
+        need(self.max_switch_failures >= 1, f"max_switch_failures must be >= 1, got {self.max_switch_failures}")
         if self.placement == "colocate" and not self.standalone_handoff:
             need(self.phi == 0, f"colocate requires phi = 0 (unless standalone_handoff), got {self.phi}")
         if self.standalone_handoff:
@@ -113,8 +118,8 @@ class SchedulerConfig:
 
         Reads ``n_samples_per_prompt``, ``global_batch_groups``, ``extra_dispatch``,
         ``steps_per_burst``, ``placement``, ``num_cells``, ``train_cells``,
-        ``rollout_concurrency_per_cell``, ``standalone_concurrency``, ``oversample_executions`` and
-        ``train_steps`` (as ``max_steps``); keyword ``overrides`` win over the namespace.
+        ``rollout_concurrency_per_cell``, ``standalone_concurrency``, ``oversample_executions``,
+        ``max_switch_failures`` and ``train_steps`` (as ``max_steps``); keyword ``overrides`` win over the namespace.
         """
         fields: dict[str, Any] = dict(
             N=int(args.n_samples_per_prompt),
@@ -128,6 +133,7 @@ class SchedulerConfig:
             standalone_concurrency=int(args.standalone_concurrency),
             oversample=int(args.oversample_executions),
             max_steps=int(args.train_steps),
+            max_switch_failures=int(args.max_switch_failures),
         )
         fields.update(overrides)
         return cls(**fields)

@@ -11,7 +11,8 @@ Lifecycle of one rollout group (paper §4.1; each record's docstring says what i
     GroupReady -> EnqueueGroup -> MicroStepDone ... -> CloseJoinWindow
     Publish -> WeightsPublished                                      (burst end; next dispatch)
 
-Cell roles (paper §4.2): ``ToTrain`` / ``ToRollout`` -> ``CellRoleChanged``.
+Cell roles (paper §4.2): ``ToTrain`` / ``ToRollout`` -> ``CellRoleChanged`` (or ``SwitchFailed``:
+the cell is back in its previous role).
 """
 
 from __future__ import annotations
@@ -121,6 +122,16 @@ class CellRoleChanged:
 
 
 @dataclass(slots=True, frozen=True)
+class SwitchFailed:
+    """Cell ``cell`` could not switch into ``role`` and is back in the other role (answers
+    ToTrain / ToRollout instead of :class:`CellRoleChanged`)."""
+
+    cell: int
+    role: Role
+    now: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class WeightsPublished:
     """The core cell published policy version ``version`` to every engine (acknowledges Publish)."""
 
@@ -129,7 +140,7 @@ class WeightsPublished:
 
 
 Event = Union[Start, Tick, ExecutionLaunched, ExecutionFinished, GroupReady, MicroStepDone,
-              CellRoleChanged, WeightsPublished]
+              CellRoleChanged, SwitchFailed, WeightsPublished]
 
 
 # --------------------------------------------------------------------------- commands

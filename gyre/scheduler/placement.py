@@ -52,12 +52,13 @@ class PlacementPolicy(Protocol):
 def next_in_ascending_order(s: "Scheduler") -> int | None:
     """The lowest cell in rollout whose lower cells are all training (or switching to it).
 
-    ``None`` when every cell trains, or when a lower cell is still switching back to rollout.
+    ``None`` when every cell trains, when a lower cell is still switching back to rollout, or
+    when the cell is at or above the scheduler's ``training_cell_limit``.
     """
     for j, state in enumerate(s.cell_states):
         if state in _TRAINING_SIDE:
             continue
-        return j if state is CellState.ROLLOUT else None
+        return j if state is CellState.ROLLOUT and j < s.training_cell_limit else None
     return None
 
 

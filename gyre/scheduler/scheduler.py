@@ -22,7 +22,7 @@ from .config import SchedulerConfig
 from .dispatch import BoundaryDispatch, Counters
 from .events import (STANDALONE, CellRoleChanged, CellState, CloseJoinWindow, Command, Event,
                      ExecutionFinished, ExecutionLaunched, GroupReady, Launch, MicroStepDone,
-                     Publish, Reroute, Role, Start, Tick, ToRollout, ToTrain, WeightsPublished)
+                     Publish, Reroute, Role, Start, SwitchFailed, Tick, ToRollout, ToTrain, WeightsPublished)
 from .placement import PlacementPolicy, make_placement
 from .routing import RouteTable
 
@@ -61,6 +61,11 @@ class Scheduler:
         switch_latencies: ``(cell, Role, seconds)`` per finished switch, from the role command
             to its :class:`CellRoleChanged`.
         switches: role commands issued (ToTrain + ToRollout).
+        switch_failures: role commands answered by :class:`SwitchFailed`.
+        training_cell_limit: cells ``>=`` this one never move into training (``num_cells`` until
+            a cell fails ``max_switch_failures`` switches into training in a row; 0: none can).
+        stalled: why the run cannot go on after failed switches (``None``: it can): the core
+            cannot enter training, or a cell cannot return to rollout.
     """
 
     def __init__(self, config: SchedulerConfig, placement: PlacementPolicy | None = None) -> None:
@@ -82,6 +87,10 @@ class Scheduler:
         self.switches = 0
         self._switch_started: dict[int, float] = {}
         self._release_pending: set[int] = set()
+        self.switch_failures = 0
+        self.training_cell_limit = config.num_cells
+        self._failures_in_a_row: dict[tuple[int, Role], int] = {}
+        self.stalled: str | None = None
 
     # ------------------------------------------------------------------ views for policies
 
@@ -123,6 +132,20 @@ class Scheduler:
         ok = (CellState.ROLLOUT, CellState.TO_ROLLOUT) if include_returning else (CellState.ROLLOUT,)
         cells = sum(1 for c, s in enumerate(self.cell_states) if s in ok and c != excluding)
         return self.config.standalone_concurrency + cells * self.config.rollout_concurrency_per_cell
+
+    def joining_cells(self) -> list[int]:
+        """Cells that take part in the current step now: the training cells from the core upwards
+        up to the first one that is not training; none once the run is done, while a publication
+        is pending, or when the step is past ``max_steps``."""
+        if self.done or self.awaiting_publish is not None or (
+                self.config.max_steps is not None and self.queue.stream.step >= self.config.max_steps):
+            return []
+        cells = []
+        for c, state in enumerate(self.cell_states):
+            if state is not CellState.TRAINING:
+                break
+            cells.append(c)
+        return cells
 
     def supply_ok(self, busy_cells: int) -> bool:
         """Ready work for one more training cell: the stream is open, or it holds more
@@ -177,6 +200,8 @@ class Scheduler:
             self._on_micro_step_done(event)
         elif isinstance(event, CellRoleChanged):
             self._on_role_changed(event, cmds)
+        elif isinstance(event, SwitchFailed):
+            self._on_switch_failed(event, cmds)
         elif isinstance(event, WeightsPublished):
             self._on_published(event, cmds)
         elif isinstance(event, Tick):
@@ -211,9 +236,44 @@ class Scheduler:
         started = self._switch_started.pop(cell, self.now)
         self.switch_latencies.append((cell, Role(event.role), self.now - started))
         new = CellState.TRAINING if Role(event.role) is Role.TRAINING else CellState.ROLLOUT
+        self._failures_in_a_row.pop((cell, Role(event.role)), None)
         self._set_state(cell, new)
         if new is CellState.TRAINING and cell in self._release_pending:
             self._release_pending.discard(cell)
+            self._to_rollout(cell, cmds)
+
+    def _on_switch_failed(self, event: SwitchFailed, cmds: list[Command]) -> None:
+        """The cell is back in its previous role.  Into training: cells above it that train or
+        switch into training return to rollout (they follow it in ascending order and cannot join a
+        step without it), the placement may command it again, and the ``max_switch_failures``-th
+        failure in a row caps :attr:`training_cell_limit`.
+        Back to rollout: commanded again at once (the release stands) until the cap, where
+        :attr:`stalled` says why the run cannot go on."""
+        cell, role = event.cell, Role(event.role)
+        self._check_cell(cell)
+        state = self.cell_states[cell]
+        if _TARGET.get(state) is not role:
+            raise ValueError(f"cell {cell} failed to switch to {role.value} while {state.value}")
+        self._switch_started.pop(cell, None)
+        self._release_pending.discard(cell)
+        self.switch_failures += 1
+        n = self._failures_in_a_row[(cell, role)] = self._failures_in_a_row.get((cell, role), 0) + 1
+        self._set_state(cell, CellState.ROLLOUT if role is Role.TRAINING else CellState.TRAINING)
+        capped = n >= self.config.max_switch_failures
+        if role is Role.TRAINING:  # cells above it went in after it (ascending order): they return
+            for c in range(cell + 1, self.config.num_cells):
+                if self.cell_states[c] is CellState.TRAINING:
+                    self._to_rollout(c, cmds)
+                elif self.cell_states[c] is CellState.TO_TRAINING:
+                    self._release_pending.add(c)
+        if role is Role.TRAINING and capped:
+            self.training_cell_limit = min(self.training_cell_limit, cell)
+            log.warning("cells %d and above stay in rollout for the rest of the run", self.training_cell_limit)
+            if cell == 0:
+                self.stalled = f"cell 0 (the core) could not switch into training {n} times in a row, so no cell can train"
+        elif role is Role.ROLLOUT and capped:
+            self.stalled = f"cell {cell} could not return to rollout {n} times in a row"
+        elif role is Role.ROLLOUT:
             self._to_rollout(cell, cmds)
 
     def _on_published(self, event: WeightsPublished, cmds: list[Command]) -> None:

@@ -12,6 +12,7 @@ the training parameters and optimizer buffers are restored.
 the engine resumes its memory, loads the current published weights with their version and
 continues generation (requests that waited run now), and the scheduler may route executions to it.
 
+A transition that fails rolls back (the cell keeps its role) and raises :class:`SwitchFailedError`.
 Backend processes (the engine server) and communication groups stay alive across transitions.
 Each transition's latency (seconds) is measured and recorded as a :class:`Transition` for the
 metrics sink and the timeline.
@@ -49,6 +50,10 @@ class EngineControl(Protocol):
     def resume_memory_occupation(self, tags=None) -> dict: ...
 
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict: ...
+
+
+class SwitchFailedError(RuntimeError):
+    """A role switch did not complete and the cell is back in its previous role (it can be retried)."""
 
 
 class TrainingState:
@@ -152,6 +157,8 @@ class CellRoles:
 
         Raises:
             RuntimeError: the cell is not serving rollouts.
+            SwitchFailedError: the engine's memory could not be released after ``release_attempts``
+                tries; generation was resumed and the cell still serves rollouts.
         """
         if self.role != "rollout":
             raise RuntimeError(f"cell {self.cell} is {self.role}, not rollout")
@@ -168,7 +175,9 @@ class CellRoles:
                 break
             except Exception as exc:
                 if attempt == self.release_attempts:
-                    raise
+                    self.engine.continue_generation()  # back to serving; an error here propagates
+                    raise SwitchFailedError(f"cell {self.cell} could not release its engine's memory "
+                                            f"({attempt} attempts): {type(exc).__name__}: {exc}") from exc
                 logger.warning("cell %d: releasing engine memory failed (attempt %d of %d), retrying: %s",
                                self.cell, attempt, self.release_attempts, exc)
                 time.sleep(0.5 * attempt)
@@ -185,17 +194,30 @@ class CellRoles:
 
         Raises:
             RuntimeError: the cell is not training.
+            SwitchFailedError: the engine could not resume, load or continue; its memory was
+                released again and the training state restored: the cell still trains.
         """
         if self.role != "training":
             raise RuntimeError(f"cell {self.cell} is {self.role}, not training")
         t0, wall = self.clock(), time.time()
         if self.training is not None:
             self.training.offload()
-        t1 = self.clock()
-        self.engine.resume_memory_occupation(["weights", "kv_cache"])
-        t2 = self.clock()
-        self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
-        self.engine.continue_generation()
+        t1 = t2 = self.clock()
+        resumed = False
+        try:
+            self.engine.resume_memory_occupation(["weights", "kv_cache"])
+            resumed = True
+            t2 = self.clock()
+            self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
+            self.engine.continue_generation()
+        except Exception as exc:  # roll back; an error while rolling back propagates
+            if resumed:
+                self.engine.pause_generation("abort")
+                self.engine.release_memory_occupation(["weights", "kv_cache"])
+            if self.training is not None:
+                self.training.restore()
+            raise SwitchFailedError(f"cell {self.cell} could not bring its engine back: "
+                                    f"{type(exc).__name__}: {exc}") from exc
         t3 = self.clock()
         self.role = "rollout"
         return self._emit(Transition(self.cell, "training->rollout", wall, t3 - t0, version=str(version),

@@ -102,6 +102,17 @@ class Switched(ControlMessage):
 
 
 @dataclass(slots=True)
+class SwitchFailed(ControlMessage):
+    """Cell ``cell`` could not switch into ``role`` and is back in its previous role; ``detail`` is
+    the error (the switch may be commanded again)."""
+
+    kind: ClassVar[str] = "switch_failed"
+    cell: int
+    role: str
+    detail: str
+
+
+@dataclass(slots=True)
 class StepDone(ControlMessage):
     """Cell ``cell`` finished its part of step ``step``.
 
@@ -194,7 +205,7 @@ class Failed(ControlMessage):
 
 MESSAGE_TYPES: dict[str, type[ControlMessage]] = {
     cls.kind: cls for cls in (SwitchToTraining, SwitchToRollout, JoinStep, LoadWeights, SaveCheckpoint, Shutdown,
-                              Switched, StepDone, JoinSkipped, Published, Saved, Stopped, Failed)
+                              Switched, SwitchFailed, StepDone, JoinSkipped, Published, Saved, Stopped, Failed)
 }
 
 

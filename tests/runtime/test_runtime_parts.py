@@ -100,7 +100,7 @@ def test_a_resumed_run_summary_covers_the_whole_run():
     def part(first, steps, executions, trained, latencies, stale, wall):
         return {"placement": "elastic", "steps": steps, "first_step": first, "executions": executions,
                 "executions_closed": {"completed": executions}, "executions_trained": trained,
-                "reward_mean_by_step": {}, "role_changes": len(latencies),
+                "reward_mean_by_step": {}, "role_changes": len(latencies), "switch_failures": 1,
                 "switch_latency_s": {"rollout_to_training": latencies, "training_to_rollout": [],
                                      "mean": None},
                 "train_rollout_overlap_s": 1.5, "time_per_phase_s": {"rollout": 10.0, "training": 4.0},
@@ -119,7 +119,7 @@ def test_a_resumed_run_summary_covers_the_whole_run():
     assert whole["trajectories_admitted"] == 80 and whole["tokens_trained"] == 4000.0
     assert whole["time_per_phase_s"] == {"rollout": 20.0, "training": 8.0}
     assert whole["train_rollout_overlap_s"] == 3.0 and whole["wall_s"] == 50.0
-    assert whole["steps_without_signal"] == 2
+    assert whole["steps_without_signal"] == 2 and whole["switch_failures"] == 2
     assert whole["staleness_mean"] == pytest.approx((0.0 * 2 + 1.0 * 3) / 5)
     assert merge_summaries(whole, part(5, 6, 8, 48, [], 2.0, 5.0))["attempts"] == 3
 

@@ -12,7 +12,7 @@ from gyre.scheduler import SchedulerConfig
 def _ns(**kw):
     base = dict(n_samples_per_prompt=16, global_batch_groups=32, extra_dispatch=0.5, steps_per_burst=3,
                 placement="elastic", num_cells=8, train_cells=1, rollout_concurrency_per_cell=144,
-                standalone_concurrency=0, oversample_executions=0, train_steps=2)
+                standalone_concurrency=0, oversample_executions=0, train_steps=2, max_switch_failures=3)
     base.update(kw)
     return SimpleNamespace(**base)
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gyre.scheduler import (STANDALONE, CellRoleChanged, CellState, CloseJoinWindow, Dispatch, EnqueueGroup,
                             ExecutionFinished, ExecutionLaunched, ExecutionState, ExecutionStatus,
                             GroupReady, Launch, MicroStepDone, Publish, Reroute, Role, Scheduler,
-                            SchedulerConfig, Start, Tick, ToRollout, ToTrain, WeightsPublished)
+                            SchedulerConfig, Start, SwitchFailed, Tick, ToRollout, ToTrain, WeightsPublished)
 
 STATUSES = [ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.TIMEOUT,
             ExecutionStatus.CANCELLED]
@@ -41,6 +41,7 @@ class FakeShell:
         self.step = 0
         self.publish: int | None = None
         self.role_commands = 0
+        self.failed_switches: dict[int, int] = {}  # at most 2 per cell: below the cap, so the run can end
 
     def apply(self, cmds) -> None:
         for c in cmds:
@@ -83,6 +84,7 @@ class FakeShell:
         acts += [("ready", g) for g in sorted(self.valid)
                  if g not in self.ready_sent and self.valid[g] >= self.s.config.N]
         acts += [("switch", c) for c in sorted(self.switching)]
+        acts += [("switch_fail", c) for c in sorted(self.switching) if self.failed_switches.get(c, 0) < 2]
         if self.pending.get(self.step, 0) > 0:
             acts += [("micro", c) for c in sorted(self.training)]
         if self.publish is not None:
@@ -114,6 +116,12 @@ class FakeShell:
             if role is Role.TRAINING:
                 self.training.add(act[1])
             return CellRoleChanged(act[1], role, now=self.t)
+        if kind == "switch_fail":  # the cell rolls back to the role it left
+            role = self.switching.pop(act[1])
+            self.failed_switches[act[1]] = self.failed_switches.get(act[1], 0) + 1
+            if role is Role.ROLLOUT:
+                self.training.add(act[1])
+            return SwitchFailed(act[1], role, now=self.t)
         if kind == "micro":
             self.pending[self.step] -= 1
             return MicroStepDone(act[1], self.step, now=self.t)

@@ -14,7 +14,7 @@ import pytest
 from gyre.scheduler import (STANDALONE, CellRoleChanged, CloseJoinWindow, Dispatch, EnqueueGroup,
                             ExecutionFinished, ExecutionLaunched, ExecutionStatus, GroupReady, Launch,
                             MicroStepDone, Publish, Reroute, Role, Scheduler, SchedulerConfig, Start,
-                            Tick, ToRollout, ToTrain, WeightsPublished)
+                            SwitchFailed, Tick, ToRollout, ToTrain, WeightsPublished)
 
 T, R = Role.TRAINING, Role.ROLLOUT
 
@@ -294,3 +294,71 @@ def test_switch_latency_is_measured_per_transition():
     d(GroupReady(0, 1))                               # ToTrain(0) at t=4
     d.s.handle(CellRoleChanged(0, T, now=12.52))
     assert d.s.switch_latencies == [(0, T, pytest.approx(8.52))]
+
+
+def test_a_failed_switch_puts_the_cell_back_and_is_commanded_again_until_the_cap():
+    d = Driver(N=2, B=2, phi=0, mu=1, num_cells=3, rollout_concurrency_per_cell=2, max_steps=2,
+               max_switch_failures=3)
+    d(Start())
+    d.finish(0, 1)
+    assert d(GroupReady(0, 2)) == [EnqueueGroup(0, 0, 0), ToTrain(0), Reroute((2, 3), 1, 2), ToTrain(1)]
+    # cell 1 is back in rollout with nothing on it; both checks still pass: commanded again
+    assert d(SwitchFailed(1, T)) == [ToTrain(1)]
+    assert d(SwitchFailed(1, T)) == [ToTrain(1)]
+    # the third failure in a row: cells 1 and 2 stay in rollout for the rest of the run
+    assert d(SwitchFailed(1, T)) == []
+    assert d.s.training_cell_limit == 1 and d.s.switch_failures == 3 and d.s.stalled is None
+    assert [s.value for s in d.s.cell_states] == ["to_training", "rollout", "rollout"]
+    assert d(CellRoleChanged(0, T)) == []
+    assert d.finish(2, 3) == []  # waterlevel 0 and the stream open: cell 1 would have moved
+    assert [s.value for s in d.s.cell_states] == ["training", "rollout", "rollout"]
+
+
+def test_a_successful_switch_resets_the_count_and_a_failed_return_keeps_the_cell_training():
+    d = Driver(N=2, B=1, phi=0, mu=2, num_cells=2, rollout_concurrency_per_cell=2, max_steps=4,
+               max_switch_failures=2)
+    d(Start())
+    d.finish(0, 1, 2, 3)
+    assert d(GroupReady(0, 3)) == [EnqueueGroup(0, 0, 0), ToTrain(0), ToTrain(1)]
+    assert d(SwitchFailed(1, T)) == [ToTrain(1)]
+    assert d(CellRoleChanged(1, T)) == []  # success: the count starts again
+    assert d.s._failures_in_a_row == {}
+    d(CellRoleChanged(0, T))
+    for cell in (0, 1, 0):
+        d(MicroStepDone(cell, 0))
+    d(GroupReady(1, 1))
+    # burst end: the satellite returns, version 2 published
+    assert d(MicroStepDone(0, 1)) == [CloseJoinWindow(1), ToRollout(1), Publish(2)]
+    # a return to rollout that fails is commanded again at once; the second failure in a row stalls the run
+    assert d(SwitchFailed(1, R)) == [ToRollout(1)]
+    assert d.s.stalled is None and d.s.switch_failures == 2
+    assert d(SwitchFailed(1, R)) == []
+    assert [s.value for s in d.s.cell_states] == ["training", "training"]
+    assert d.s.stalled == "cell 1 could not return to rollout 2 times in a row"
+    with pytest.raises(ValueError, match="cell 1 failed to switch to rollout while training"):
+        d(SwitchFailed(1, R))
+
+
+def test_the_core_failing_every_switch_leaves_no_cell_to_train():
+    d = Driver(N=2, B=2, phi=0, mu=1, num_cells=2, rollout_concurrency_per_cell=4, max_steps=2,
+               max_switch_failures=2)
+    d(Start())
+    d.finish(0, 1)
+    assert d(GroupReady(0, 2))[-1] == ToTrain(0)
+    assert d(SwitchFailed(0, T)) == [ToTrain(0)]
+    assert d(SwitchFailed(0, T)) == []
+    assert d.s.training_cell_limit == 0 and d.s.cell_states[0].value == "rollout"
+    assert d.s.stalled == "cell 0 (the core) could not switch into training 2 times in a row, so no cell can train"
+
+
+def test_cells_above_a_cell_that_failed_into_training_return_to_rollout():
+    d = Driver(N=2, B=1, phi=0, mu=2, num_cells=3, rollout_concurrency_per_cell=2, max_steps=4)
+    d(Start())
+    d.finish(0, 1, 2, 3)
+    assert d(GroupReady(0, 3)) == [EnqueueGroup(0, 0, 0), ToTrain(0), ToTrain(1), ToTrain(2)]
+    assert d(CellRoleChanged(1, T)) == []
+    # the core fails: cell 1 (training) is sent back, cell 2 (still switching) returns on arrival;
+    # the core is commanded again at once (the supply check passes with no cell training)
+    assert d(SwitchFailed(0, T)) == [ToRollout(1), ToTrain(0)]
+    assert d(CellRoleChanged(2, T)) == [ToRollout(2)]
+    assert [s.value for s in d.s.cell_states] == ["to_training", "to_rollout", "to_rollout"]

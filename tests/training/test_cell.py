@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gyre.training.cell import CellRoles, TrainingState
+from gyre.training.cell import CellRoles, SwitchFailedError, TrainingState
 
 
 class FakeProxy:
@@ -22,9 +22,10 @@ class FakeProxy:
 
 
 class FakeEngine:
-    def __init__(self, log, release_failures=0):
+    def __init__(self, log, release_failures=0, update_failures=0):
         self.log = log
         self.release_failures = release_failures
+        self.update_failures = update_failures
 
     def pause_generation(self, mode="abort"):
         self.log.append(("pause", mode))
@@ -46,6 +47,9 @@ class FakeEngine:
         return {"success": True}
 
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version, **kw):
+        if self.update_failures:
+            self.update_failures -= 1
+            raise RuntimeError("weights do not match")
         self.log.append(("update", weight_version, sorted(dict(named_tensors))))
         return {"success": True}
 
@@ -97,7 +101,26 @@ def test_a_release_that_fails_is_retried_then_reported(monkeypatch):
     cell.to_train(None)
     assert log == [("pause", "abort"), ("pause", "abort"), ("pause", "abort"), ("release", ("weights", "kv_cache"))]
     assert cell.role == "training"
-    failing = CellRoles(2, "engine-2", FakeEngine([], release_failures=3), None)
-    with pytest.raises(RuntimeError, match="requests are running"):
+    log = []
+    failing = CellRoles(2, "engine-2", FakeEngine(log, release_failures=3), None)
+    with pytest.raises(SwitchFailedError, match=r"cell 2 could not release its engine's memory \(3 attempts\): "
+                                                r"RuntimeError: 1 requests are running"):
         failing.to_train(None)
-    assert failing.role == "rollout"
+    assert failing.role == "rollout" and not failing.transitions
+    assert log == [("pause", "abort")] * 3 + [("continue",)]  # it serves rollouts again
+
+
+def test_a_failed_return_to_rollout_rolls_back_to_training():
+    model = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    log = []
+    cell = CellRoles(1, "engine-1", FakeEngine(log, update_failures=1), None, TrainingState(model.parameters()))
+    cell.role = "training"
+    with pytest.raises(SwitchFailedError, match="cell 1 could not bring its engine back: RuntimeError: weights do "
+                                                "not match"):
+        cell.to_rollout("3", {"w": torch.zeros(1)})
+    assert cell.role == "training" and not cell.transitions
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # training state restored
+    assert log == [("resume", ("weights", "kv_cache")), ("pause", "abort"), ("release", ("weights", "kv_cache"))]
+    cell.to_rollout("3", {"w": torch.zeros(1)})  # the next command succeeds
+    assert cell.role == "rollout" and log[-2:] == [("update", "3", ["w"]), ("continue",)]

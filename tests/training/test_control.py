@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 
 from gyre.training.control import (MESSAGE_TYPES, ControlChannel, Failed, JoinSkipped, JoinStep, LoadWeights,
-                                   Published, Saved, SaveCheckpoint, Shutdown, StepDone, Stopped, Switched,
+                                   Published, Saved, SaveCheckpoint, Shutdown, StepDone, Stopped, Switched, SwitchFailed,
                                    SwitchToRollout, SwitchToTraining, decode, encode)
 
 
@@ -18,6 +18,7 @@ def test_round_trip_every_message():
     msgs = (SwitchToTraining(cell=1, step=3), SwitchToRollout(cell=2, version=4), JoinStep(cell=1, step=3, version=3),
             LoadWeights(version=5), SaveCheckpoint("/tmp/x"), Shutdown(reason="done"),
             Switched(cell=1, role="rollout", latency_s=0.25, phases_s={"load_s": 0.1}, version=4),
+            SwitchFailed(cell=2, role="training", detail="cell 2 could not release its engine's memory"),
             StepDone(cell=0, step=3, micro_steps_here=2, window=1, join_s=0.0, consume_s=1.5, update_s=0.25,
                      time_s=1.75, loss=float("inf"), grad_norm=0.5, row_tokens=120.0),
             JoinSkipped(cell=2, step=3, reason="window closed"), Published(cell=1, version=5, load_s=0.0),
