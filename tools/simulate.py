@@ -27,6 +27,9 @@ switching), one panel per placement.  A progress bar goes to stderr on a termina
 ``--no-streaming``, ``--nodes-per-cell`` and ``--standalone-nodes`` reshape every placement's
 run (:func:`gyre.sim.compare.regroup` keeps the node count and per-node speeds).
 
+``--from-run RUN_DIR`` predicts each ``--placement``'s wall time on a finished main-job run's
+own measured setup (:mod:`gyre.sim.from_run`).
+
 ``--table1`` runs the paper's Table 1 ablations instead (:mod:`gyre.sim.table1`; 12 steps
 unless ``--steps`` is given, at ``E[d]`` = 1.5) and prints each configuration's hours and time
 relative to ``E0``; with ``--json``::
@@ -120,6 +123,23 @@ def _table1(out: dict, results: dict, preset_name: str, steps: int) -> str:
     return "\n".join(lines)
 
 
+def _run_from_run(args) -> int:
+    from gyre.sim.from_run import predict_from_run
+
+    try:
+        out = predict_from_run(args.from_run, args.placement, seed=args.seed)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"run {out['run']} ({out['placement']}): measured {out['measured_s']} s")
+    print("setup: " + ", ".join(f"{k} {v}" for k, v in out["setup"].items()))
+    for p, t in out["predicted_s"].items():
+        print(f"  {p:<9} predicted {t:9.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     ap = _Parser(prog="simulate.py", description="Compare elastic / async / colocate placements in simulation.")
@@ -147,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table1", action="store_true",
                     help="run the paper's Table 1 ablations (A0-A3, C0-C3, E0-E2) at E[d] = 1.5 instead; "
                          "paper-nl2repo's E0 is 16.85 h for 12 steps vs the paper's 16.12 h (docs/simulator.md)")
+    ap.add_argument("--from-run", metavar="RUN_DIR",
+                    help="predict the wall time of --placement on a finished main-job run's own measured setup "
+                         "(its cells, dispatch shape, steps, executions and timings) instead; --json: one object")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
@@ -155,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     elastic = (args.elastic_phi, args.elastic_mu) if args.elastic_phi is not None else None
     if args.table1:
         return _run_table1(args)
+    if args.from_run:
+        return _run_from_run(args)
     if args.steps is None:
         args.steps = 48
     try:

@@ -112,7 +112,7 @@ class Controller:
             return self.finished.put(FinishedExecution(key, None, ce.outcome, ce.tree, execution_id=sid))
         ex = self.proxy.register_execution(sid, engine_id=self.standalone.engine_for(sid, cmd.dest), task_id=task.id,
                                            harness=self.harness.name, role_rules=self.harness.roles)
-        xs.launching(sid, key, task.id)
+        xs.launching(sid, key, task.id, self.now())
         timeout = min(task.timeout_s or self.cfg.execution_timeout_s, self.cfg.execution_timeout_s)
         self.pool.submit(lambda: self.finished.put(pipeline.run_execution(
             key, task, self.harness, self.proxy, self.rewards, ProxyEndpoint(self.proxy.url, ex.api_key),

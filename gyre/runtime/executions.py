@@ -73,11 +73,11 @@ class ExecutionTable:
         """The execution id in scheduler slot ``index`` (a carried execution keeps its own)."""
         return self.adopted[index].execution_id if index in self.adopted else str(self.keys[index])
 
-    def launching(self, sid: str, key: ExecutionKey, task_id: str) -> None:
+    def launching(self, sid: str, key: ExecutionKey, task_id: str, now: float | None = None) -> None:
         self.in_flight.add(sid)
         self.launched += 1
         self._write({"event": "launched", "execution_id": sid, "attempt": key.attempt, "group": key.group,
-                     "task": task_id})
+                     "task": task_id, **({"t": now} if now is not None else {})})
 
     def cancel(self, sids: Sequence[str]) -> None:
         """Mark executions surplus and end the running ones."""

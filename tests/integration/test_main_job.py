@@ -50,6 +50,12 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     assert summary["role_changes"] >= 1 and summary["switch_latency_s"]["rollout_to_training"]
     assert summary["train_rollout_overlap_s"] > 0  # training overlapped with rollout
     assert summary["tokens_trained"] > 0 and summary["trajectories_admitted"] >= 24
+    # the simulator reads the run's own files (tools/simulate.py --from-run)
+    from gyre.sim.from_run import predict_from_run
+    pred = predict_from_run(run)
+    assert pred["measured_s"] == summary["wall_s"] and pred["setup"]["executions"] >= 24
+    assert pred["setup"]["switch_to_train_s"] > 0 and pred["setup"]["train_step_cell_s"] > 0
+    assert all(t > pred["setup"]["median_duration_s"] for t in pred["predicted_s"].values())
     # records and trees, inspectable
     records = sorted((run / "records").glob("*.jsonl"))
     assert len(records) == summary["executions"]
