@@ -24,6 +24,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minloglevel="2",
+           TRANSFORMERS_VERBOSITY="error")
+
+
+def warm_start(out: Path, seed: int, steps: int) -> Path:
+    """The supervised format warm-start of ``seed`` into ``out`` (a servable HF directory)."""
+    subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(out), "--builtin", "toy-largest",
+                    "--exclude-tasks", str(ROOT / "examples" / "tasks" / "toy" / "largest.tasks.jsonl"),
+                    "--steps", str(steps), "--batch-size", "8", "--lr", "1e-3", "--seed", str(seed)],
+                   check=True, env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return out
+
+
+def run_toy(model_dir: Path, seed: int, run: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The toy-learning main job from ``model_dir`` into ``run``."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                           str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_toy_learning.yaml"),
+                           "--model-dir", str(model_dir), "--seed", str(seed), "--run-dir", str(run), "--no-progress",
+                           *extra], env=ENV, cwd=ROOT, capture_output=True, text=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -33,24 +54,14 @@ def main(argv=None) -> int:
     p.add_argument("--max-minutes", type=float, default=15.0)
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra pretrain_gyre.py flags")
     a = p.parse_args(argv)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minloglevel="2",
-               TRANSFORMERS_VERBOSITY="error")
     out = Path(a.out)
     ok = True
     for seed in a.seeds:
         t0 = time.monotonic()
-        warm = out / f"warm-{seed}"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(warm), "--builtin", "toy-largest",
-                        "--exclude-tasks", str(ROOT / "examples" / "tasks" / "toy" / "largest.tasks.jsonl"),
-                        "--steps", str(a.warmstart_steps), "--batch-size", "8", "--lr", "1e-3", "--seed", str(seed)],
-                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        warm = warm_start(out / f"warm-{seed}", seed, a.warmstart_steps)
         t_warm = time.monotonic() - t0
+        r = run_toy(warm, seed, out / f"seed-{seed}", *[x for x in a.extra if x != "--"])
         run = out / f"seed-{seed}"
-        extra = [x for x in a.extra if x != "--"]
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                            str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_toy_learning.yaml"),
-                            "--model-dir", str(warm), "--seed", str(seed), "--run-dir", str(run), "--no-progress", *extra],
-                           env=env, cwd=ROOT, capture_output=True, text=True)
         minutes = (time.monotonic() - t0) / 60
         if r.returncode != 0:
             print(f"seed {seed}: run failed (exit {r.returncode})\n{r.stderr[-3000:]}")
