@@ -83,10 +83,12 @@ class CellWorker:
         snapshot: access to the core's snapshot (set later on every rank, once the core's exists).
         start_version: the weight version both copies hold (the step resumed from).
         initial_role: ``"rollout"`` or ``"training"`` (async placement's fixed trainers).
+        host: address the cell's engine binds (:func:`gyre.network.node_address`).
     """
 
     def __init__(self, config: CellConfig, cell: int, store, groups, model_dir: str, train_step,
-                 snapshot: Snapshot | None = None, *, start_version: int = 0, initial_role: str = "rollout"):
+                 snapshot: Snapshot | None = None, *, start_version: int = 0, initial_role: str = "rollout",
+                 host: str = "127.0.0.1"):
         from gyre.rollout.config import EngineConfig
         from gyre.rollout.embedded_server import EngineServer
         from gyre.rollout.engine_client import EngineClient
@@ -101,7 +103,7 @@ class CellWorker:
         self.training = TrainingState(self.params, train_step.optimizer)
         self.engine = EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=config.max_running_requests,
                                                 random_seed=config.seed + 1000 * cell,
-                                                weight_version=str(start_version))).start()
+                                                weight_version=str(start_version)), host=host).start()
         self.client = EngineClient(self.engine.url, timeout=600.0)
         self.roles = CellRoles(cell, f"engine-{cell}", self.client, None, self.training)
         self.engine_version = start_version

@@ -106,20 +106,21 @@ def check_main_job_args(args: argparse.Namespace) -> None:
               f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
 
 
-def _store(rank: int, world: int):
-    """The run's TCPStore: rank 0 hosts it.  Returns ``(store, connect)``; ``connect()`` opens
-    another client -- one per thread that blocks in ``wait`` (a client serialises its calls)."""
+def _store(rank: int, world: int, host: str):
+    """The run's TCPStore: rank 0 hosts it, reached at ``host`` (its :func:`gyre.network.node_address`).
+    Returns ``(store, connect)``; ``connect()`` opens another client -- one per thread that blocks
+    in ``wait`` (a client serialises its calls)."""
     import torch.distributed as dist
 
     box: list[Any] = [None]
     store = None
     if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-        box = [store.port]
+        store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False)
+        box = [(host, store.port)]
     dist.broadcast_object_list(box, src=0)
 
     def connect():
-        return dist.TCPStore("127.0.0.1", box[0], world, is_master=False)
+        return dist.TCPStore(box[0][0], box[0][1], world, is_master=False)
 
     return (store if rank == 0 else connect()), connect
 
@@ -131,6 +132,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
+    from gyre.network import node_address
     from gyre.runtime.cell_worker import CellWorker, Snapshot
     from gyre.runtime.config import CellConfig
     from gyre.training.prefix_groups import PrefixGroups
@@ -162,7 +164,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
             ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir)
         dist.barrier()
         model_dir = str(ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir))
-    store, connect = _store(rank, world)
+    host = node_address()  # where other ranks reach this rank's servers (loopback on one machine)
+    store, connect = _store(rank, world, host)
     if args.training_backend == "megatron":
         # Megatron's parallel state over every rank (TP = PP = 1: each rank its own model-parallel
         # group); its data-parallel group is never used -- cells sum gradients over prefix groups
@@ -179,18 +182,18 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     if ckpt is not None and rank == 0:
         train_step.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     worker = CellWorker(CellConfig.from_args(args), rank, connect() if rank == 0 else store, groups, model_dir,
-                        train_step, start_version=start_step, initial_role=initial)
+                        train_step, start_version=start_step, initial_role=initial, host=host)
     server = None
     box: list[Any] = [None]
     if rank == 0:
         tensors = worker.training.host_tensors()
-        server = MooncakeSnapshotServer(flat_numel(tensors))
+        server = MooncakeSnapshotServer(flat_numel(tensors), host=host)
         server.publish(tensors, version=start_step)
         worker.snapshot = Snapshot(server=server)
         box = [server.handle]
     dist.broadcast_object_list(box, src=0)
     if rank != 0:
-        worker.snapshot = Snapshot(client=MooncakeSnapshotClient(box[0]))
+        worker.snapshot = Snapshot(client=MooncakeSnapshotClient(box[0], host=host))
     urls: list[Any] = [None] * world
     dist.all_gather_object(urls, worker.engine.url)
     if rank != 0:
@@ -246,7 +249,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
                  "mode": args.wandb_mode, "config": json.loads((run_dir / "args.json").read_text())}
     sink = MetricsSink(run_dir, tensorboard_dir=args.tensorboard_dir, wandb=wandb)
     sink.event("run_start", start_step=start_step, placement=args.placement, proxy=proxy.url,
-               resumed_from=str(ckpt) if ckpt else None)
+               engines={f"engine-{c}": url for c, url in enumerate(urls)}, resumed_from=str(ckpt) if ckpt else None)
     cell0 = threading.Thread(target=worker.run, name="gyre-cell0", daemon=True)
     cell0.start()
     controller = Controller(ControllerConfig.from_args(args), proxy, ctl.ControlChannel(store, "rank0"),
@@ -288,7 +291,7 @@ def _standalone_pool(args, connect, worker, server, model_dir, version: int, pro
         return StandaloneRoutes()
     pool = StandalonePool.start(args.standalone_engines, model_dir, concurrency=args.standalone_concurrency,
                                 seed=args.seed, num_cells=args.num_cells,
-                                snapshot=Snapshot(client=MooncakeSnapshotClient(server.handle)),
+                                snapshot=Snapshot(client=MooncakeSnapshotClient(server.handle, host=server.host)),
                                 train_step=worker.train_step, shapes=worker.shapes,
                                 channel=ctl.ControlChannel(connect(), "standalone"),
                                 version=version)

@@ -136,10 +136,12 @@ class MooncakeSnapshotServer:
 
     Args:
         numel: elements of the flat payload (``flat_numel(model.parameters())``).
-        host: address the transfer engine binds (``127.0.0.1`` on one machine).
+        host: address the transfer engine binds and readers reach (``127.0.0.1`` on one machine;
+            the main job passes :func:`gyre.network.node_address`).
     """
 
     def __init__(self, numel: int, host: str = "127.0.0.1", dtype: torch.dtype = torch.float32):
+        self.host = host
         self.header = torch.zeros(2, dtype=torch.int64)
         self.payload = torch.zeros(numel, dtype=dtype)
         self._engine = _engine_with_memory(host, (self.header, self.payload))

@@ -7,6 +7,7 @@ processes, executable evaluators; placements elastic / async / colocate; SIGKILL
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -268,3 +269,27 @@ def test_placements_compare_table_needs_run_dirs(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, env=ENV)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"compare_runs: error: {tmp_path}: no summary.json (not a finished Gyre run)"]
+
+
+def test_servers_listen_where_the_other_nodes_reach_them(tmp_path):
+    """Launched with a non-loopback MASTER_ADDR (as on a multi-node job), the control store, the
+    cells' engines and the weight snapshot use this machine's address on that route."""
+    from gyre.network import node_address
+
+    try:
+        addr = node_address("192.0.2.123")
+    except OSError:
+        pytest.skip("this machine has no route off loopback")
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    cmd = torchrun(run, "--train-steps", "1")
+    cmd[cmd.index("--standalone"):cmd.index("--standalone") + 1] = ["--master-addr", addr, "--master-port", str(port)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-5000:]
+    _, events = read_metrics(run / "metrics.jsonl")
+    (start,) = [e for e in events if e["event"] == "run_start"]
+    assert sorted(start["engines"]) == ["engine-0", "engine-1", "engine-2"]
+    assert {url.split("//")[1].rsplit(":", 1)[0] for url in start["engines"].values()} == {addr}
+    assert json.loads((run / "summary.json").read_text())["steps"] == 1
