@@ -5,9 +5,10 @@
 ``metrics.jsonl`` (role-switch latencies, per-step micro-step and update times, when groups
 became ready and weights were published) and returns a :class:`~gyre.sim.presets.Preset`:
 
-* workload: a :class:`~gyre.sim.workload.TraceWorkload` of the run's executions, each from its
-  launch to its close (harness start-up and evaluation included; a group draws the executions
-  of one task);
+* workload: the run's executions, each from its launch to its close (harness start-up and
+  evaluation included), replayed group by group in dispatch order (:class:`ReplayWorkload`;
+  groups past the run's own resample one task's executions, a
+  :class:`~gyre.sim.workload.TraceWorkload`);
 * ``switch_to_train_s`` / ``switch_to_rollout_s``: median measured switch latencies;
 * ``train_step_cell_s``: median over steps of the core's micro-step time times the cells that
   took part (the step's work on one cell), ``optimizer_s`` the median update time;
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,31 @@ from gyre.scheduler import SchedulerConfig
 
 from .cluster import ClusterSim, SimConfig
 from .presets import Preset
-from .workload import TraceWorkload
+from .workload import GroupSample, TraceWorkload
+
+
+@dataclass
+class ReplayWorkload:
+    """The run's own groups in dispatch order: the ``k``-th group drawn gets the executions of the
+    run's ``k``-th group (``groups``); missing executions of a group are drawn from its own, and
+    groups past the recorded ones from ``fallback``.  Stateful: :meth:`rewound` starts over."""
+
+    name: str
+    groups: list[GroupSample]
+    fallback: TraceWorkload
+    drawn: int = 0
+
+    def sample_group(self, rng: np.random.Generator, n: int) -> GroupSample:
+        if self.drawn >= len(self.groups):
+            return self.fallback.sample_group(rng, n)
+        g = self.groups[self.drawn]
+        self.drawn += 1
+        m = len(g.durations_s)
+        pick = np.concatenate([np.arange(min(n, m)), rng.integers(m, size=max(0, n - m))]).astype(int)
+        return GroupSample(g.durations_s[pick], g.timed_out[pick], g.model_calls[pick])
+
+    def rewound(self) -> "ReplayWorkload":
+        return ReplayWorkload(self.name, self.groups, self.fallback)
 
 
 def _median(xs: list[float], default: float = 0.0) -> float:
@@ -65,11 +90,16 @@ def preset_from_run(run_dir: str | Path) -> Preset:
     if not closed:
         raise ValueError(f"{run}: no closed executions in executions.jsonl")
     tasks = sorted({e["task"] for e in closed})
-    workload = TraceWorkload(
+    trace = TraceWorkload(
         name=f"run {run}", durations_s=np.array([float(e["duration_s"]) for e in closed]),
         timed_out=np.array([e["status"] == "timeout" for e in closed]),
         model_calls=np.array([max(1, int(e.get("calls") or 1)) for e in closed]),
         query_index=tuple(np.array([i for i, e in enumerate(closed) if e["task"] == t]) for t in tasks))
+    by_group: dict[tuple[int, int], list[int]] = {}
+    for i, e in enumerate(closed):
+        by_group.setdefault((int(e.get("attempt") or 0), int(e["group"])), []).append(i)
+    workload = ReplayWorkload(trace.name, [GroupSample(trace.durations_s[ix], trace.timed_out[ix], trace.model_calls[ix])
+                                           for ix in (np.array(v) for _, v in sorted(by_group.items()))], trace)
     metrics = _events(run / "metrics.jsonl")
     rows = [m for m in metrics if m.get("kind") == "metrics"]
     events = [m for m in metrics if m.get("kind") == "event"]
@@ -121,12 +151,12 @@ def predict_from_run(run_dir: str | Path, placements=("elastic", "async", "coloc
     out: dict = {}
     for p in placements:
         cfg = replace(preset.scheduler, placement=p)
-        out[p] = round(ClusterSim(cfg, preset.sim, preset.workload, seed=seed).run().end_time_s, 3)
+        out[p] = round(ClusterSim(cfg, preset.sim, preset.workload.rewound(), seed=seed).run().end_time_s, 3)
     summary = Path(run_dir) / "summary.json"
     measured = json.loads(summary.read_text()).get("wall_s") if summary.is_file() else None
     s = preset.sim
-    setup = {"executions": len(preset.workload.durations_s), "median_duration_s": round(float(np.median(
-        preset.workload.durations_s)), 3), "switch_to_train_s": round(s.switch_to_train_s, 3),
+    setup = {"executions": len(preset.workload.fallback.durations_s), "median_duration_s": round(float(np.median(
+        preset.workload.fallback.durations_s)), 3), "switch_to_train_s": round(s.switch_to_train_s, 3),
         "switch_to_rollout_s": round(s.switch_to_rollout_s, 3), "train_step_cell_s": round(s.train_step_cell_s, 3),
         "optimizer_s": round(s.optimizer_s, 3), "publish_s": round(s.publish_s, 3), "eval_s": round(s.eval_s, 3),
         "micro_steps_per_group": s.micro_steps_per_group}

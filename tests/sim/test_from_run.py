@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gyre.sim.from_run import predict_from_run, preset_from_run
@@ -47,10 +48,18 @@ def write_run(run: Path) -> Path:
 
 def test_the_setup_is_measured_from_the_run_files(tmp_path):
     p = preset_from_run(write_run(tmp_path / "run"))
-    w = p.workload
+    w = p.workload.fallback
     assert w.durations_s.tolist() == [3.0, 5.0, 2.0, 4.0]  # launch to close; the cancelled one left out
     assert w.timed_out.tolist() == [False, False, False, True] and w.model_calls.tolist() == [3, 5, 1, 2]
     assert [ix.tolist() for ix in w.query_index] == [[0, 1], [2, 3]]  # a group draws one task's executions
+    # the run's own groups come back in dispatch order; a larger group draws its missing ones from itself
+    replay, rng = p.workload.rewound(), np.random.default_rng(0)
+    assert replay.sample_group(rng, 2).durations_s.tolist() == [3.0, 5.0]
+    g = replay.sample_group(rng, 3)
+    assert g.durations_s.tolist()[:2] == [2.0, 4.0] and g.durations_s[2] in (2.0, 4.0)
+    assert g.timed_out.tolist()[:2] == [False, True] and g.model_calls.tolist()[:2] == [1, 2]
+    assert replay.sample_group(rng, 2).durations_s.tolist()[0] in (3.0, 5.0, 2.0, 4.0)  # past the run: resampled
+    assert p.workload.rewound().sample_group(rng, 2).durations_s.tolist() == [3.0, 5.0]
     s = p.sim
     assert (s.switch_to_train_s, s.switch_to_rollout_s) == (2.0, 0.5)
     assert s.train_step_cell_s == 2.0 and s.optimizer_s == pytest.approx(0.2)
