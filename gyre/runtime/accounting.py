@@ -19,7 +19,7 @@ from gyre.training import control as ctl
 #: Step statistics reported by the core that become metrics of the step.
 TRAIN_METRICS = ("loss", "clip_fraction", "clip_fraction_high", "clip_fraction_low", "token_clip_fraction",
                  "rho_mean", "rho_max", "rho_capped_fraction", "train_inference_mismatch", "entropy", "grad_norm",
-                 "row_tokens", "forward_tokens", "consume_s", "update_s")
+                 "row_tokens", "forward_tokens", "consume_s", "update_s", "compute_s")
 
 
 @dataclass

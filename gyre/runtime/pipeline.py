@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 #: Additive fields of :class:`ObjectiveStats`, summed over the participants of a step.
 ADDITIVE_STATS = tuple(f.name for f in dataclasses.fields(ObjectiveStats) if f.name != "rho_max")
 TOKEN_COUNTS = ("row_tokens", "forward_tokens", "log_ratio_pass_tokens")
+#: Counts the participants of a step sum and the core reports (StepDone fields of the same names).
+STEP_SUMS = (*TOKEN_COUNTS, "compute_s")
 
 
 @dataclass(frozen=True, order=True)
@@ -174,12 +176,13 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
             snapshot.server.restamp(step + 1)
         return ctl.JoinSkipped(cell, step, reason)
     t_join = time.perf_counter()
-    stats, tokens = ObjectiveStats(), dict.fromkeys(TOKEN_COUNTS, 0)
+    stats, tokens = ObjectiveStats(), dict.fromkeys(STEP_SUMS, 0)
     train_step.zero_grad()
 
     def run_item(payload) -> float:
         from gyre.training.step import apply_log_ratio_sums
 
+        t_item = time.perf_counter()
         items = decode_work_item(payload)
         sums, pass_tokens = train_step.precompute_log_ratio_sums(items)
         apply_log_ratio_sums(items, sums)
@@ -188,6 +191,7 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
         tokens["row_tokens"] += sum(m.row_tokens for m in items)
         tokens["forward_tokens"] += sum(m.forward_tokens for m in items)
         tokens["log_ratio_pass_tokens"] += pass_tokens
+        tokens["compute_s"] += time.perf_counter() - t_item  # this cell's time in micro-steps, not waiting
         return s.loss_sum
 
     count, _ = consume_stream(stream, step, cell, run_item)
@@ -209,7 +213,7 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
         total = ObjectiveStats(**{f: type(getattr(stats, f))(v) for f, v in zip(ADDITIVE_STATS, summed)})
         total.rho_max = stats.rho_max  # the core's own maximum (not reduced)
         done = dataclasses.replace(done, **total.metrics(), normaliser=float(total.normaliser),
-                                   **dict(zip(TOKEN_COUNTS, summed[n:])),
+                                   **dict(zip(STEP_SUMS, summed[n:])),
                                    grad_norm=float("nan") if norm is None else float(norm))
     return done
 

@@ -10,8 +10,8 @@ became ready and weights were published) and returns a :class:`~gyre.sim.presets
   groups past the run's own resample one task's executions, a
   :class:`~gyre.sim.workload.TraceWorkload`);
 * ``switch_to_train_s`` / ``switch_to_rollout_s``: median measured switch latencies;
-* ``train_step_cell_s``: median over steps of the core's micro-step time times the cells that
-  took part (the step's work on one cell), ``optimizer_s`` the median update time;
+* ``train_step_cell_s``: median over steps of the time the participants spent inside micro-steps
+  (``compute_s``: the step's work on one cell), ``optimizer_s`` the median update time;
 * ``micro_steps_per_group``: mean work items per ready group; ``eval_s``: median time from a
   group's last closed execution to its ``group_ready`` event;
 * ``publish_s``: median time from a step's last ``group_ready`` to its publication, less the
@@ -107,7 +107,10 @@ def preset_from_run(run_dir: str | Path) -> Preset:
         raise ValueError(f"{run}: no finished steps in metrics.jsonl")
     switch = {d: [e["latency_s"] for e in events if e["event"] == "role_change" and e.get("direction") == d
                   and e.get("latency_s") is not None] for d in ("rollout->training", "training->rollout")}
-    train = [float(r["consume_s"]) * max(1, int(r.get("window") or 1)) for r in rows if r.get("consume_s")]
+    # the step's micro-step work on one cell: the participants' time inside micro-steps (runs
+    # without it: the core's consume time, waiting included, times the k + 1 participants)
+    train = [float(r["compute_s"]) if r.get("compute_s") is not None
+             else float(r["consume_s"]) * (int(r.get("window") or 0) + 1) for r in rows if r.get("consume_s")]
     update = [float(r["update_s"]) for r in rows if r.get("update_s") is not None]
     ready = [e for e in events if e["event"] == "group_ready"]
     last_close: dict[int, float] = {}

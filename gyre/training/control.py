@@ -117,7 +117,8 @@ class StepDone(ControlMessage):
     """Cell ``cell`` finished its part of step ``step``.
 
     Every participant reports its own micro-step count and timings; the core (cell 0) also reports
-    the step's statistics summed over the participants (``None`` elsewhere).
+    the step's statistics summed over the participants (``None`` elsewhere), among them
+    ``compute_s``: seconds spent inside micro-steps (claiming and waiting left out).
     """
 
     kind: ClassVar[str] = "step_done"
@@ -145,6 +146,7 @@ class StepDone(ControlMessage):
     row_tokens: float | None = None
     forward_tokens: float | None = None
     log_ratio_pass_tokens: float | None = None
+    compute_s: float | None = None
     grad_norm: float | None = None
 
     def metrics(self) -> dict[str, float]:

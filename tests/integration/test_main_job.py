@@ -51,6 +51,8 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     assert summary["role_changes"] >= 1 and summary["switch_latency_s"]["rollout_to_training"]
     assert summary["train_rollout_overlap_s"] > 0  # training overlapped with rollout
     assert summary["tokens_trained"] > 0 and summary["trajectories_admitted"] >= 24
+    rows, _ = read_metrics(run / "metrics.jsonl")  # time inside micro-steps, summed over the participants
+    assert all(0 < r["compute_s"] <= r["consume_s"] * (r["window"] + 1) for r in rows)
     # the simulator reads the run's own files (tools/simulate.py --from-run)
     from gyre.sim.from_run import predict_from_run
     pred = predict_from_run(run)

@@ -38,8 +38,8 @@ def write_run(run: Path) -> Path:
               {"event": "group_ready", "group": 0, "t": 5.25, "items": 3},
               {"event": "group_ready", "group": 1, "t": 9.75, "items": 1},
               {"event": "publish", "version": 1, "t": 8.45}, {"event": "publish", "version": 2, "t": 12.95}]
-    rows = [{"step": 1, "consume_s": 1.0, "window": 2, "update_s": 0.1},
-            {"step": 2, "consume_s": 2.0, "window": 1, "update_s": 0.3}]
+    rows = [{"step": 1, "consume_s": 1.0, "window": 1, "update_s": 0.1},  # no compute_s: 1.0 x 2 cells
+            {"step": 2, "consume_s": 5.0, "window": 0, "update_s": 0.3, "compute_s": 2.0}]
     (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "event", **e}) + "\n" for e in events)
                                        + "".join(json.dumps({"kind": "metrics", **r}) + "\n" for r in rows))
     (run / "summary.json").write_text(json.dumps({"wall_s": 13.5}))
