@@ -257,6 +257,7 @@ def test_sigkill_of_the_launcher_leaves_nothing_running_and_the_run_dir_is_locke
     (["--num-cells", "2"], "argument --num-cells: WORLD_SIZE=3 is not divisible into 2 cells"),
     (["--placement", "bogus"], "argument --placement: invalid choice: 'bogus' (choose from 'elastic', 'async', 'colocate')"),
     (["--train-steps", "0"], "argument --train-steps: must be >= 1"),
+    (["--max-switch-failures", "0"], "argument --max-switch-failures: must be >= 1"),
 ])
 def test_bad_configuration_exits_2_with_one_line(tmp_path, extra, message):
     r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(tmp_path / "run"), *extra],
