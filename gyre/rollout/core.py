@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from gyre.common_prefix import common_prefix_len
 from gyre.rollout.prefix_cache import RadixPrefixCache
 from gyre.rollout.sglang_api import (
     MEMORY_TAGS,
@@ -234,6 +235,31 @@ class EngineCore:
     def continue_generation(self) -> None:
         """Undo :meth:`pause`."""
         self.paused = None
+
+    def export_prefix(self, token_ids: Sequence[int]) -> tuple[int, Any]:
+        """The KV of the longest prefix of ``token_ids`` this engine holds -- in its prefix cache or
+        in a running sequence's slot (its partial output included) -- as ``(m, kv)``: ``m`` tokens
+        and a copy of their KV (``None`` when ``m == 0``)."""
+        m, pieces = self.cache.match(token_ids, count=False)
+        best = None
+        for s in self.running:
+            n = common_prefix_len(s.tokens()[: s.kv_len], token_ids)
+            if n > m:
+                m, best = n, s
+        if best is not None:
+            return m, self.runner.read_kv(best.slot, 0, m)
+        return m, (torch.cat(pieces, dim=3) if m else None)
+
+    def import_prefix(self, token_ids: Sequence[int], kv: Any) -> int:
+        """Store ``kv`` (the KV of ``token_ids``, computed under this engine's current weights: the
+        caller checks) in the prefix cache; returns the tokens newly stored.
+
+        Raises:
+            ProtocolError: the KV cache is released.
+        """
+        if "kv_cache" in self.released:
+            raise ProtocolError("the KV cache is released; resume_memory_occupation first")
+        return self.cache.insert(list(token_ids), lambda a, b: self.runner.slice_kv(kv, a, b).clone())
 
     def flush_cache(self) -> None:
         """Drop the prefix cache (running sequences keep their own KV)."""

@@ -20,11 +20,12 @@ import uuid
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gyre.rollout.config import EngineConfig
 from gyre.rollout.core import EngineCore
 from gyre.rollout.embedded_engine import EmbeddedEngine
+from gyre.rollout.kv_transfer import KVPayloadError, check_fits, decode_kv_payload, encode_kv_payload, kv_layout
 from gyre.rollout.model_runner import WeightError, read_weights
 from gyre.rollout.sglang_api import (
     IncrementalDetokenizer,
@@ -108,7 +109,10 @@ def build_app(engine: EmbeddedEngine):
     ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/flush_cache``,
     ``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weight_version``;
     ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
-    ``/get_weight_version``.
+    ``/get_weight_version``.  Gyre's own: ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
+    payload of the longest prefix held, :mod:`gyre.rollout.kv_transfer`, with ``X-Cached-Tokens``;
+    JSON ``cached_tokens: 0`` when none) and ``POST /gyre/import_kv`` (payload bytes -> stored in
+    the prefix cache; a payload of other weights or another layout answers 400).
 
     Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown rid on abort answers
     400 with ``"success": false``; the distributed weight-update routes answer 400 (not
@@ -317,6 +321,36 @@ def build_app(engine: EmbeddedEngine):
 
         await run(do)
         return {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+
+    def layout() -> dict:
+        r = engine.runner
+        return kv_layout(r.num_layers, r.num_kv_heads, r.head_dim, r.dtype)
+
+    @app.post("/gyre/export_kv")
+    async def export_kv(request: Request):
+        body = await _read_json(request)
+        ids = body.get("input_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise ProtocolError("input_ids must be a non-empty list of token ids")
+        m, kv, version = await run(lambda core: (*core.export_prefix(ids), core.version))
+        if not m:
+            return _json_response({"success": True, "cached_tokens": 0})
+        data = await asyncio.to_thread(encode_kv_payload, kv, ids[:m], version, layout())
+        return Response(data, media_type="application/octet-stream", headers={"X-Cached-Tokens": str(m)})
+
+    @app.post("/gyre/import_kv")
+    async def import_kv(request: Request):
+        try:
+            payload = await asyncio.to_thread(decode_kv_payload, await request.body())
+
+            def do(core: EngineCore) -> int:
+                check_fits(payload, core.version, layout())
+                return core.import_prefix(payload.token_ids, payload.kv)
+
+            added = await run(do)
+        except KVPayloadError as exc:
+            return _error(str(exc), success=False)
+        return {"success": True, "imported_tokens": added, "tokens": len(payload.token_ids)}
 
     for unsupported in ("/init_weights_update_group", "/update_weights_from_distributed",
                         "/update_weights_from_ipc", "/destroy_weights_update_group"):

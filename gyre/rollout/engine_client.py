@@ -162,6 +162,32 @@ class EngineClient(_ClientBase):
     def flush_cache(self) -> None:
         self._do(op_json("POST", "/flush_cache"))
 
+    def export_kv(self, input_ids: Sequence[int]) -> tuple[int, bytes | None]:
+        """``(m, payload)``: the KV payload of the longest prefix of ``input_ids`` the engine holds
+        (:mod:`gyre.rollout.kv_transfer`; embedded engine only), ``(0, None)`` when it holds none."""
+        try:
+            resp = self._http.post("/gyre/export_kv", json={"input_ids": list(input_ids)})
+        except httpx.TransportError as exc:
+            raise self._connection_error("/gyre/export_kv", exc) from exc
+        raise_for_status(resp)
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return 0, None
+        return int(resp.headers["X-Cached-Tokens"]), resp.content
+
+    def import_kv(self, payload: bytes) -> dict:
+        """Store a KV payload in the engine's prefix cache; ``{"imported_tokens", "tokens"}``.
+
+        Raises:
+            EngineError: 400 when the payload is malformed or of other weights or layout.
+        """
+        try:
+            resp = self._http.post("/gyre/import_kv", content=payload,
+                                   headers={"content-type": "application/octet-stream"})
+        except httpx.TransportError as exc:
+            raise self._connection_error("/gyre/import_kv", exc) from exc
+        raise_for_status(resp)
+        return resp.json()
+
     def update_weights_from_disk(self, model_path: str, *, weight_version: str, abort_all_requests: bool = False,
                                  flush_cache: bool = True, load_format: str | None = None) -> dict:
         """Load HF-named weights from a directory or file visible to the engine."""

@@ -82,8 +82,8 @@ class RadixPrefixCache(Generic[P]):
             i += k
             node = child
 
-    def match(self, tokens: Sequence[int]) -> tuple[int, list[P]]:
-        """Longest stored prefix of ``tokens``.
+    def match(self, tokens: Sequence[int], count: bool = True) -> tuple[int, list[P]]:
+        """Longest stored prefix of ``tokens`` (``count``: include it in the hit statistics).
 
         Returns:
             ``(m, pieces)``: ``m`` tokens matched and the payload pieces covering positions
@@ -93,8 +93,9 @@ class RadixPrefixCache(Generic[P]):
         for child, start, k in self._descend(tokens):
             pieces.append(child.payload if k == len(child.key) else self._slice(child.payload, 0, k))
             i = start + k
-        self.queried_tokens += len(tokens)
-        self.hit_tokens += i
+        if count:
+            self.queried_tokens += len(tokens)
+            self.hit_tokens += i
         return i, pieces
 
     def _split(self, child: _Node[P], k: int) -> _Node[P]:
