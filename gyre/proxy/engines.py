@@ -134,6 +134,14 @@ class ClientEngine:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
+    async def export_kv(self, input_ids: Sequence[int]) -> tuple[int, bytes | None]:
+        """The client's ``export_kv`` (embedded engine; errors propagate)."""
+        return await self.client.export_kv(list(input_ids))
+
+    async def import_kv(self, payload: bytes) -> dict:
+        """The client's ``import_kv`` (errors propagate)."""
+        return await self.client.import_kv(payload)
+
 
 @dataclass
 class ScriptedEngine:

@@ -11,8 +11,13 @@ with ``"abort"`` (role transition, pause) or fails (:class:`~gyre.proxy.engines.
 it re-issues it on the execution's *current* route, continuing from what was already generated:
 the new request's input is ``input_ids ++ output so far`` and its ``max_new_tokens`` and
 ``min_new_tokens`` are reduced by the tokens already produced (the remaining minimum is
-``max(0, min_new_tokens - produced)``; SGLang-native continuation; the destination engine
-recomputes the KV cache of the prefix). A request the engine refuses
+``max(0, min_new_tokens - produced)``; SGLang-native continuation). The destination engine
+recomputes the KV cache of that input, unless ``kv_migration`` is on and both engines move KV
+payloads (``export_kv`` / ``import_kv``, the embedded engine's :mod:`gyre.rollout.kv_transfer`):
+then the retry first copies the KV of the longest prefix the source still holds into the
+destination's prefix cache, and :meth:`Router.abort_engine` returns only once the aborted
+requests' copies are done (or ``migration_timeout_s`` passed), so the source may release its
+memory afterwards. A copy that fails costs nothing but the recompute. A request the engine refuses
 (:class:`~gyre.proxy.engines.EngineRejected`, a 4xx) is not retried: the error goes to the
 caller at once. The caller sees one uninterrupted stream; each
 :class:`Attempt` is reported for the record's metadata. Retries wait with exponential backoff
@@ -48,13 +53,14 @@ class GenerationFailed(RuntimeError):
 class Attempt:
     """One engine request of a generation: ``engine_id``, ``rid``, output ``tokens`` it
     contributed, how it ended (``stop``/``length``/``abort``/``error``/``rejected``), its policy
-    version."""
+    version, and the input tokens whose KV was migrated to it."""
 
     engine_id: str
     rid: str
     tokens: int = 0
     outcome: str = ""
     weight_version: int | None = None
+    migrated_tokens: int = 0  # KV of the input copied from the previous engine before this attempt
 
 
 @dataclass
@@ -71,6 +77,9 @@ class Router:
         retry_backoff_s / retry_backoff_max_s: wait between attempts on the same engine
             (doubling); an attempt on a *new* route starts immediately.
         on_retry: optional callback ``(execution_id, attempt, rerouted)`` after each retry.
+        kv_migration: copy the KV of a rerouted request's input from the source engine to the
+            destination before retrying there (module docstring); ``migration_timeout_s`` bounds
+            each copy.
     """
 
     def __init__(
@@ -80,6 +89,8 @@ class Router:
         retry_backoff_s: float = 0.05,
         retry_backoff_max_s: float = 2.0,
         on_retry: Callable[[str, Attempt, bool], None] | None = None,
+        kv_migration: bool = False,
+        migration_timeout_s: float = 30.0,
     ) -> None:
         self.engines: dict[str, Engine] = {}
         self.routes: dict[str, str] = {}
@@ -90,6 +101,10 @@ class Router:
         self._inflight: dict[str, dict[str, str]] = {}  # engine_id -> {rid: execution_id}
         self._route_changed: dict[str, asyncio.Event] = {}
         self._ids = itertools.count()
+        self.kv_migration = bool(kv_migration)
+        self.migration_timeout_s = float(migration_timeout_s)
+        self.migrations = {"copied": 0, "tokens": 0, "failed": 0}
+        self._handoff: dict[str, asyncio.Event] = {}  # rid -> set once its retry no longer needs the source
 
     # ------------------------------------------------------------------ engines and routes
     def add_engine(self, engine: Engine) -> None:
@@ -152,7 +167,35 @@ class Router:
         if eng is None:
             return 0
         await asyncio.gather(*(eng.abort(r) for r in rids), return_exceptions=True)
+        waits = [asyncio.ensure_future(ev.wait()) for r in rids if (ev := self._handoff.get(r)) is not None]
+        if self.kv_migration and waits:  # the retries copy KV off the source first
+            await asyncio.wait(waits, timeout=self.migration_timeout_s)
+        for w in waits:
+            w.cancel()
         return len(rids)
+
+    async def _migrate(self, source: str, destination: str, token_ids: list[int]) -> int:
+        """Copy the KV of the longest prefix of ``token_ids`` that ``source`` holds into
+        ``destination``'s prefix cache; returns the tokens copied (0: nothing held, no support,
+        or the copy failed -- the destination then recomputes)."""
+        src, dst = self.engines.get(source), self.engines.get(destination)
+        if not (hasattr(src, "export_kv") and hasattr(dst, "import_kv")):
+            return 0
+        try:
+            m, payload = await asyncio.wait_for(src.export_kv(token_ids), self.migration_timeout_s)
+            if m:
+                await asyncio.wait_for(dst.import_kv(payload), self.migration_timeout_s)
+        except Exception as exc:  # a failed copy degrades to recompute
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            self.migrations["failed"] += 1
+            logger.warning("KV copy %s -> %s failed, the destination recomputes: %s: %s", source, destination,
+                           type(exc).__name__, exc)
+            return 0
+        if m:
+            self.migrations["copied"] += 1
+            self.migrations["tokens"] += m
+        return m
 
     # ------------------------------------------------------------------ generation
     async def generate(
@@ -176,14 +219,24 @@ class Router:
             EngineRejected: the engine refused the request (outcome ``"rejected"``; no retry).
         """
         base = rid or f"gyre-{next(self._ids)}"
-        prompt = list(input_ids)
+        tries = attempts if attempts is not None else []
+        first = len(tries)
+        try:
+            async for ch in self._attempts(execution_id, list(input_ids), sampling_params, base, tries):
+                yield ch
+        finally:  # nothing of this generation needs any engine any more
+            for att in tries[first:]:
+                if (ev := self._handoff.pop(att.rid, None)) is not None:
+                    ev.set()
+
+    async def _attempts(self, execution_id: str, prompt: list[int], sampling_params: dict[str, Any], base: str,
+                        tries: list[Attempt]) -> AsyncIterator[EngineChunk]:
         produced: list[int] = []
         max_new = int(sampling_params.get("max_new_tokens", 1 << 30))
         min_new = int(sampling_params.get("min_new_tokens") or 0)
         deadline = time.monotonic() + self.retry_timeout_s
         backoff = self.retry_backoff_s
         last_engine: str | None = None
-        tries = attempts if attempts is not None else []
         k = 0
         while True:
             engine_id = self.route(execution_id)
@@ -199,12 +252,18 @@ class Router:
                     engine = self.engines.get(engine_id)
                 else:
                     backoff = self.retry_backoff_s
+            migrated = 0
+            if k > 0 and rerouted and self.kv_migration and engine is not None:
+                migrated = await self._migrate(last_engine, engine_id, prompt + produced)
+            if k > 0 and (prev := self._handoff.pop(tries[-1].rid, None)) is not None:
+                prev.set()  # the source is no longer needed by this generation
             if time.monotonic() > deadline and k > 0:
                 raise GenerationFailed(f"execution {execution_id}: no engine finished the request "
                                        f"within {self.retry_timeout_s:.0f} s ({k} attempts)")
             sub_rid = base if k == 0 else f"{base}.r{k}"
-            att = Attempt(engine_id, sub_rid)
+            att = Attempt(engine_id, sub_rid, migrated_tokens=migrated)
             tries.append(att)
+            self._handoff[sub_rid] = asyncio.Event()
             last_engine = engine_id
             k += 1
             if engine is None:

@@ -62,6 +62,8 @@ class ProxyConfig:
       ``serve_rollout`` set it from ``--rollout-max-context-tokens``.
     * ``restore_reasoning`` -- see :class:`~gyre.proxy.tito.TitoSession`.
     * ``retry_timeout_s`` -- give up a generation after this long (seconds) -> 503/529.
+    * ``kv_migration`` -- a request retried on another engine first copies its input's KV there
+      (:class:`~gyre.proxy.router.Router`; engines that move KV payloads only).
     * ``delivery_timeout_s`` -- how long a finished stream may take to be sent (seconds).
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
@@ -84,6 +86,7 @@ class ProxyConfig:
     max_context_tokens: int = 131072
     restore_reasoning: bool = True
     retry_timeout_s: float = 600.0
+    kv_migration: bool = False
     delivery_timeout_s: float = 300.0
     sse_ping_s: float = 15.0
     stream_hold_s: float = 30.0
@@ -255,7 +258,8 @@ class ProxyServer(ExecutionAdmin):
     ) -> None:
         self.renderer = renderer
         self.config = config or ProxyConfig()
-        self.router = router or Router(retry_timeout_s=self.config.retry_timeout_s)
+        self.router = router or Router(retry_timeout_s=self.config.retry_timeout_s,
+                                       kv_migration=self.config.kv_migration)
         self.router.on_retry = self._on_retry
         self.store = store
         self.ids = ids
@@ -375,7 +379,8 @@ class ProxyServer(ExecutionAdmin):
         tree order."""
         ex = call.ex
         segs = [{"engine_id": a.engine_id, "rid": a.rid, "tokens": a.tokens, "outcome": a.outcome,
-                 "weight_version": a.weight_version} for a in call.attempts]
+                 "weight_version": a.weight_version, **({"migrated_tokens": a.migrated_tokens}
+                                                        if a.migrated_tokens else {})} for a in call.attempts]
         versions = [a.weight_version for a in call.attempts if a.weight_version is not None and a.tokens > 0]
         version = min(versions) if versions else (
             next((a.weight_version for a in reversed(call.attempts) if a.weight_version is not None), None))

@@ -169,10 +169,7 @@ class EngineClient(_ClientBase):
             resp = self._http.post("/gyre/export_kv", json={"input_ids": list(input_ids)})
         except httpx.TransportError as exc:
             raise self._connection_error("/gyre/export_kv", exc) from exc
-        raise_for_status(resp)
-        if resp.headers.get("content-type", "").startswith("application/json"):
-            return 0, None
-        return int(resp.headers["X-Cached-Tokens"]), resp.content
+        return _export_kv_result(resp)
 
     def import_kv(self, payload: bytes) -> dict:
         """Store a KV payload in the engine's prefix cache; ``{"imported_tokens", "tokens"}``.
@@ -181,8 +178,7 @@ class EngineClient(_ClientBase):
             EngineError: 400 when the payload is malformed or of other weights or layout.
         """
         try:
-            resp = self._http.post("/gyre/import_kv", content=payload,
-                                   headers={"content-type": "application/octet-stream"})
+            resp = self._http.post("/gyre/import_kv", content=payload, headers=_OCTETS)
         except httpx.TransportError as exc:
             raise self._connection_error("/gyre/import_kv", exc) from exc
         raise_for_status(resp)
@@ -246,6 +242,16 @@ class EngineClient(_ClientBase):
 
     def get_server_info(self) -> dict:
         return self._do(op_json("GET", "/get_server_info"))
+
+
+_OCTETS = {"content-type": "application/octet-stream"}
+
+
+def _export_kv_result(resp: httpx.Response) -> tuple[int, bytes | None]:
+    raise_for_status(resp)
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return 0, None
+    return int(resp.headers["X-Cached-Tokens"]), resp.content
 
 
 class AsyncEngineClient(_ClientBase):
@@ -332,6 +338,23 @@ class AsyncEngineClient(_ClientBase):
 
     async def flush_cache(self) -> None:
         await self._do(op_json("POST", "/flush_cache"))
+
+    async def export_kv(self, input_ids: Sequence[int]) -> tuple[int, bytes | None]:
+        """As :meth:`EngineClient.export_kv`."""
+        try:
+            resp = await self._http.post("/gyre/export_kv", json={"input_ids": list(input_ids)})
+        except httpx.TransportError as exc:
+            raise self._connection_error("/gyre/export_kv", exc) from exc
+        return _export_kv_result(resp)
+
+    async def import_kv(self, payload: bytes) -> dict:
+        """As :meth:`EngineClient.import_kv`."""
+        try:
+            resp = await self._http.post("/gyre/import_kv", content=payload, headers=_OCTETS)
+        except httpx.TransportError as exc:
+            raise self._connection_error("/gyre/import_kv", exc) from exc
+        raise_for_status(resp)
+        return resp.json()
 
     async def update_weights_from_disk(self, model_path: str, *, weight_version: str,
                                        abort_all_requests: bool = False, flush_cache: bool = True,
