@@ -120,6 +120,9 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                        help="Output tokens per model call: the default when a request sets no max_tokens, "
                             "and the cap on every call (a request asking for more gets this many; its record "
                             "says so in max_tokens_capped).")
+    group.add_argument("--rollout-kv-migration", action="store_true",
+                       help="A request moved to another engine (a role switch) first copies its KV there, so the "
+                            "destination does not recompute its context (embedded engines; a failed copy recomputes).")
     group.add_argument("--rollout-max-context-tokens", type=_positive_int, default=None,
                        help="Prompt + output limit per model call (longer prompts get 400 'prompt is too long'; "
                             "output is cut to the room left). Default: the model's max_position_embeddings, "

@@ -3,7 +3,8 @@
 **Rollout -> training** (:meth:`CellRoles.to_train`): the proxy stops routing to this cell's
 engine (every execution pinned to it is rerouted to the destination the scheduler reserved), the
 requests still running on it are aborted and transparently retried by the proxy at the
-destination (which recomputes the whole context: no KV cache moves between engines); the engine
+destination (which recomputes the whole context, unless the proxy copies the KV first:
+``--rollout-kv-migration``); the engine
 pauses generation in ``abort`` mode (a request that reached it after the proxy's abort is aborted
 too, and later ones wait), releases its weights and KV cache (``release_memory_occupation``), and
 the training parameters and optimizer buffers are restored.

@@ -42,7 +42,7 @@ def executions_log(run_dir: Path) -> list[dict]:
 
 def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    summary, r = run_job(run, "--tensorboard-dir", str(tmp_path / "tb"))
+    summary, r = run_job(run, "--tensorboard-dir", str(tmp_path / "tb"), "--rollout-kv-migration")
     assert json.loads(r.stdout.strip().splitlines()[-1]) == summary
     assert "gyre: reward by step [" in r.stderr and "gyre: time per phase: rollout" in r.stderr
     assert summary["placement"] == "elastic" and summary["steps"] == 3
@@ -59,6 +59,12 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     assert pred["measured_s"] == summary["wall_s"] and pred["setup"]["executions"] >= 24
     assert pred["setup"]["switch_to_train_s"] > 0 and pred["setup"]["train_step_cell_s"] > 0
     assert all(t > pred["setup"]["median_duration_s"] for t in pred["predicted_s"].values())
+    # a call moved off a switching cell continued on a destination that got its KV first
+    from gyre.trajectory.store import read_records
+    moved = [(a, b) for p in sorted((run / "records").glob("*.jsonl")) for rec in read_records(p)
+             for a, b in zip(rec.metadata["attempts"], rec.metadata["attempts"][1:])
+             if a["outcome"] == "abort" and a["engine_id"] != b["engine_id"]]
+    assert all(b.get("migrated_tokens", 0) > 0 for _, b in moved), moved
     # records and trees, inspectable
     records = sorted((run / "records").glob("*.jsonl"))
     assert len(records) == summary["executions"]
