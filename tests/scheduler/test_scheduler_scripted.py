@@ -362,3 +362,22 @@ def test_cells_above_a_cell_that_failed_into_training_return_to_rollout():
     assert d(SwitchFailed(0, T)) == [ToRollout(1), ToTrain(0)]
     assert d(CellRoleChanged(2, T)) == [ToRollout(2)]
     assert [s.value for s in d.s.cell_states] == ["to_training", "to_rollout", "to_rollout"]
+
+
+def test_joining_cells_are_the_training_prefix_while_no_publication_is_pending():
+    d = Driver(N=2, B=1, phi=0, mu=2, num_cells=3, rollout_concurrency_per_cell=2, max_steps=2)
+    d(Start())
+    d.finish(0, 1, 2, 3)
+    d(GroupReady(0, 3))
+    assert d.s.joining_cells() == []  # all three still switching
+    d(CellRoleChanged(1, T))
+    assert d.s.joining_cells() == []  # cell 1 trains, but the core has not arrived: nobody joins
+    d(CellRoleChanged(0, T))
+    assert d.s.joining_cells() == [0, 1]
+    d(CellRoleChanged(2, T))
+    assert d.s.joining_cells() == [0, 1, 2]
+    for cell in (0, 1, 2):
+        d(MicroStepDone(cell, 0))
+    d(GroupReady(1, 1))
+    assert d(MicroStepDone(0, 1)) == [CloseJoinWindow(1), ToRollout(1), ToRollout(2), Publish(2)]
+    assert d.s.joining_cells() == []  # publication pending (and the last step is done)
