@@ -84,6 +84,8 @@ def test_run_table1_reduced(base):
     assert out["configs"]["E0"]["time_vs_E0"] == 1.0
     assert out["configs"]["A0"]["time_vs_E0"] == pytest.approx(res["A0"].hours / res["E0"].hours, abs=1e-4)
     assert run_table1(base, 2, names=["A0"])["configs"]["A0"]["time_vs_E0"] is None
+    e0 = run_table1(base, 12, names=["E0"])["configs"]["E0"]  # the identity holds once warmed up
+    assert e0["mean_staleness"] < 1.45 and abs(e0["staleness_after_warmup"] - 1.5) <= 0.05
 
 
 def test_cli_table1_json_and_table():
@@ -93,13 +95,17 @@ def test_cli_table1_json_and_table():
     out = json.loads(p.stdout)
     assert list(out) == ["configs"] and list(out["configs"]) == NAMES
     for c in out["configs"].values():
-        assert set(c) == {"hours", "time_vs_E0", "phi", "mu", "mean_staleness"} and c["hours"] > 0
+        assert set(c) == {"hours", "time_vs_E0", "phi", "mu", "mean_staleness", "staleness_after_warmup"}
+        assert c["hours"] > 0
     assert (out["configs"]["C1"]["phi"], out["configs"]["C1"]["mu"]) == (0.5, 3)
     p = subprocess.run([sys.executable, str(TOOL), "--table1", "--steps", "2", "--no-progress"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[0] == "Table 1 ablations: workload paper-nl2repo, E[d] = 1.5, 2 steps"
-    assert len(p.stdout.splitlines()) == 2 + len(NAMES)
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3 + len(NAMES) and lines[-1].startswith("staleness: mean over the run; warm:")
+    # 2 steps: every group comes from the start-up dispatch, nothing is past the warm-up
+    assert [line.split()[6] for line in lines[2:-1]][:2] == ["-", "-"]
 
 
 def test_regroup_errors(base):
