@@ -103,7 +103,6 @@ class Router:
         self._ids = itertools.count()
         self.kv_migration = bool(kv_migration)
         self.migration_timeout_s = float(migration_timeout_s)
-        self.migrations = {"copied": 0, "tokens": 0, "failed": 0}
         self._handoff: dict[str, asyncio.Event] = {}  # rid -> set once its retry no longer needs the source
 
     # ------------------------------------------------------------------ engines and routes
@@ -168,10 +167,10 @@ class Router:
             return 0
         await asyncio.gather(*(eng.abort(r) for r in rids), return_exceptions=True)
         waits = [asyncio.ensure_future(ev.wait()) for r in rids if (ev := self._handoff.get(r)) is not None]
-        if self.kv_migration and waits:  # the retries copy KV off the source first
+        if waits:  # with kv_migration: the retries copy KV off the source first
             await asyncio.wait(waits, timeout=self.migration_timeout_s)
-        for w in waits:
-            w.cancel()
+            for w in waits:
+                w.cancel()
         return len(rids)
 
     async def _migrate(self, source: str, destination: str, token_ids: list[int]) -> int:
@@ -188,13 +187,9 @@ class Router:
         except Exception as exc:  # a failed copy degrades to recompute
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            self.migrations["failed"] += 1
             logger.warning("KV copy %s -> %s failed, the destination recomputes: %s: %s", source, destination,
                            type(exc).__name__, exc)
             return 0
-        if m:
-            self.migrations["copied"] += 1
-            self.migrations["tokens"] += m
         return m
 
     # ------------------------------------------------------------------ generation
@@ -263,7 +258,8 @@ class Router:
             sub_rid = base if k == 0 else f"{base}.r{k}"
             att = Attempt(engine_id, sub_rid, migrated_tokens=migrated)
             tries.append(att)
-            self._handoff[sub_rid] = asyncio.Event()
+            if self.kv_migration:  # abort_engine waits on it until this attempt's retry copied its KV
+                self._handoff[sub_rid] = asyncio.Event()
             last_engine = engine_id
             k += 1
             if engine is None:
