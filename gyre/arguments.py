@@ -54,6 +54,13 @@ class GyreArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _host_port(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -122,7 +129,22 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                             "says so in max_tokens_capped).")
     group.add_argument("--rollout-kv-migration", action="store_true",
                        help="A request moved to another engine (a role switch) first copies its KV there, so the "
-                            "destination does not recompute its context (embedded engines; a failed copy recomputes).")
+                            "destination does not recompute its context, and an execution's context follows any "
+                            "route change (embedded engines; a failed copy recomputes).")
+    group.add_argument("--rollout-kv-transport", choices=("mooncake", "http"), default="mooncake",
+                       help="How --rollout-kv-migration moves KV: engine to engine over Mooncake (HTTP through "
+                            "the proxy if that fails) or always through the proxy over HTTP.")
+    group.add_argument("--rollout-shared-kv-store", type=_host_port, default=None, metavar="HOST:PORT",
+                       help="SGLang cells: a Mooncake master; every SGLang server runs its hierarchical cache "
+                            "with this shared Mooncake store as the storage tier, so a request moved to another "
+                            "cell finds its prefix there (--enable-hierarchical-cache --hicache-storage-backend "
+                            "mooncake; flags you set with --sglang-* win).")
+    group.add_argument("--rollout-shared-kv-protocol", choices=("rdma", "tcp"), default="rdma",
+                       help="Transport of the shared KV store.")
+    group.add_argument("--rollout-shared-kv-device", default="",
+                       help="RDMA NICs for the shared KV store (e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
+    group.add_argument("--rollout-shared-kv-segment-gb", type=_positive_int, default=4,
+                       help="Host memory (GiB) each SGLang server gives the shared KV store.")
     group.add_argument("--rollout-max-context-tokens", type=_positive_int, default=None,
                        help="Prompt + output limit per model call (longer prompts get 400 'prompt is too long'; "
                             "output is cut to the room left). Default: the model's max_position_embeddings, "

@@ -134,13 +134,17 @@ class ClientEngine:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
-    async def export_kv(self, input_ids: Sequence[int]) -> tuple[int, bytes | None]:
+    async def export_kv(self, input_ids: Sequence[int], transport: str = "http") -> tuple[int, bytes | dict | None]:
         """The client's ``export_kv`` (embedded engine; errors propagate)."""
-        return await self.client.export_kv(list(input_ids))
+        return await self.client.export_kv(list(input_ids), transport)
 
-    async def import_kv(self, payload: bytes) -> dict:
+    async def import_kv(self, payload: bytes | dict) -> dict:
         """The client's ``import_kv`` (errors propagate)."""
         return await self.client.import_kv(payload)
+
+    async def release_kv(self, pin: int) -> bool:
+        """The client's ``release_kv`` (errors propagate)."""
+        return await self.client.release_kv(pin)
 
 
 @dataclass

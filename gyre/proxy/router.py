@@ -17,7 +17,13 @@ payloads (``export_kv`` / ``import_kv``, the embedded engine's :mod:`gyre.rollou
 then the retry first copies the KV of the longest prefix the source still holds into the
 destination's prefix cache, and :meth:`Router.abort_engine` returns only once the aborted
 requests' copies are done (or ``migration_timeout_s`` passed), so the source may release its
-memory afterwards. A copy that fails costs nothing but the recompute. A request the engine refuses
+memory afterwards. The same copy follows every other route change: :meth:`Router.abort_engine`
+also copies the context of each idle execution that engine served last and that is routed
+elsewhere now, and an execution's next call on a new route first copies from the engine that
+served it last (a move for load balance, a standalone engine taking over). Bytes go engine to
+engine over Mooncake (``kv_transport="mooncake"``: the source pins a staged payload, the
+destination reads it, the source releases it) or through the proxy (``"http"``, also the fallback
+when Mooncake fails). A copy that fails costs nothing but the recompute. A request the engine refuses
 (:class:`~gyre.proxy.engines.EngineRejected`, a 4xx) is not retried: the error goes to the
 caller at once. The caller sees one uninterrupted stream; each
 :class:`Attempt` is reported for the record's metadata. Retries wait with exponential backoff
@@ -27,6 +33,7 @@ engine, and give up after ``retry_timeout_s`` seconds (:class:`GenerationFailed`
 
 from __future__ import annotations
 
+import array
 import asyncio
 import itertools
 import logging
@@ -78,8 +85,9 @@ class Router:
             (doubling); an attempt on a *new* route starts immediately.
         on_retry: optional callback ``(execution_id, attempt, rerouted)`` after each retry.
         kv_migration: copy the KV of a rerouted request's input from the source engine to the
-            destination before retrying there (module docstring); ``migration_timeout_s`` bounds
-            each copy.
+            destination before retrying there, and an execution's context on any route change
+            (module docstring); ``migration_timeout_s`` bounds each copy.
+        kv_transport: ``"mooncake"`` (engine to engine, falling back to ``"http"``) or ``"http"``.
     """
 
     def __init__(
@@ -91,7 +99,10 @@ class Router:
         on_retry: Callable[[str, Attempt, bool], None] | None = None,
         kv_migration: bool = False,
         migration_timeout_s: float = 30.0,
+        kv_transport: str = "mooncake",
     ) -> None:
+        if kv_transport not in ("mooncake", "http"):
+            raise ValueError(f"kv_transport must be 'mooncake' or 'http', not {kv_transport!r}")
         self.engines: dict[str, Engine] = {}
         self.routes: dict[str, str] = {}
         self.retry_timeout_s = float(retry_timeout_s)
@@ -104,6 +115,10 @@ class Router:
         self.kv_migration = bool(kv_migration)
         self.migration_timeout_s = float(migration_timeout_s)
         self._handoff: dict[str, asyncio.Event] = {}  # rid -> set once its retry no longer needs the source
+        self.kv_transport = kv_transport
+        # with kv_migration: execution -> (engine that served its last call, the tokens it holds)
+        self._held: dict[str, tuple[str, array.array]] = {}
+        self.migration_stats = {"copies": 0, "tokens": 0, "bytes": 0, "seconds": 0.0, "failed": 0}
 
     # ------------------------------------------------------------------ engines and routes
     def add_engine(self, engine: Engine) -> None:
@@ -146,6 +161,7 @@ class Router:
         """Forget the route of a closed execution."""
         self.routes.pop(execution_id, None)
         self._route_changed.pop(execution_id, None)
+        self._held.pop(execution_id, None)
 
     def reroute_engine(self, source: str, destination: str) -> list[str]:
         """Move every execution routed to ``source`` to ``destination``; return their ids."""
@@ -160,18 +176,35 @@ class Router:
 
     async def abort_engine(self, engine_id: str) -> int:
         """Abort every request in flight on ``engine_id`` (they retry on their current route);
-        return how many were aborted."""
+        return how many were aborted.  With ``kv_migration`` it returns once the retries and the
+        idle executions this engine served last have copied their KV off it (module docstring)."""
         eng = self.engines.get(engine_id)
-        rids = list(self._inflight.get(engine_id, {}))
+        aborted = dict(self._inflight.get(engine_id, {}))
+        rids = list(aborted)
         if eng is None:
             return 0
         await asyncio.gather(*(eng.abort(r) for r in rids), return_exceptions=True)
         waits = [asyncio.ensure_future(ev.wait()) for r in rids if (ev := self._handoff.get(r)) is not None]
-        if waits:  # with kv_migration: the retries copy KV off the source first
+        if self.kv_migration:  # the retries of aborted requests copy their own KV
+            busy = {e for inflight in self._inflight.values() for e in inflight.values()} | set(aborted.values())
+            idle = [e for e, (src, _) in self._held.items()
+                    if src == engine_id and e not in busy and self.routes.get(e, engine_id) != engine_id]
+            waits += [asyncio.ensure_future(self._migrate_held(e)) for e in idle]
+        if waits:  # the copies off the source finish first
             await asyncio.wait(waits, timeout=self.migration_timeout_s)
             for w in waits:
                 w.cancel()
         return len(rids)
+
+    async def _migrate_held(self, execution_id: str) -> None:
+        """Copy what the engine that served ``execution_id`` last holds of it to its current route."""
+        held = self._held.get(execution_id)
+        destination = self.routes.get(execution_id)
+        if held is None or destination is None or held[0] == destination:
+            return
+        await self._migrate(held[0], destination, list(held[1]))
+        if self._held.get(execution_id) is held:
+            self._held[execution_id] = (destination, held[1])
 
     async def _migrate(self, source: str, destination: str, token_ids: list[int]) -> int:
         """Copy the KV of the longest prefix of ``token_ids`` that ``source`` holds into
@@ -180,17 +213,43 @@ class Router:
         src, dst = self.engines.get(source), self.engines.get(destination)
         if not (hasattr(src, "export_kv") and hasattr(dst, "import_kv")):
             return 0
-        try:
-            m, payload = await asyncio.wait_for(src.export_kv(token_ids), self.migration_timeout_s)
+        for transport in dict.fromkeys((self.kv_transport, "http")):
+            t0 = time.monotonic()
+            try:
+                m, moved = await asyncio.wait_for(self._copy(src, dst, token_ids, transport),
+                                                  self.migration_timeout_s)
+            except Exception as exc:  # a failed copy degrades to the other transport, then to recompute
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                self.migration_stats["failed"] += 1
+                logger.warning("KV copy %s -> %s over %s failed: %s: %s", source, destination, transport,
+                               type(exc).__name__, exc)
+                continue
             if m:
-                await asyncio.wait_for(dst.import_kv(payload), self.migration_timeout_s)
-        except Exception as exc:  # a failed copy degrades to recompute
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            logger.warning("KV copy %s -> %s failed, the destination recomputes: %s: %s", source, destination,
-                           type(exc).__name__, exc)
-            return 0
-        return m
+                st = self.migration_stats
+                st["copies"] += 1
+                st["tokens"] += m
+                st["bytes"] += moved
+                st["seconds"] += time.monotonic() - t0
+            return m
+        return 0
+
+    @staticmethod
+    async def _copy(src, dst, token_ids: list[int], transport: str) -> tuple[int, int]:
+        """One export/import of ``token_ids``'s held prefix; ``(tokens, bytes)`` moved."""
+        m, payload = await src.export_kv(token_ids, transport)
+        if not m:
+            return 0, 0
+        try:
+            reply = await dst.import_kv(payload)
+        finally:
+            if isinstance(payload, dict):  # a Mooncake handle: the source may drop its pin now
+                try:
+                    await src.release_kv(payload["pin"])
+                except Exception as exc:  # the pin expires on its own
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+        return m, int(reply.get("bytes", len(payload) if isinstance(payload, bytes) else 0))
 
     # ------------------------------------------------------------------ generation
     async def generate(
@@ -248,8 +307,11 @@ class Router:
                 else:
                     backoff = self.retry_backoff_s
             migrated = 0
-            if k > 0 and rerouted and self.kv_migration and engine is not None:
-                migrated = await self._migrate(last_engine, engine_id, prompt + produced)
+            if self.kv_migration and engine is not None:
+                if k > 0 and rerouted:
+                    migrated = await self._migrate(last_engine, engine_id, prompt + produced)
+                elif k == 0 and (held := self._held.get(execution_id)) is not None and held[0] != engine_id:
+                    migrated = await self._migrate(held[0], engine_id, prompt)  # the route moved since the last call
             if k > 0 and (prev := self._handoff.pop(tries[-1].rid, None)) is not None:
                 prev.set()  # the source is no longer needed by this generation
             if time.monotonic() > deadline and k > 0:
@@ -296,6 +358,8 @@ class Router:
                 finish = "error"
             finally:
                 inflight.pop(sub_rid, None)
+                if self.kv_migration:
+                    self._held[execution_id] = (engine_id, array.array("q", prompt + produced))
             att.outcome = finish or "error"
             if finish in ("stop", "length"):
                 return

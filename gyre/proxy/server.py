@@ -62,8 +62,10 @@ class ProxyConfig:
       ``serve_rollout`` set it from ``--rollout-max-context-tokens``.
     * ``restore_reasoning`` -- see :class:`~gyre.proxy.tito.TitoSession`.
     * ``retry_timeout_s`` -- give up a generation after this long (seconds) -> 503/529.
-    * ``kv_migration`` -- a request retried on another engine first copies its input's KV there
-      (:class:`~gyre.proxy.router.Router`; engines that move KV payloads only).
+    * ``kv_migration`` -- a request retried on another engine first copies its input's KV there,
+      and an execution's context follows every route change (:class:`~gyre.proxy.router.Router`;
+      engines that move KV payloads only); ``kv_transport`` -- ``"mooncake"`` (engine to engine,
+      HTTP as the fallback) or ``"http"`` (through the proxy).
     * ``delivery_timeout_s`` -- how long a finished stream may take to be sent (seconds).
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
@@ -87,6 +89,7 @@ class ProxyConfig:
     restore_reasoning: bool = True
     retry_timeout_s: float = 600.0
     kv_migration: bool = False
+    kv_transport: str = "mooncake"
     delivery_timeout_s: float = 300.0
     sse_ping_s: float = 15.0
     stream_hold_s: float = 30.0
@@ -259,7 +262,8 @@ class ProxyServer(ExecutionAdmin):
         self.renderer = renderer
         self.config = config or ProxyConfig()
         self.router = router or Router(retry_timeout_s=self.config.retry_timeout_s,
-                                       kv_migration=self.config.kv_migration)
+                                       kv_migration=self.config.kv_migration,
+                                       kv_transport=self.config.kv_transport)
         self.router.on_retry = self._on_retry
         self.store = store
         self.ids = ids

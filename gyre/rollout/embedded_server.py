@@ -25,7 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gyre.rollout.config import EngineConfig
 from gyre.rollout.core import EngineCore
 from gyre.rollout.embedded_engine import EmbeddedEngine
-from gyre.rollout.kv_transfer import KVPayloadError, check_fits, decode_kv_payload, encode_kv_payload, kv_layout
+from gyre.rollout.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, check_handle, decode_kv_payload,
+                                      encode_kv_payload, kv_layout)
 from gyre.rollout.model_runner import WeightError, read_weights
 from gyre.rollout.sglang_api import (
     IncrementalDetokenizer,
@@ -47,6 +48,7 @@ from gyre.rollout.sglang_api import (
     top_logprob_triples,
 )
 from gyre.rollout.weights import deserialize_named_tensors
+from gyre.transfer_engine import TransferEngineError
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 
@@ -101,7 +103,7 @@ class _Acc:
         return self.last is not None and self.last.finished
 
 
-def build_app(engine: EmbeddedEngine):
+def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     """FastAPI app exposing ``engine`` through SGLang's native endpoints.
 
     Routes: ``POST /generate`` (one JSON answer, or SSE ``data: {...}`` chunks then
@@ -111,8 +113,12 @@ def build_app(engine: EmbeddedEngine):
     ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
     ``/get_weight_version``.  Gyre's own: ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
     payload of the longest prefix held, :mod:`gyre.rollout.kv_transfer`, with ``X-Cached-Tokens``;
-    JSON ``cached_tokens: 0`` when none) and ``POST /gyre/import_kv`` (payload bytes -> stored in
-    the prefix cache; a payload of other weights or another layout answers 400).
+    JSON ``cached_tokens: 0`` when none; with ``"transport": "mooncake"`` the payload is staged and
+    pinned in ``kv_stage`` and the answer is JSON ``{"cached_tokens", "mooncake": handle}``),
+    ``POST /gyre/import_kv`` (payload bytes, or JSON ``{"mooncake": handle}`` read from the source
+    engine over Mooncake -> stored in the prefix cache; a payload of other weights or another
+    layout, or a failed read, answers 400) and ``POST /gyre/release_kv`` (``{"pin"}``: the source
+    drops a staged payload).  ``kv_stage`` defaults to a Mooncake stage on 127.0.0.1.
 
     Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown rid on abort answers
     400 with ``"success": false``; the distributed weight-update routes answer 400 (not
@@ -123,6 +129,7 @@ def build_app(engine: EmbeddedEngine):
     held back until it cannot.
     """
     app = FastAPI(title="Gyre embedded engine", openapi_url=None)
+    kv_stage = kv_stage if kv_stage is not None else MooncakeKVStage()
     app.state.engine = engine
     cfg = engine.config
 
@@ -332,25 +339,48 @@ def build_app(engine: EmbeddedEngine):
         ids = body.get("input_ids") if isinstance(body, dict) else None
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
             raise ProtocolError("input_ids must be a non-empty list of token ids")
+        transport = body.get("transport", "http")
+        if transport not in ("http", "mooncake"):
+            raise ProtocolError(f"transport must be \"http\" or \"mooncake\", not {transport!r}")
         m, kv, version = await run(lambda core: (*core.export_prefix(ids), core.version))
         if not m:
             return _json_response({"success": True, "cached_tokens": 0})
         data = await asyncio.to_thread(encode_kv_payload, kv, ids[:m], version, layout())
-        return Response(data, media_type="application/octet-stream", headers={"X-Cached-Tokens": str(m)})
+        if transport == "http":
+            return Response(data, media_type="application/octet-stream", headers={"X-Cached-Tokens": str(m)})
+        try:
+            handle = await asyncio.to_thread(kv_stage.stage, data)
+        except TransferEngineError as exc:
+            return _error(str(exc), success=False)
+        return {"success": True, "cached_tokens": m, "mooncake": handle}
 
     @app.post("/gyre/import_kv")
     async def import_kv(request: Request):
         try:
-            payload = await asyncio.to_thread(decode_kv_payload, await request.body())
+            if request.headers.get("content-type", "").startswith("application/json"):
+                body = await _read_json(request)
+                handle = check_handle(body.get("mooncake") if isinstance(body, dict) else None)
+                data = await asyncio.to_thread(kv_stage.fetch, handle)
+            else:
+                data = await request.body()
+            payload = await asyncio.to_thread(decode_kv_payload, data)
 
             def do(core: EngineCore) -> int:
                 check_fits(payload, core.version, layout())
                 return core.import_prefix(payload.token_ids, payload.kv)
 
             added = await run(do)
-        except KVPayloadError as exc:
+        except (KVPayloadError, TransferEngineError) as exc:
             return _error(str(exc), success=False)
-        return {"success": True, "imported_tokens": added, "tokens": len(payload.token_ids)}
+        return {"success": True, "imported_tokens": added, "tokens": len(payload.token_ids), "bytes": len(data)}
+
+    @app.post("/gyre/release_kv")
+    async def release_kv(request: Request):
+        body = await _read_json(request)
+        pin = body.get("pin") if isinstance(body, dict) else None
+        if type(pin) is not int:
+            raise ProtocolError("pin must be an integer")
+        return {"success": True, "released": kv_stage.release(pin)}
 
     for unsupported in ("/init_weights_update_group", "/update_weights_from_distributed",
                         "/update_weights_from_ipc", "/destroy_weights_update_group"):
@@ -439,8 +469,8 @@ class EngineServer:
         import uvicorn
 
         self.engine = EmbeddedEngine(config)
-        self.app = build_app(self.engine)
         self.sock = bind_socket(host, port)
+        self.app = build_app(self.engine, MooncakeKVStage(host))
         self.host, self.port = host, self.sock.getsockname()[1]
         ucfg = uvicorn.Config(self.app, log_level=log_level, access_log=False, lifespan="off",
                               timeout_graceful_shutdown=5, timeout_keep_alive=30)

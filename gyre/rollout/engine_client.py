@@ -162,27 +162,36 @@ class EngineClient(_ClientBase):
     def flush_cache(self) -> None:
         self._do(op_json("POST", "/flush_cache"))
 
-    def export_kv(self, input_ids: Sequence[int]) -> tuple[int, bytes | None]:
+    def export_kv(self, input_ids: Sequence[int], transport: str = "http") -> tuple[int, bytes | dict | None]:
         """``(m, payload)``: the KV payload of the longest prefix of ``input_ids`` the engine holds
-        (:mod:`gyre.rollout.kv_transfer`; embedded engine only), ``(0, None)`` when it holds none."""
-        try:
-            resp = self._http.post("/gyre/export_kv", json={"input_ids": list(input_ids)})
-        except httpx.TransportError as exc:
-            raise self._connection_error("/gyre/export_kv", exc) from exc
-        return _export_kv_result(resp)
+        (:mod:`gyre.rollout.kv_transfer`; embedded engine only), ``(0, None)`` when it holds none.
+        With ``transport="mooncake"`` the payload stays on the engine, staged and pinned, and
+        ``payload`` is its Mooncake handle (release it with :meth:`release_kv`)."""
+        return _export_kv_result(self._post_kv("/gyre/export_kv", json={"input_ids": list(input_ids),
+                                                                          "transport": transport}))
 
-    def import_kv(self, payload: bytes) -> dict:
-        """Store a KV payload in the engine's prefix cache; ``{"imported_tokens", "tokens"}``.
+    def import_kv(self, payload: bytes | dict) -> dict:
+        """Store a KV payload (bytes, or a Mooncake handle the engine reads from the source) in the
+        engine's prefix cache; ``{"imported_tokens", "tokens", "bytes"}``.
 
         Raises:
-            EngineError: 400 when the payload is malformed or of other weights or layout.
+            EngineError: 400 when the payload is malformed, of other weights or layout, or the read failed.
         """
-        try:
-            resp = self._http.post("/gyre/import_kv", content=payload, headers=_OCTETS)
-        except httpx.TransportError as exc:
-            raise self._connection_error("/gyre/import_kv", exc) from exc
+        resp = self._post_kv("/gyre/import_kv", **_import_kv_body(payload))
         raise_for_status(resp)
         return resp.json()
+
+    def release_kv(self, pin: int) -> bool:
+        """Let the engine drop a staged payload; False when it was gone already."""
+        resp = self._post_kv("/gyre/release_kv", json={"pin": int(pin)})
+        raise_for_status(resp)
+        return bool(resp.json()["released"])
+
+    def _post_kv(self, path: str, **kwargs) -> httpx.Response:
+        try:
+            return self._http.post(path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._connection_error(path, exc) from exc
 
     def update_weights_from_disk(self, model_path: str, *, weight_version: str, abort_all_requests: bool = False,
                                  flush_cache: bool = True, load_format: str | None = None) -> dict:
@@ -247,11 +256,16 @@ class EngineClient(_ClientBase):
 _OCTETS = {"content-type": "application/octet-stream"}
 
 
-def _export_kv_result(resp: httpx.Response) -> tuple[int, bytes | None]:
+def _export_kv_result(resp: httpx.Response) -> tuple[int, bytes | dict | None]:
     raise_for_status(resp)
     if resp.headers.get("content-type", "").startswith("application/json"):
-        return 0, None
+        body = resp.json()
+        return int(body["cached_tokens"]), body.get("mooncake")
     return int(resp.headers["X-Cached-Tokens"]), resp.content
+
+
+def _import_kv_body(payload: bytes | dict) -> dict:
+    return {"json": {"mooncake": payload}} if isinstance(payload, dict) else {"content": payload, "headers": _OCTETS}
 
 
 class AsyncEngineClient(_ClientBase):
@@ -339,22 +353,28 @@ class AsyncEngineClient(_ClientBase):
     async def flush_cache(self) -> None:
         await self._do(op_json("POST", "/flush_cache"))
 
-    async def export_kv(self, input_ids: Sequence[int]) -> tuple[int, bytes | None]:
+    async def export_kv(self, input_ids: Sequence[int], transport: str = "http") -> tuple[int, bytes | dict | None]:
         """As :meth:`EngineClient.export_kv`."""
-        try:
-            resp = await self._http.post("/gyre/export_kv", json={"input_ids": list(input_ids)})
-        except httpx.TransportError as exc:
-            raise self._connection_error("/gyre/export_kv", exc) from exc
-        return _export_kv_result(resp)
+        return _export_kv_result(await self._post_kv("/gyre/export_kv", json={"input_ids": list(input_ids),
+                                                                                "transport": transport}))
 
-    async def import_kv(self, payload: bytes) -> dict:
+    async def import_kv(self, payload: bytes | dict) -> dict:
         """As :meth:`EngineClient.import_kv`."""
-        try:
-            resp = await self._http.post("/gyre/import_kv", content=payload, headers=_OCTETS)
-        except httpx.TransportError as exc:
-            raise self._connection_error("/gyre/import_kv", exc) from exc
+        resp = await self._post_kv("/gyre/import_kv", **_import_kv_body(payload))
         raise_for_status(resp)
         return resp.json()
+
+    async def release_kv(self, pin: int) -> bool:
+        """As :meth:`EngineClient.release_kv`."""
+        resp = await self._post_kv("/gyre/release_kv", json={"pin": int(pin)})
+        raise_for_status(resp)
+        return bool(resp.json()["released"])
+
+    async def _post_kv(self, path: str, **kwargs) -> httpx.Response:
+        try:
+            return await self._http.post(path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._connection_error(path, exc) from exc
 
     async def update_weights_from_disk(self, model_path: str, *, weight_version: str,
                                        abort_all_requests: bool = False, flush_cache: bool = True,

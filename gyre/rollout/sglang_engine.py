@@ -10,6 +10,9 @@ Every SGLang server flag is available to Gyre as ``--sglang-<flag>`` (dest ``sgl
 importable, else the curated subset :data:`CURATED_FLAGS`; :func:`sglang_server_argv` rebuilds
 SGLang's command line from the flags that were set (unset flags keep SGLang's defaults).
 ``--sglang-extra-args "..."`` appends raw flags; Gyre sets :data:`MANAGED_FLAGS` itself.
+``--rollout-shared-kv-store HOST:PORT`` (a Mooncake master) turns on SGLang's hierarchical cache
+with Mooncake as its storage tier (:func:`shared_kv_store_launch`), so every SGLang cell reads and
+writes KV pages in one shared store and a request rerouted to another cell finds its prefix there.
 For ``/update_weights_from_tensor`` SGLang expects its own serializer (CUDA IPC handles, one
 payload per TP rank): :func:`serialize_named_tensors_for_sglang`.
 """
@@ -257,6 +260,51 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 
 
+def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdma", device: str = "",
+                           segment_bytes: int = 4 << 30) -> tuple[list[str], dict[str, str]]:
+    """SGLang flags and environment for a hierarchical cache backed by a shared Mooncake store.
+
+    Args:
+        master: ``host:port`` of the Mooncake master every cell uses.
+        local_host: this server's address (Mooncake peers reach its segment there).
+        protocol: ``rdma`` or ``tcp``; ``device``: RDMA NIC names (``"mlx5_0,mlx5_1"``; empty: auto).
+        segment_bytes: host memory this server contributes to the shared store.
+
+    Returns:
+        ``(argv, env)``: ``--enable-hierarchical-cache --hicache-storage-backend mooncake`` with a
+        page-first layout written through to the store, and the ``MOONCAKE_*`` variables SGLang's
+        Mooncake backend reads (peers found by P2P handshake, no metadata server).
+
+    Raises:
+        ValueError: ``master`` is not ``host:port`` or ``protocol`` unknown.
+    """
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"shared KV store must be the Mooncake master's host:port, not {master!r}")
+    if protocol not in ("rdma", "tcp"):
+        raise ValueError(f"shared KV store protocol must be rdma or tcp, not {protocol!r}")
+    argv = ["--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-write-policy",
+            "write_through", "--hicache-mem-layout", "page_first", "--page-size", "64"]
+    env = {"MOONCAKE_MASTER": master, "MOONCAKE_PROTOCOL": protocol, "MOONCAKE_DEVICE": device,
+           "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE", "MOONCAKE_LOCAL_HOSTNAME": local_host,
+           "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(int(segment_bytes))}
+    return argv, env
+
+
+def merge_server_argv(argv: Sequence[str], defaults: Sequence[str]) -> list[str]:
+    """``argv`` plus those flags of ``defaults`` (``--flag [value]`` pairs) it does not set itself."""
+    given = {a for a in argv if a.startswith("--")}
+    out, i = list(argv), 0
+    while i < len(defaults):
+        flag, j = defaults[i], i + 1
+        while j < len(defaults) and not defaults[j].startswith("--"):
+            j += 1
+        if flag not in given:
+            out += defaults[i:j]
+        i = j
+    return out
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A currently free TCP port on ``host``."""
     import socket
@@ -296,14 +344,23 @@ class SGLangEngine:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, host: str = "127.0.0.1", port: int | None = None,
-                  **kwargs) -> "SGLangEngine":
-        """Build from Gyre's parsed arguments (``--model-dir`` and the ``--sglang-*`` flags)."""
+                  env: Mapping[str, str] | None = None, **kwargs) -> "SGLangEngine":
+        """Build from Gyre's parsed arguments (``--model-dir``, the ``--sglang-*`` flags and
+        ``--rollout-shared-kv-*``)."""
         model = args.model_dir
         if model is None:
             from gyre.embedded_model import ensure_tiny_model
 
             model = ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir)
-        return cls(model, host=host, port=port, server_argv=sglang_server_argv(args), **kwargs)
+        argv = sglang_server_argv(args)
+        store = getattr(args, "rollout_shared_kv_store", None)
+        if store:
+            extra_argv, extra_env = shared_kv_store_launch(
+                store, host, protocol=args.rollout_shared_kv_protocol, device=args.rollout_shared_kv_device,
+                segment_bytes=args.rollout_shared_kv_segment_gb << 30)
+            argv = merge_server_argv(argv, extra_argv)
+            env = {**(env if env is not None else os.environ), **extra_env}
+        return cls(model, host=host, port=port, server_argv=argv, env=env, **kwargs)
 
     def command(self) -> list[str]:
         """The full server command line (port chosen if still ``None``)."""

@@ -238,7 +238,8 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
                                                   args.seq_length),
                                            default_sampling={"temperature": args.rollout_temperature,
                                                              "top_p": args.rollout_top_p},
-                                           kv_migration=args.rollout_kv_migration))
+                                           kv_migration=args.rollout_kv_migration,
+                                           kv_transport=args.rollout_kv_transport))
     for c, url in enumerate(urls):
         proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}"))
     start_step = resume.iteration if resume else 0

@@ -15,15 +15,13 @@ payload, so a torn read is detected.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
+
+from gyre.transfer_engine import TransferEngineError, start_transfer_engine
 
 logger = logging.getLogger(__name__)
 
@@ -95,40 +93,12 @@ def copy_flat_to_params(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> N
             p.copy_(view.view_as(p))
 
 
-@contextlib.contextmanager
-def _native_stderr_captured():
-    """Collect what native code writes to file descriptor 2 meanwhile; yields a callable that
-    returns it.  Mooncake logs its start-up (and one harmless error-level line per engine) there."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lambda: (tmp.seek(0), tmp.read().decode(errors="replace"))[1]
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def _engine_with_memory(host: str, tensors: Iterable[torch.Tensor]):
-    """A Mooncake transfer engine on ``host`` (TCP) with ``tensors`` registered.  Mooncake's own
-    log lines of this start-up appear only in the error when it fails; later it logs errors only
-    (``MC_LOG_LEVEL``, default ``ERROR`` here)."""
-    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    """A Mooncake transfer engine on ``host`` with ``tensors`` registered (:class:`SnapshotError` if not)."""
     try:
-        from mooncake.engine import TransferEngine
-    except ImportError as exc:  # pragma: no cover - depends on the wheel
-        raise SnapshotError(f"Mooncake Transfer Engine unavailable ({exc}); bash tools/setup.sh installs it") from exc
-    with _native_stderr_captured() as log:
-        engine = TransferEngine()
-        rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
-        if rc != 0:
-            raise SnapshotError(f"TransferEngine.initialize({host!r}) failed: rc={rc}: {log()[-2000:]}")
-        for t in tensors:
-            rc = engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
-            if rc != 0:
-                raise SnapshotError(f"register_memory failed: rc={rc}: {log()[-2000:]}")
-    return engine
+        return start_transfer_engine(host, tensors)
+    except TransferEngineError as exc:
+        raise SnapshotError(str(exc)) from exc
 
 
 class MooncakeSnapshotServer:

@@ -35,15 +35,21 @@ def prefill_tokens(url: str) -> int:
     return EngineClient(url).get_server_info()["internal_states"][0]["num_prefill_tokens"]
 
 
-def moved_call(tmp_path, tiny_model_dir, engines, *, migration: bool):
-    """One streamed call on engine-0, moved to engine-1 after 20 chunks; returns (record, client
-    text, engine-1's prefilled tokens for the retry)."""
+def proxy(tmp_path, tiny_model_dir, engines, **config) -> tuple[ProxyServer, TrajectoryStore]:
     store = TrajectoryStore(tmp_path / "records", fsync_every=0)
     srv = ProxyServer(ChatRenderer(load_tokenizer(tiny_model_dir)), store=store,
-                      config=ProxyConfig(max_context_tokens=4096, retry_timeout_s=60, kv_migration=migration))
+                      config=ProxyConfig(max_context_tokens=4096, retry_timeout_s=60, **config))
     for i, e in enumerate(engines):
         srv.add_engine(ClientEngine(AsyncEngineClient(e.url), f"engine-{i}"))
-    srv.start()
+    return srv.start(), store
+
+
+def moved_call(tmp_path, tiny_model_dir, engines, *, migration: bool, transport: str = "mooncake", box=None):
+    """One streamed call on engine-0, moved to engine-1 after 20 chunks; returns (record, client
+    text, engine-1's prefilled tokens for the retry)."""
+    srv, store = proxy(tmp_path, tiny_model_dir, engines, kv_migration=migration, kv_transport=transport)
+    if box is not None:
+        box["router"] = srv.router
     try:
         ex = srv.register_execution(engine_id="engine-0")
         before = prefill_tokens(engines[1].url)
@@ -69,8 +75,14 @@ def moved_call(tmp_path, tiny_model_dir, engines, *, migration: bool):
         srv.stop()
 
 
-def test_a_rerouted_call_hits_the_migrated_prefix(tmp_path, tiny_model_dir, engines):
-    rec, text, prefilled = moved_call(tmp_path, tiny_model_dir, engines, migration=True)
+@pytest.mark.parametrize("transport", ["mooncake", "http"])
+def test_a_rerouted_call_hits_the_migrated_prefix(tmp_path, tiny_model_dir, engines, transport):
+    if transport == "mooncake":
+        pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not installed")
+    box = {}
+    rec, text, prefilled = moved_call(tmp_path, tiny_model_dir, engines, migration=True, transport=transport, box=box)
+    stats = box["router"].migration_stats
+    assert (stats["copies"], stats["failed"]) == (1, 0) and stats["bytes"] > 1000 * stats["tokens"] > 0
     first, retry = rec.metadata["attempts"]
     assert (first["engine_id"], first["outcome"], retry["engine_id"]) == ("engine-0", "abort", "engine-1")
     context = len(rec.input_ids) + first["tokens"]  # what the retry sends: prompt + partial output
@@ -93,3 +105,70 @@ def test_a_failed_copy_falls_back_to_recompute(tmp_path, tiny_model_dir, engines
     assert "migrated_tokens" not in retry and retry["outcome"] == "length"
     assert prefilled == len(rec.input_ids) + first["tokens"] - 1
     assert len(rec.output_ids) == 120 and text
+
+
+def test_a_failing_mooncake_copy_falls_back_to_http(tmp_path, tiny_model_dir, engines, monkeypatch):
+    from gyre.rollout.kv_transfer import MooncakeKVStage
+    from gyre.transfer_engine import TransferEngineError
+
+    def refuse(self, data):
+        raise TransferEngineError("register_memory failed: rc=-1")
+
+    monkeypatch.setattr(MooncakeKVStage, "stage", refuse)
+    box = {}
+    rec, _, prefilled = moved_call(tmp_path, tiny_model_dir, engines, migration=True, box=box)
+    stats = box["router"].migration_stats
+    assert (stats["copies"], stats["failed"]) == (1, 1)  # mooncake failed, HTTP moved it
+    first, retry = rec.metadata["attempts"]
+    assert retry["migrated_tokens"] >= len(rec.input_ids) + first["tokens"] - 1 and prefilled <= 5
+
+
+def two_calls(srv, store, between) -> tuple:
+    """Two non-streamed calls of one execution (the second continues the first's conversation)
+    with ``between(execution_id)`` in between; returns both records."""
+    ex = srv.register_execution(engine_id="engine-0")
+    auth = {"authorization": f"Bearer {ex.api_key}"}
+    msgs = [{"role": "user", "content": PROMPT}]
+    body = {"model": "m", "max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+    r1 = httpx.post(srv.url + "/v1/chat/completions", json={**body, "messages": msgs}, headers=auth, timeout=120)
+    assert r1.status_code == 200
+    between(ex.execution_id)
+    msgs += [r1.json()["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+    r2 = httpx.post(srv.url + "/v1/chat/completions", json={**body, "messages": msgs}, headers=auth, timeout=120)
+    assert r2.status_code == 200
+    srv.close_execution(ex.execution_id)
+    return store.read_records(ex.execution_id)
+
+
+def test_an_idle_execution_s_context_moves_when_its_engine_leaves_rollout(tmp_path, tiny_model_dir, engines):
+    srv, store = proxy(tmp_path, tiny_model_dir, engines, kv_migration=True)
+
+    def role_switch(execution_id):
+        srv.set_route(execution_id, "engine-1")
+        assert srv.abort_engine("engine-0") == 0  # nothing in flight; the idle context is copied
+        EngineClient(engines[0].url).flush_cache()  # the source frees its memory afterwards
+
+    try:
+        before = prefill_tokens(engines[1].url)
+        rec1, rec2 = two_calls(srv, store, role_switch)
+        stats = srv.router.migration_stats
+    finally:
+        srv.stop()
+    held = len(rec1.input_ids) + len(rec1.output_ids) - 1  # the first call's context, in engine-0's cache
+    assert stats["copies"] == 1 and stats["tokens"] >= held
+    (att,) = rec2.metadata["attempts"]
+    assert att["engine_id"] == "engine-1" and "migrated_tokens" not in att  # copied before the call
+    assert prefill_tokens(engines[1].url) - before <= len(rec2.input_ids) - held  # only the new turn
+
+
+def test_the_next_call_after_a_route_change_copies_from_the_previous_engine(tmp_path, tiny_model_dir, engines):
+    srv, store = proxy(tmp_path, tiny_model_dir, engines, kv_migration=True)
+    try:
+        before = prefill_tokens(engines[1].url)
+        rec1, rec2 = two_calls(srv, store, lambda e: srv.set_route(e, "engine-1"))  # a move for balance
+    finally:
+        srv.stop()
+    held = len(rec1.input_ids) + len(rec1.output_ids) - 1
+    (att,) = rec2.metadata["attempts"]
+    assert att["engine_id"] == "engine-1" and att["migrated_tokens"] >= held
+    assert prefill_tokens(engines[1].url) - before <= len(rec2.input_ids) - held

@@ -12,8 +12,9 @@ from gyre.rollout.config import EngineConfig
 from gyre.rollout.embedded_server import EngineServer
 from gyre.rollout.engine_client import EngineClient
 from gyre.rollout.engine_messages import EngineError
-from gyre.rollout.kv_transfer import (KVPayloadError, check_fits, decode_kv_payload, encode_kv_payload,
-                                      kv_layout)
+from gyre.rollout.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, decode_kv_payload,
+                                      encode_kv_payload, kv_layout)
+from gyre.transfer_engine import TransferEngineError
 from tests.processes import wait_until
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
@@ -62,7 +63,7 @@ def test_an_imported_prefix_is_a_cache_hit_with_the_recompute_path_s_output(engi
     m, payload = a.export_kv(context)
     assert m == len(context) - 1  # everything but the last sampled token went through the model
     assert b.export_kv(context) == (0, None)  # B holds nothing of it
-    assert b.import_kv(payload) == {"success": True, "imported_tokens": m, "tokens": m}
+    assert b.import_kv(payload) == {"success": True, "imported_tokens": m, "tokens": m, "bytes": len(payload)}
     before = prefill_tokens(b)
     hit = b.generate(context, GREEDY)
     assert hit.cached_tokens == m and prefill_tokens(b) == before  # nothing recomputed
@@ -104,3 +105,49 @@ def test_payloads_of_other_weights_or_malformed_are_refused(engines):
     assert b.export_kv(PROMPT + [0]) == (0, None)  # nothing was stored
     with pytest.raises(EngineError, match="input_ids must be a non-empty list of token ids"):
         a.export_kv([])
+
+
+@pytest.fixture
+def mooncake_available():
+    pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda not installed")
+
+
+def test_mooncake_stage_pins_until_released_or_expired(mooncake_available):
+    now = [0.0]
+    src, dst = MooncakeKVStage(pin_timeout_s=10.0, clock=lambda: now[0]), MooncakeKVStage()
+    data = bytes(range(256)) * 4096
+    h1, h2 = src.stage(data), src.stage(data[:1000])
+    assert src.pinned == [h1["pin"], h2["pin"]] and h1["nbytes"] == len(data)
+    assert dst.fetch(h1) == data and dst.fetch(h2) == data[:1000]
+    assert src.release(h1["pin"]) is True and src.release(h1["pin"]) is False
+    with pytest.raises(TransferEngineError, match="failed"):
+        dst.fetch(h1)  # released memory is not readable any more
+    now[0] = 10.0
+    assert src.pinned == []  # h2 expired unreleased
+    with pytest.raises(KVPayloadError, match="mooncake must be"):
+        dst.fetch({"session_id": h2["session_id"], "addr": h2["addr"], "nbytes": 0, "pin": 1})
+
+
+def test_an_engine_to_engine_mooncake_copy_is_a_cache_hit(engines, mooncake_available):
+    a, b = engines
+    first = a.generate(PROMPT, GREEDY)
+    context = PROMPT + first.output_ids
+    m, handle = a.export_kv(context, transport="mooncake")
+    assert m == len(context) - 1 and set(handle) == {"session_id", "addr", "nbytes", "pin"}
+    reply = b.import_kv(handle)  # B reads the bytes from A's transfer engine
+    assert reply == {"success": True, "imported_tokens": m, "tokens": m, "bytes": handle["nbytes"]}
+    assert a.release_kv(handle["pin"]) is True and a.release_kv(handle["pin"]) is False
+    before = prefill_tokens(b)
+    hit = b.generate(context, GREEDY)
+    assert hit.cached_tokens == m and prefill_tokens(b) == before
+    assert hit.output_ids == a.generate(context, GREEDY).output_ids
+    b.flush_cache()
+    with pytest.raises(EngineError, match="failed"):
+        b.import_kv(handle)  # the source released it: a 400, nothing stored
+    assert b.export_kv(context) == (0, None)
+    with pytest.raises(EngineError, match="mooncake must be"):
+        b.import_kv({"session_id": "x"})
+    with pytest.raises(EngineError, match='transport must be "http" or "mooncake"'):
+        a.export_kv(context, transport="rdma")
+    bad = a._post_kv("/gyre/release_kv", json={"pin": "1"})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "pin must be an integer"

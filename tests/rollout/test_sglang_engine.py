@@ -153,3 +153,22 @@ def test_create_rollout_engine_picks_the_backend(tiny_model_dir):
     with srv:
         with srv.client() as c:
             assert c.generate([1, 2], {"max_new_tokens": 2}).completion_tokens == 2
+
+
+def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
+    a = parse_args(["--rollout-engine", "sglang", "--model-dir", str(tiny_model_dir), "--sglang-page-size", "32",
+                    "--rollout-shared-kv-store", "10.0.0.1:50051", "--rollout-shared-kv-device", "mlx5_0"])
+    eng = SGLangEngine.from_args(a, host="10.0.0.7", port=30000, env={"CUDA_VISIBLE_DEVICES": "3"})
+    cmd = eng.command()
+    assert cmd[cmd.index("--port") + 1:] == [
+        "30000", "--page-size", "32",  # the user's flag wins over the store's default of 64
+        "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-write-policy",
+        "write_through", "--hicache-mem-layout", "page_first"]
+    assert eng.env == {"CUDA_VISIBLE_DEVICES": "3", "MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_PROTOCOL": "rdma",
+                       "MOONCAKE_DEVICE": "mlx5_0", "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE",
+                       "MOONCAKE_LOCAL_HOSTNAME": "10.0.0.7", "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(4 << 30)}
+    plain = SGLangEngine.from_args(parse_args(["--model-dir", str(tiny_model_dir)]), port=30000)
+    assert "--enable-hierarchical-cache" not in plain.command() and plain.env is None
+    with pytest.raises(SystemExit) as ei:
+        parse_args(["--rollout-shared-kv-store", "10.0.0.1"])
+    assert ei.value.code == 2

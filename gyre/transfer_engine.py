@@ -1,0 +1,71 @@
+"""Start-up of a Mooncake Transfer Engine, shared by weight snapshots and KV payloads.
+
+:func:`start_transfer_engine` starts one engine bound to ``host`` over TCP (Mooncake's P2P
+handshake, no metadata server), with the given tensors registered for one-sided reads.  The CPU
+wheel (``mooncake-transfer-engine-non-cuda``) moves bytes over TCP; the CUDA wheel offers the same
+API over RDMA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from typing import Iterable
+
+import torch
+
+
+class TransferEngineError(RuntimeError):
+    """Mooncake is not installed, or starting it / registering memory failed."""
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+    """Collect what native code writes to file descriptor 2 meanwhile; yields a callable that
+    returns it.  Mooncake logs its start-up (and one harmless error-level line per engine) there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lambda: (tmp.seek(0), tmp.read().decode(errors="replace"))[1]
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def start_transfer_engine(host: str, tensors: Iterable[torch.Tensor] = ()):
+    """A Mooncake transfer engine on ``host`` (TCP) with ``tensors`` registered.  Mooncake's own
+    log lines of this start-up appear only in the error when it fails; later it logs errors only
+    (``MC_LOG_LEVEL``, default ``ERROR`` here).
+
+    Raises:
+        TransferEngineError: Mooncake is missing or did not start.
+    """
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as exc:  # pragma: no cover - depends on the wheel
+        raise TransferEngineError(f"Mooncake Transfer Engine unavailable ({exc}); bash tools/setup.sh installs it") \
+            from exc
+    with native_stderr_captured() as log:
+        engine = TransferEngine()
+        rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+        if rc != 0:
+            raise TransferEngineError(f"TransferEngine.initialize({host!r}) failed: rc={rc}: {log()[-2000:]}")
+        for t in tensors:
+            register(engine, t)
+    return engine
+
+
+def register(engine, t: torch.Tensor) -> None:
+    """Register ``t``'s memory with ``engine`` for remote reads.
+
+    Raises:
+        TransferEngineError: Mooncake refused it.
+    """
+    rc = engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
+    if rc != 0:
+        raise TransferEngineError(f"register_memory of {t.numel() * t.element_size()} bytes failed: rc={rc}")
