@@ -1,5 +1,6 @@
 """KV migration on reroute through the real proxy: two embedded engines on 127.0.0.1, a streamed
-Chat call moved mid-generation from one to the other (as a role switch does), with migration on
+Chat call moved mid-generation from one to the other by the cell's role switch (``CellRoles.to_train``:
+reroute, abort, release the source's memory), with migration on
 (the destination hits its prefix cache), off (it recomputes everything), and failing (it
 recomputes; the client sees a normal answer)."""
 
@@ -17,6 +18,7 @@ from gyre.proxy.server import ProxyConfig, ProxyServer
 from gyre.rollout.config import EngineConfig
 from gyre.rollout.embedded_server import EngineServer
 from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
+from gyre.training.cell import CellRoles
 from gyre.trajectory.store import TrajectoryStore
 
 PROMPT = "Count slowly from one to one hundred, one number per line, and say nothing else. " * 8
@@ -65,9 +67,9 @@ def moved_call(tmp_path, tiny_model_dir, engines, *, migration: bool, transport:
                 delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
                 text.append(delta or "")
                 chunks += 1
-                if chunks == 20:  # mid-generation: a role switch moves the execution away
-                    srv.set_route(ex.execution_id, "engine-1")
-                    assert srv.abort_engine("engine-0") == 1
+                if chunks == 20:  # mid-generation: cell 0 leaves rollout as in the main job
+                    tr = CellRoles(0, "engine-0", EngineClient(engines[0].url), srv).to_train("engine-1")
+                    assert (tr.rerouted, tr.aborted) == (1, 1)
         srv.close_execution(ex.execution_id)
         (rec,) = store.read_records(ex.execution_id)
         return rec, "".join(text), prefill_tokens(engines[1].url) - before
