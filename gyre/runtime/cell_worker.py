@@ -1,11 +1,13 @@
 """One cell's loop in the main job: every rank runs it.
 
-A cell owns two copies of the policy in its process: its **engine** (an embedded engine speaking
-SGLang's native HTTP API, routed by the proxy on rank 0 as ``engine-{cell}``) serving rollouts in
-the rollout role, and its **training replica** (a :class:`gyre.training.step.TrainStep`, Megatron
-or HF), offloaded while the cell serves rollouts.  The cell carries out the typed commands of
-:mod:`gyre.training.control` through :attr:`CellWorker.handlers`, in order, and replies to
-``rank0``; a step's work is :func:`gyre.runtime.pipeline.train_on_stream`, a publication
+A cell owns two copies of the policy: its **engine** (an embedded engine speaking SGLang's native
+HTTP API, in the leader's process, routed by the proxy on rank 0 as ``engine-{cell}``) serving
+rollouts in the rollout role, and its **training replica** (a :class:`gyre.training.step.TrainStep`,
+Megatron or HF; one shard per rank of the cell), offloaded while the cell serves rollouts.  The
+cell's leader carries out the typed commands of :mod:`gyre.training.control` through
+:attr:`CellWorker.handlers`, in order, and replies to ``rank0``; what needs the cell's other ranks
+it orders them (:mod:`gyre.runtime.cell_group`), and they run it in :meth:`CellWorker.follow`.  A
+step's work is :func:`gyre.runtime.pipeline.train_on_stream`, a publication
 :func:`gyre.runtime.pipeline.publish_to_engines`.
 """
 
@@ -18,6 +20,7 @@ from typing import Sequence
 import torch
 
 from gyre.runtime import pipeline
+from gyre.runtime.cell_group import CellGroup
 from gyre.runtime.config import CellConfig
 from gyre.training import control as ctl
 from gyre.training.cell import CellRoles, SwitchFailedError, TrainingState
@@ -75,7 +78,7 @@ class CellWorker:
 
     Args:
         config: :class:`CellConfig` of the run.
-        cell: this cell's index (= its rank: one rank per cell).
+        cell: this cell's index.
         store: the ``torch.distributed`` store shared by every rank.
         groups: :class:`gyre.training.prefix_groups.PrefixGroups`.
         model_dir: HF checkpoint the engine starts from.
@@ -84,29 +87,39 @@ class CellWorker:
         start_version: the weight version both copies hold (the step resumed from).
         initial_role: ``"rollout"`` or ``"training"`` (async placement's fixed trainers).
         host: address the cell's engine binds (:func:`gyre.network.node_address`).
+        cell_group: this rank's :class:`gyre.runtime.cell_group.CellGroup` (default: a cell of one
+            rank).  Only the leader has an engine, a control inbox and :attr:`roles`.
     """
 
     def __init__(self, config: CellConfig, cell: int, store, groups, model_dir: str, train_step,
                  snapshot: Snapshot | None = None, *, start_version: int = 0, initial_role: str = "rollout",
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", cell_group: CellGroup | None = None):
         from gyre.rollout.config import EngineConfig
         from gyre.rollout.embedded_server import EngineServer
         from gyre.rollout.engine_client import EngineClient
 
         self.cfg, self.cell, self.groups, self.snapshot = config, cell, groups, snapshot
-        self.channel = ctl.ControlChannel(store, f"cell{cell}")
+        self.cg = cell_group if cell_group is not None else CellGroup.alone(cell)
         self.stream = MicroStepStream(store, config.num_cells, lease_s=config.lease_s)
         self.train_step = train_step
         self.params = train_step.params
         self.shapes = [(p.shape, p.dtype) for p in self.params]
         self.model_dir = str(model_dir)
         self.training = TrainingState(self.params, train_step.optimizer)
+        self.orders = {"restore": self.training.restore, "offload": self._offload_in_step,
+                       "read_policy": self._read_policy, "train": self._train, "save": self.save}
+        self.engine = self.client = self.roles = None
+        self.engine_version = start_version
+        if not self.cg.is_leader:
+            if initial_role != "training":
+                self.training.offload()
+            return
+        self.channel = ctl.ControlChannel(store, f"cell{cell}")
         self.engine = EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=config.max_running_requests,
                                                 random_seed=config.seed + 1000 * cell,
                                                 weight_version=str(start_version)), host=host).start()
         self.client = EngineClient(self.engine.url, timeout=600.0)
         self.roles = CellRoles(cell, f"engine-{cell}", self.client, None, self.training)
-        self.engine_version = start_version
         if initial_role == "training":
             self.client.release_memory_occupation(["weights", "kv_cache"])
             self.roles.role = "training"
@@ -122,26 +135,50 @@ class CellWorker:
     def _scratch(self) -> list[torch.Tensor]:
         return [torch.empty(shape, dtype=dtype) for shape, dtype in self.shapes]
 
-    # ------------------------------------------------------------------ commands
+    # ------------------------------------------------------------------ orders (every rank of the cell)
+
+    def _do(self, name: str, *args):
+        """Leader: order the cell's other ranks to run ``name(*args)`` and run it here too."""
+        self.cg.order(name, *args)
+        return self.orders[name](*args)
+
+    def _offload_in_step(self) -> None:
+        """Offload, then wait until every rank of the cell has (the engine resumes after)."""
+        if not self.cg.is_leader:
+            self.training.offload()
+        self.cg.agree_all(True)
+
+    def _read_policy(self, at_least: int) -> tuple[int, dict]:
+        return pipeline.read_policy(self.snapshot, self.train_step, self._scratch(), at_least=at_least,
+                                    cell_group=self.cg)
+
+    def _train(self, step: int):
+        return pipeline.train_on_stream(step, self.cell, self.train_step, self.stream, self.groups, self.snapshot,
+                                        cell_group=self.cg)
+
+    # ------------------------------------------------------------------ commands (the leader)
 
     def switch_to_training(self, msg: ctl.SwitchToTraining) -> None:
-        """Release the engine's memory, restore the training state (the proxy on rank 0 already
-        moved this engine's executions and aborted its requests); a switch that fails and rolls
-        back is reported as :class:`~gyre.training.control.SwitchFailed`."""
+        """Release the engine's memory, restore the training state on every rank of the cell (the
+        proxy on rank 0 already moved this engine's executions and aborted its requests); a switch
+        that fails and rolls back is reported as :class:`~gyre.training.control.SwitchFailed`."""
         try:
             tr = self.roles.to_train(None)
         except SwitchFailedError as exc:
             return self._reply(ctl.SwitchFailed(self.cell, "training", str(exc)))
+        self.cg.order("restore")
         self._reply(ctl.Switched(self.cell, "training", tr.latency_s, dict(tr.phases_s)))
 
     def switch_to_rollout(self, msg: ctl.SwitchToRollout) -> None:
-        """Offload the training state, resume the engine and load snapshot ``>= msg.version``
-        (a switch that fails and rolls back: :class:`~gyre.training.control.SwitchFailed`)."""
-        scratch = self._scratch()
-        v = self.snapshot.pull(scratch, at_least=msg.version)
+        """Read snapshot ``>= msg.version`` (every rank its shard, gathered to HF names), offload
+        the training state on the other ranks, then on the leader, resume the engine and load the
+        weights (a switch that fails and rolls back: :class:`~gyre.training.control.SwitchFailed`)."""
+        v, named = self._do("read_policy", msg.version)
+        self._do("offload")
         try:
-            tr = self.roles.to_rollout(str(v), self.train_step.hf_named(scratch))
+            tr = self.roles.to_rollout(str(v), named)
         except SwitchFailedError as exc:
+            self.cg.order("restore")
             return self._reply(ctl.SwitchFailed(self.cell, "rollout", str(exc)))
         self.engine_version = v
         self._reply(ctl.Switched(self.cell, "rollout", tr.latency_s, dict(tr.phases_s), version=v))
@@ -152,22 +189,25 @@ class CellWorker:
             self._reply(ctl.Published(self.cell, self.engine_version, 0.0))
             return
         t0 = time.perf_counter()
-        self.engine_version = pipeline.publish_to_engines(self.snapshot, [self.client], self.train_step,
-                                                          self._scratch(), at_least=msg.version)
+        v, named = self._do("read_policy", msg.version)
+        self.client.update_weights_from_tensor(named, weight_version=str(v))
+        self.engine_version = v
         self._reply(ctl.Published(self.cell, self.engine_version, time.perf_counter() - t0))
 
     def join_step(self, msg: ctl.JoinStep) -> None:
-        self._reply(pipeline.train_on_stream(msg.step, self.cell, self.train_step, self.stream, self.groups,
-                                             self.snapshot))
+        self._reply(self._do("train", msg.step))
 
     # ------------------------------------------------------------------ loop
 
     def run(self, idle_timeout_s: float = 6 * 3600) -> None:
-        """Carry out control messages until ``Shutdown``."""
+        """Leader: carry out control messages until ``Shutdown``; other ranks: :meth:`follow`."""
+        if not self.cg.is_leader:
+            return self.follow(idle_timeout_s)
         try:
             while True:
                 msg = self.channel.recv(timeout_s=idle_timeout_s)
                 if isinstance(msg, ctl.Shutdown):
+                    self.cg.order("stop")
                     self._reply(ctl.Stopped(self.cell))
                     return
                 try:
@@ -179,20 +219,32 @@ class CellWorker:
         finally:
             self.engine.stop()
 
+    def follow(self, idle_timeout_s: float = 6 * 3600) -> None:
+        """A rank other than the leader: run the leader's orders until ``stop``."""
+        while True:
+            name, args = self.cg.next_order(timeout_s=idle_timeout_s)
+            if name == "stop":
+                return
+            self.orders[name](*args)
+
     def save_checkpoint(self, msg: ctl.SaveCheckpoint) -> None:
         t0 = time.perf_counter()
-        directory = self.save(msg.directory)
+        directory = self._do("save", msg.directory)
         self._reply(ctl.Saved(self.cell, directory, time.perf_counter() - t0))
 
     def save(self, directory: str) -> str:
-        """Core only: write the policy (HF format, servable) and the optimizer state to ``directory``.
+        """Core only, every rank of the cell: write the policy (HF format, servable) and this
+        shard's optimizer state to ``directory``.
 
         Layout: ``directory/hf/`` (HF weights + ``config.json`` + the tokenizer files, servable and
-        loadable by either backend), ``directory/optimizer.pt`` (the optimizer's ``state_dict``: torch
-        AdamW, or Megatron's optimizer).  Returns ``directory``.
+        loadable by either backend; the shards are gathered), the optimizer's ``state_dict`` (torch
+        AdamW, or Megatron's optimizer) in :func:`gyre.runtime.checkpointing.optimizer_file` of this
+        shard.  Returns ``directory``.
         """
         import shutil
         from pathlib import Path
+
+        from gyre.runtime.checkpointing import optimizer_file
 
         out = Path(directory)
         (out / "hf").mkdir(parents=True, exist_ok=True)
@@ -200,10 +252,12 @@ class CellWorker:
         self.training.restore()
         try:
             self.train_step.save_hf(out / "hf")
-            torch.save(self.train_step.optimizer.state_dict(), out / "optimizer.pt")
+            torch.save(self.train_step.optimizer.state_dict(), optimizer_file(out, self.cg.layout.shard))
         finally:
             if not resident:
                 self.training.offload()
+        if not self.cg.is_leader:
+            return str(out)
         for f in Path(self.model_dir).iterdir():
             if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json" \
                     and not (out / "hf" / f.name).exists():

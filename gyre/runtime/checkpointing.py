@@ -1,7 +1,8 @@
 """Checkpoints of the main job and resuming from them.
 
 A checkpoint is ``RUN/checkpoints/iter_N/`` (Megatron's naming): ``hf/`` (the policy, servable),
-``optimizer.pt`` (written by the core cell) and ``controller.json`` (:class:`ControllerState`,
+the core cell's optimizer state (:func:`optimizer_file`: ``optimizer.pt``, and one
+``optimizer_shard{s}.pt`` per further rank of a cell that spans ranks) and ``controller.json`` (:class:`ControllerState`,
 written by rank 0 once the core reported the save).  ``latest_checkpointed_iteration.txt`` beside
 them names the newest complete one; it is replaced atomically, last.
 """
@@ -15,6 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+
+def optimizer_file(checkpoint: str | os.PathLike, shard: int) -> Path:
+    """Where shard ``shard`` of the core cell keeps its optimizer state in ``checkpoint``."""
+    return Path(checkpoint) / ("optimizer.pt" if shard == 0 else f"optimizer_shard{shard}.pt")
 
 
 @dataclass

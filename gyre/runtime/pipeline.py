@@ -27,6 +27,7 @@ import numpy as np
 
 from gyre.buffer.work_items import decode_work_item, work_items
 from gyre.rl.objective import ObjectiveStats
+from gyre.runtime.cell_group import CellGroup
 from gyre.training import control as ctl
 from gyre.training.streaming import MicroStepStream, consume_stream, reduce_and_update
 
@@ -161,25 +162,31 @@ def assemble_group(buffer, ready, rng: np.random.Generator, admission, packer) -
                           sum(len(it) for it in items))
 
 
-def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, groups, snapshot
-                    ) -> ctl.StepDone | ctl.JoinSkipped:
+def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, groups, snapshot,
+                    cell_group: CellGroup | None = None) -> ctl.StepDone | ctl.JoinSkipped | None:
     """claim -> accumulate -> reduce -> one update: this cell's part of step ``step``.
 
     A satellite (``cell > 0``) first pulls the core's snapshot of version ``step`` and joins after
     cell ``cell - 1`` (participants stay a contiguous prefix ``0..k``).  The cell claims work items
     until the stream is drained; the participants sum gradients and statistics over the prefix group
     of the window ``k``; the core performs the one optimizer update and writes snapshot ``step + 1``.
+
+    Every rank of the cell runs it (``cell_group``, :mod:`gyre.runtime.cell_group`; alone when
+    ``None``): the leader decides the join and claims the work items, and orders each one to the
+    cell's other ranks, which process it in lock step; each rank pulls, reduces and publishes its
+    own shard.  The leader returns the reply for rank 0, the other ranks ``None``.
     """
+    cg = cell_group if cell_group is not None else CellGroup.alone(cell)
     t0 = time.perf_counter()
-    if reason := _join(step, cell, stream, snapshot, train_step.params):
+    if reason := _join(step, cell, stream, snapshot, train_step.params, cg):
         if cell == 0:  # the window closed before the core joined: the step had no work, the weights stay
             snapshot.server.restamp(step + 1)
-        return ctl.JoinSkipped(cell, step, reason)
+        return ctl.JoinSkipped(cell, step, reason) if cg.is_leader else None
     t_join = time.perf_counter()
     stats, tokens = ObjectiveStats(), dict.fromkeys(STEP_SUMS, 0)
     train_step.zero_grad()
 
-    def run_item(payload) -> float:
+    def process(payload) -> float:
         from gyre.training.step import apply_log_ratio_sums
 
         t_item = time.perf_counter()
@@ -194,9 +201,22 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
         tokens["compute_s"] += time.perf_counter() - t_item  # this cell's time in micro-steps, not waiting
         return s.loss_sum
 
-    count, _ = consume_stream(stream, step, cell, run_item)
-    t_consumed = time.perf_counter()
-    k = stream.wait_window(step, timeout_s=3600)
+    if cg.is_leader:
+        def run_item(payload) -> float:
+            cg.order("item", payload)
+            return process(payload)
+
+        count, _ = consume_stream(stream, step, cell, run_item)
+        cg.order("end")
+        t_consumed = time.perf_counter()
+        k = cg.share(stream.wait_window(step, timeout_s=3600))
+    else:
+        count = 0
+        while (order := cg.next_order(timeout_s=3600))[0] == "item":
+            process(order[1][0])
+            count += 1
+        t_consumed = time.perf_counter()
+        k = cg.share(None)
     norm = summed = None
     if cell <= k:
         vec = [float(getattr(stats, f)) for f in ADDITIVE_STATS] + [float(v) for v in tokens.values()]
@@ -206,6 +226,8 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
     t_reduced = time.perf_counter()
     if cell == 0:
         snapshot.server.publish(train_step.params, version=step + 1)
+    if not cg.is_leader:
+        return None
     done = ctl.StepDone(cell, step, count, k, t_join - t0, t_consumed - t_join, t_reduced - t_consumed,
                         time.perf_counter() - t0)
     if cell == 0 and summed is not None:
@@ -218,20 +240,26 @@ def train_on_stream(step: int, cell: int, train_step, stream: MicroStepStream, g
     return done
 
 
-def _join(step: int, cell: int, stream: MicroStepStream, snapshot, params) -> str:
-    """Enter step ``step``'s stream; returns why not (``""`` once joined)."""
-    if stream.window_closed(step):
+def _join(step: int, cell: int, stream: MicroStepStream, snapshot, params, cg: CellGroup) -> str:
+    """Enter step ``step``'s stream; returns why not (``""`` once joined), the same on every rank
+    of the cell: the leader checks the window and registers, every rank pulls its shard."""
+    closed = cg.share(stream.window_closed(step) if cg.is_leader else None)
+    if closed:
         return "window closed"
     if cell == 0:
         return ""
-    if snapshot.pull(params, exact=step) is None:
+    if not cg.agree_all(snapshot.pull(params, exact=step) is not None):
         return "snapshot moved on"
-    while cell > 1 and not stream.has_joined(step, cell - 1):
-        if stream.window_closed(step):
-            return "window closed"
-        time.sleep(stream.poll_s)
-    stream.register_joined(step, cell, timeout_s=60)
-    return ""
+    reason = ""
+    if cg.is_leader:
+        while cell > 1 and not stream.has_joined(step, cell - 1):
+            if stream.window_closed(step):
+                reason = "window closed"
+                break
+            time.sleep(stream.poll_s)
+        if not reason:
+            stream.register_joined(step, cell, timeout_s=60)
+    return cg.share(reason if cg.is_leader else None)
 
 
 def _core_update(train_step, summed) -> float | None:
@@ -241,11 +269,27 @@ def _core_update(train_step, summed) -> float | None:
     return train_step.optimizer_step(int(round(normaliser)))
 
 
-def publish_to_engines(snapshot, engines, train_step, scratch: list, *, at_least: int) -> int:
-    """core snapshot -> engines: read the newest snapshot ``>= at_least`` once and load it into
-    each rollout engine in turn (under the engines' HF names); returns the version now served."""
-    version = snapshot.pull(scratch, at_least=at_least)
-    named = train_step.hf_named(scratch)
+def read_policy(snapshot, train_step, scratch: list, *, at_least: int,
+                cell_group: CellGroup | None = None) -> tuple[int, dict]:
+    """The newest core snapshot ``>= at_least`` as HF-named weights: ``(version, named)``.  Every
+    rank of the cell takes part (each reads its shard into ``scratch``, and they agree on one
+    version; the train step gathers the shards)."""
+    cg = cell_group if cell_group is not None else CellGroup.alone(0)
+    want = at_least
+    while True:
+        version = snapshot.pull(scratch, at_least=want)
+        lo, hi = cg.agree_min_max(version)
+        if lo == hi:
+            return version, train_step.hf_named(scratch)
+        want = hi  # the core published while the shards read: all read the newer one
+
+
+def publish_to_engines(snapshot, engines, train_step, scratch: list, *, at_least: int,
+                       cell_group: CellGroup | None = None) -> int:
+    """core snapshot -> engines: read the newest snapshot ``>= at_least`` once (:func:`read_policy`)
+    and load it into each rollout engine in turn (under the engines' HF names); returns the version
+    now served."""
+    version, named = read_policy(snapshot, train_step, scratch, at_least=at_least, cell_group=cell_group)
     for engine in engines:
         engine.update_weights_from_tensor(named, weight_version=str(version))
     return version

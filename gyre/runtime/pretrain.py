@@ -1,10 +1,12 @@
 """The main job behind ``pretrain_gyre.py``: start-up of the cells and of rank 0's controller.
 
-Every rank is one cell (the CPU default: ``--tensor/pipeline-model-parallel-size 1``, gloo); its
-training replica is megatron-core (``--training-backend megatron``) or ``transformers`` (``hf``).
-Start-up, in order: the torch.distributed group and a TCPStore (control plane and micro-step
-streams) -> the prefix groups -> each cell's training replica and engine -> the core's weight
-snapshot (Mooncake over TCP) -> on rank 0 the proxy (routes ``engine-{c}`` to every cell's
+``WORLD_SIZE = num_cells x TP x PP`` (gloo; PP = 1 in this build): a cell is ``TP`` contiguous
+ranks (:mod:`gyre.runtime.cell_group`; the CPU default is one rank per cell), whose training
+replica is megatron-core (``--training-backend megatron``, sharded over the cell's ranks) or
+``transformers`` (``hf``, one rank per cell).  Start-up, in order: the torch.distributed group and
+a TCPStore (control plane and micro-step streams) -> Megatron's parallel state, the prefix groups
+and the cell groups -> each rank's training shard, each leader's engine -> one weight snapshot per
+core shard (Mooncake over TCP) -> on rank 0 the proxy (routes ``engine-{c}`` to every cell's
 engine), the standalone pool's engines (``--standalone-engines``, :mod:`gyre.runtime.standalone`,
 routed as ``standalone-{i}``), the harness and the tasks, the core's cell loop in a thread and
 the controller (:class:`gyre.runtime.controller.Controller`) in the main thread.  Other ranks run their cell loop.
@@ -51,10 +53,20 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if args.tasks is None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
     world = int(os.environ.get("WORLD_SIZE", args.num_cells))
-    if args.tensor_model_parallel_size * args.pipeline_model_parallel_size != 1 or world != args.num_cells:
-        raise ArgumentError(f"argument --num-cells: the CPU main job runs one rank per cell; "
-                            f"WORLD_SIZE={world} with --num-cells {args.num_cells} "
-                            f"and TP*PP={args.tensor_model_parallel_size * args.pipeline_model_parallel_size}")
+    per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    if args.pipeline_model_parallel_size != 1:
+        raise ArgumentError("argument --pipeline-model-parallel-size: the main job's cells span ranks by tensor "
+                            "parallelism only in this build (PP = 1)")
+    if world != args.num_cells * per_cell:
+        raise ArgumentError(f"argument --num-cells: WORLD_SIZE={world} must be --num-cells x TP x PP = "
+                            f"{args.num_cells} x {args.tensor_model_parallel_size} x "
+                            f"{args.pipeline_model_parallel_size} (no data parallelism inside a cell)")
+    if per_cell > 1 and args.training_backend != "megatron":
+        raise ArgumentError("argument --tensor-model-parallel-size: cells of several ranks train with "
+                            "--training-backend megatron")
+    if per_cell > 1 and args.standalone_engines:
+        raise ArgumentError("argument --standalone-engines: the standalone pool serves cells of one rank "
+                            "(TP = PP = 1)")
     if args.standalone_engines and not args.standalone_concurrency:
         raise ArgumentError(f"argument --standalone-concurrency: --standalone-engines {args.standalone_engines} "
                             f"needs --standalone-concurrency > 0 (the executions the pool serves at once)")
@@ -74,6 +86,15 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         if state.training_backend != args.training_backend:
             raise ArgumentError(f"argument --load: {ckpt} holds a --training-backend {state.training_backend} "
                                 f"optimizer state; this run asks for {args.training_backend}")
+        from gyre.runtime.checkpointing import optimizer_file
+
+        shards = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+        missing = [optimizer_file(ckpt, s).name for s in range(shards) if not optimizer_file(ckpt, s).exists()]
+        if missing or optimizer_file(ckpt, shards).exists():
+            raise ArgumentError(f"argument --load: {ckpt} holds the optimizer state of cells of another size than "
+                                f"TP x PP = {shards} (missing {missing})" if missing else
+                                f"argument --load: {ckpt} holds the optimizer state of cells of more than "
+                                f"TP x PP = {shards} ranks")
         if state.iteration >= args.train_steps:
             raise ArgumentError(f"argument --train-steps: {ckpt} already holds {state.iteration} steps; pass "
                                 f"--train-steps greater than {state.iteration} to train further")
@@ -133,11 +154,14 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
     from gyre.network import node_address
+    from gyre.runtime.cell_group import CellGroup
     from gyre.runtime.cell_worker import CellWorker, Snapshot
+    from gyre.runtime.checkpointing import optimizer_file
     from gyre.runtime.config import CellConfig
     from gyre.training.prefix_groups import PrefixGroups
     from gyre.training.step import build_train_step
-    from gyre.training.weight_snapshot import MooncakeSnapshotClient, MooncakeSnapshotServer, flat_numel
+    from gyre.training.weight_snapshot import (CoreSnapshotStamps, MooncakeSnapshotClient, MooncakeSnapshotServer,
+                                               flat_numel)
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=1800))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -166,41 +190,47 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         model_dir = str(ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir))
     host = node_address()  # where other ranks reach this rank's servers (loopback on one machine)
     store, connect = _store(rank, world, host)
+    per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
     if args.training_backend == "megatron":
-        # Megatron's parallel state over every rank (TP = PP = 1: each rank its own model-parallel
-        # group); its data-parallel group is never used -- cells sum gradients over prefix groups
+        # Megatron's parallel state over every rank: its TP groups are the cells (contiguous ranks);
+        # its data-parallel group is never used -- cells sum gradients over prefix groups
         from gyre.training.megatron_model import initialize_megatron_cpu
 
         initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, seed=args.seed)
-    groups = PrefixGroups.build(args.num_cells, 1)
-    initial = "training" if args.placement == "async" and rank < args.train_cells else "rollout"
+    groups = PrefixGroups.build(args.num_cells, per_cell)  # shard s of cells 0..k
+    cell_group = CellGroup.build(rank, args.num_cells, per_cell, connect() if rank == 0 else store)
+    cell, shard = cell_group.layout.cell, cell_group.layout.shard
+    initial = "training" if args.placement == "async" and cell < args.train_cells else "rollout"
     torch.manual_seed(args.seed)
     model = load_hf_model(model_dir)
     model.train()
     train_step = build_train_step(args, model)
     del model  # the Megatron replica holds converted copies; the HF replica keeps its own reference
-    if ckpt is not None and rank == 0:
-        train_step.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-    worker = CellWorker(CellConfig.from_args(args), rank, connect() if rank == 0 else store, groups, model_dir,
-                        train_step, start_version=start_step, initial_role=initial, host=host)
-    server = None
-    box: list[Any] = [None]
-    if rank == 0:
+    if ckpt is not None and cell == 0:
+        train_step.optimizer.load_state_dict(torch.load(optimizer_file(ckpt, shard), weights_only=True))
+    worker = CellWorker(CellConfig.from_args(args), cell, connect() if rank == 0 else store, groups, model_dir,
+                        train_step, start_version=start_step, initial_role=initial, host=host, cell_group=cell_group)
+    server, handle = None, None
+    if cell == 0:  # one snapshot per core shard: shard s of a satellite reads shard s of the core
         tensors = worker.training.host_tensors()
         server = MooncakeSnapshotServer(flat_numel(tensors), host=host)
         server.publish(tensors, version=start_step)
         worker.snapshot = Snapshot(server=server)
-        box = [server.handle]
-    dist.broadcast_object_list(box, src=0)
-    if rank != 0:
-        worker.snapshot = Snapshot(client=MooncakeSnapshotClient(box[0], host=host))
+        handle = server.handle
+    handles: list[Any] = [None] * world
+    dist.all_gather_object(handles, handle)
+    if cell != 0:
+        worker.snapshot = Snapshot(client=MooncakeSnapshotClient(handles[shard], host=host))
     urls: list[Any] = [None] * world
-    dist.all_gather_object(urls, worker.engine.url)
+    dist.all_gather_object(urls, worker.engine.url if worker.engine is not None else None)
+    urls = [urls[r] for r in cell_group.layout.leaders()]
     if rank != 0:
         worker.run()
         dist.barrier()
         return None
-    summary = _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume)
+    stamps = CoreSnapshotStamps(server, [MooncakeSnapshotClient(h, host=host, header_only=True)
+                                         for h in handles[1:per_cell]])
+    summary = _run_rank0(args, store, connect, worker, stamps, urls, model_dir, ckpt, resume)
     dist.barrier()  # only on success: the other ranks reach it after Shutdown (a failure ends the job instead)
     lock.release()
     return summary

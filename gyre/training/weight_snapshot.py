@@ -137,19 +137,34 @@ class MooncakeSnapshotServer:
 
 
 class MooncakeSnapshotClient:
-    """Satellite side: pulls the core's snapshot with one-sided reads into its parameters."""
+    """Satellite side: pulls the core's snapshot with one-sided reads into its parameters
+    (``header_only``: only reads and writes the version header)."""
 
-    def __init__(self, handle: SnapshotHandle, host: str = "127.0.0.1"):
+    def __init__(self, handle: SnapshotHandle, host: str = "127.0.0.1", *, header_only: bool = False):
         self.handle = handle
         self.header = torch.zeros(2, dtype=torch.int64)
-        self.payload = torch.zeros(handle.numel, dtype=getattr(torch, handle.dtype))
-        self._engine = _engine_with_memory(host, (self.header, self.payload))
+        self.payload = torch.zeros(0 if header_only else handle.numel, dtype=getattr(torch, handle.dtype))
+        self._engine = _engine_with_memory(host, (self.header,) if header_only else (self.header, self.payload))
 
     def _read(self, local: torch.Tensor, remote_addr: int) -> None:
         rc = self._engine.transfer_sync_read(self.handle.session_id, local.data_ptr(), remote_addr,
                                              local.numel() * local.element_size())
         if rc != 0:
             raise SnapshotError(f"transfer_sync_read from {self.handle.session_id} failed: rc={rc}")
+
+    def restamp(self, version: int) -> None:
+        """Write ``version`` into the core's header (one-sided write; the core is not writing: a
+        step without training work).
+
+        Raises:
+            SnapshotError: the transfer failed.
+        """
+        header = torch.tensor([int(version), self.handle.numel], dtype=torch.int64)
+        self.header.copy_(header)
+        rc = self._engine.transfer_sync_write(self.handle.session_id, self.header.data_ptr(), self.handle.header_addr,
+                                              self.header.numel() * self.header.element_size())
+        if rc != 0:
+            raise SnapshotError(f"transfer_sync_write to {self.handle.session_id} failed: rc={rc}")
 
     def peek_version(self) -> int:
         """The snapshot's current version (``-1`` while the core writes it).
@@ -178,6 +193,25 @@ class MooncakeSnapshotClient:
             raise SnapshotError(f"snapshot changed during the read ({before} -> {int(self.header[0])})")
         copy_flat_to_params(self.payload, params)
         return before
+
+
+class CoreSnapshotStamps:
+    """Rank 0's handle on every shard of the core's snapshot: its own ``server`` (shard 0) and a
+    client of each further shard's server, so a step without training work moves every shard's
+    version on (:meth:`restamp`)."""
+
+    def __init__(self, server: MooncakeSnapshotServer, shards: Iterable[MooncakeSnapshotClient] = ()):
+        self.server, self.shards = server, list(shards)
+        self.handle, self.host = server.handle, server.host
+
+    @property
+    def version(self) -> int:
+        return self.server.version
+
+    def restamp(self, version: int) -> None:
+        self.server.restamp(version)
+        for client in self.shards:
+            client.restamp(version)
 
 
 def gloo_broadcast_snapshot(params: list[torch.Tensor], version: int, src: int, group=None) -> int:

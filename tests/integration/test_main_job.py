@@ -30,8 +30,9 @@ def torchrun(run_dir: Path, *extra: str, nproc: int = 3, config: str = "cpu_tiny
             "--no-progress", *extra]
 
 
-def run_job(run_dir: Path, *extra: str, timeout: float = 600):
-    r = subprocess.run(torchrun(run_dir, *extra), capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
+def run_job(run_dir: Path, *extra: str, timeout: float = 600, nproc: int = 3):
+    r = subprocess.run(torchrun(run_dir, *extra, nproc=nproc), capture_output=True, text=True, env=ENV,
+                       timeout=timeout, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-5000:]
     return json.loads((run_dir / "summary.json").read_text()), r
 

@@ -1,0 +1,231 @@
+"""torchrun worker (4 ranks = 2 cells x tensor parallelism 2): the main job's streaming step with
+cells that span ranks, against the single-process HF step.
+
+Every rank runs the main job's pieces: Megatron's parallel state (TP groups = cells), the prefix
+groups of corresponding shards, a :class:`gyre.runtime.cell_group.CellGroup` per cell, one Mooncake
+snapshot per core shard, and :func:`gyre.runtime.pipeline.train_on_stream` (the core's leader in a
+thread of rank 0, as in the main job; its follower, rank 1; the satellite's leader, rank 2, which
+orders its follower, rank 3, as :class:`gyre.runtime.cell_worker.CellWorker` does).  Rank 0's main
+thread plays the controller: it queues each step's work items and asks the satellite to join after
+``--join`` of them are done (-1: never).  With ``--kill-step S`` both satellite ranks exit in their
+first micro-step of step S.
+
+Recorded per step on the core: the summed gradients the core's update applies and the weights
+after it (gathered to HF names), and who processed which work item; after the last step the
+satellite's leader reads the published snapshot as its engine would (:func:`gyre.runtime.pipeline.read_policy`).
+Rank 0 recomputes every step with :class:`gyre.training.hf_step.HFTrainStep` in one process and
+writes the differences to ``--out``.
+"""
+
+import argparse
+import copy
+import json
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+EXECUTIONS = 6
+
+
+def batch(hf, step: int) -> list[bytes]:
+    """One work item per execution, each execution's rows in micro-steps of the longest row."""
+    import numpy as np
+
+    from gyre.buffer.packing import PackingConfig, pack_rows
+    from gyre.buffer.work_items import encode_work_item, work_items
+    from tests.training.test_step import TRACES, with_behaviour_near_policy
+    from tests.training.trace_trees import trace_shaped_rows
+
+    rng = np.random.default_rng(20 + step)
+    rows = []
+    for e in range(EXECUTIONS):
+        rows += trace_shaped_rows(ROOT / "tests" / "data" / "traces" / TRACES[e % len(TRACES)], rng,
+                                  advantage=float(rng.normal()), scale=1 / 192, execution_id=f"ex-{e}")
+    rows = with_behaviour_near_policy(hf, rows, seed=20 + step)
+    packed = pack_rows(rows, PackingConfig(max(r.num_tokens for r in rows), "pad", tree=True))
+    return [encode_work_item(item) for item in work_items(packed.micro_steps)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--join", type=int, nargs="+", required=True, help="per step: items done before cell 1 joins")
+    p.add_argument("--kill-step", type=int, default=-1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    from gyre.buffer.work_items import decode_work_item
+    from gyre.embedded_model import ensure_tiny_model, load_hf_model
+    from gyre.runtime import pipeline
+    from gyre.runtime.cell_group import CellGroup
+    from gyre.runtime.cell_worker import Snapshot
+    from gyre.training.hf_step import HFTrainStep
+    from gyre.training.megatron_model import initialize_megatron_cpu
+    from gyre.training.megatron_step import build_megatron_train_step
+    from gyre.training.prefix_groups import PrefixGroups
+    from gyre.training.step import apply_log_ratio_sums
+    from gyre.training.streaming import MicroStepStream
+    from gyre.training.weight_snapshot import MooncakeSnapshotClient, MooncakeSnapshotServer, flat_numel
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    num_cells, tp = 2, 2
+    assert world == num_cells * tp
+    initialize_megatron_cpu(tp, 1, seed=1234)
+    box = [None]
+    if rank == 0:
+        master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+        box = [master.port]
+    dist.broadcast_object_list(box, src=0)
+
+    def client():
+        return dist.TCPStore("127.0.0.1", box[0], world, is_master=False)
+
+    groups = PrefixGroups.build(num_cells, tp)
+    cg = CellGroup.build(rank, num_cells, tp, client())
+    cell, shard = cg.layout.cell, cg.layout.shard
+    core_group = dist.new_group([0, 1])
+    torch.manual_seed(0)
+    hf = load_hf_model(ensure_tiny_model("local"))
+    train_step = build_megatron_train_step(hf)
+    params = train_step.params
+    init_hf = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    steps = len(a.join)
+
+    if cell == 0:
+        server = MooncakeSnapshotServer(flat_numel(params))
+        server.publish(params, version=0)
+        snapshot = Snapshot(server=server)
+        handle = server.handle
+    else:
+        handle = None
+    handles = [None] * world
+    dist.all_gather_object(handles, handle)
+    if cell != 0:
+        snapshot = Snapshot(client=MooncakeSnapshotClient(handles[shard]))
+
+    dying = {"on": False}
+    accumulate = train_step.accumulate
+
+    def maybe_die(items):
+        if dying["on"]:
+            os._exit(0)  # mid-micro-step, the leader holding the claim
+        return accumulate(items)
+
+    train_step.accumulate = maybe_die
+    recorded: list[dict] = []
+    update = train_step.optimizer_step
+
+    def recording_update(normaliser):  # the core's update: record the summed gradients it applies
+        grads = train_step.hf_named(train_step.grad_tensors())  # a TP collective: both core ranks are here
+        recorded.append({"normaliser": int(normaliser), "grads": grads})
+        return update(normaliser)
+
+    train_step.optimizer_step = recording_update
+    stream = MicroStepStream(client(), num_cells, lease_s=1.0)
+    report: dict = {"rank": rank, "steps": []}
+    weights_after: list[dict] = []
+    for step in range(steps):
+        if cell == 1:
+            if rank == 2:
+                asked = stream.wait_join_request(step, 1)
+                dying["on"] = asked and step == a.kill_step
+                cg.order("train", step, dying["on"])
+                done = pipeline.train_on_stream(step, 1, train_step, stream, groups, snapshot, cg)
+            else:
+                name, (s, die) = cg.next_order()
+                assert (name, s) == ("train", step)
+                dying["on"] = die
+                done = pipeline.train_on_stream(step, 1, train_step, stream, groups, snapshot, cg)
+            report["steps"].append({"reply": type(done).__name__ if done is not None else None,
+                                    "count": getattr(done, "micro_steps_here", None),
+                                    "reason": getattr(done, "reason", None)})
+            continue
+        if rank == 1:
+            pipeline.train_on_stream(step, 0, train_step, stream, groups, snapshot, cg)
+        else:
+            result: dict = {}
+            core_stream = MicroStepStream(client(), num_cells, lease_s=1.0)
+            core = threading.Thread(target=lambda: result.update(done=pipeline.train_on_stream(
+                step, 0, train_step, core_stream, groups, snapshot, cg)))
+            core.start()
+            coord = stream.coordinator(step)
+            payloads = batch(hf, step)
+            join_at = a.join[step]
+
+            def join_now():
+                stream.request_join(step, 1)
+                deadline = time.monotonic() + 120
+                while not stream.has_joined(step, 1) and time.monotonic() < deadline:
+                    coord.poll()
+                    time.sleep(0.01)
+
+            if join_at == 0:
+                join_now()
+            for i, payload in enumerate(payloads):
+                coord.add(payload)
+                if i + 1 == join_at:
+                    while len(coord.ledger.done()) < join_at:
+                        coord.poll()
+                        time.sleep(0.01)
+                    join_now()
+            k = coord.close(timeout_s=float("inf"))
+            core.join()
+            done = result["done"]
+            ledger = coord.ledger
+            report["steps"].append({
+                "k": k, "count": done.micro_steps_here, "items": len(payloads),
+                "by": [ledger.finished_by[(m, g)] for m, g in sorted(ledger.generation.items())],
+                "requeued": len(ledger.requeued), "excluded_from": ledger.excluded_from})
+        weights_after.append(train_step.hf_named([q.detach() for q in params]))  # TP collective of the core
+    published = None
+    if cell == 1 and a.kill_step < 0:  # the satellite serves what the core published last
+        scratch = [torch.empty_like(q) for q in params]
+        version, published = pipeline.read_policy(snapshot, train_step, scratch, at_least=steps, cell_group=cg)
+        report["published_version"] = version
+    alive = [0, 1] if a.kill_step >= 0 else list(range(world))
+    live = dist.new_group(alive) if a.kill_step < 0 else core_group
+    reports = [None] * len(alive)
+    dist.all_gather_object(reports, {**report, "published": published if rank == 2 else None}, group=live)
+    if rank == 0:
+        ref = HFTrainStep(copy.deepcopy(hf))
+        with torch.no_grad():
+            for n, q in ref.model.named_parameters():
+                q.copy_(init_hf[n])
+        out = {"reports": [{k: v for k, v in r.items() if k != "published"} for r in reports], "steps": []}
+        for step in range(steps):
+            micro = [m for payload in batch(hf, step) for m in decode_work_item(payload)]
+            sums, _ = ref.precompute_log_ratio_sums(micro)
+            apply_log_ratio_sums(micro, sums)
+            ref.zero_grad()
+            n_ref, _ = ref.forward_backward(micro)
+            g_ref = {n: q.grad.detach().clone() for n, q in ref.model.named_parameters()}
+            scale = max(float(g.abs().max()) for g in g_ref.values())
+            ref.optimizer_step(n_ref)
+            w_ref = {n: q.detach().clone() for n, q in ref.model.named_parameters()}
+            got = recorded[step]
+            out["steps"].append({
+                "normaliser": got["normaliser"], "ref_normaliser": int(n_ref), "grad_scale": scale,
+                "grad_diff": max(float((got["grads"][n] - g_ref[n]).abs().max()) for n in got["grads"]),
+                "weight_diff": max(float((weights_after[step][n] - w_ref[n]).abs().max())
+                                   for n in weights_after[step]),
+                "weight_change": max(float((weights_after[step][n] - init_hf[n]).abs().max())
+                                     for n in weights_after[step])})
+        if a.kill_step < 0:
+            pub = reports[2]["published"]
+            out["published_diff"] = max(float((pub[n] - w_ref[n]).abs().max()) for n in pub)
+        Path(a.out).write_text(json.dumps(out))
+    dist.barrier(group=live)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
