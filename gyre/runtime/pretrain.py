@@ -1,8 +1,8 @@
 """The main job behind ``pretrain_gyre.py``: start-up of the cells and of rank 0's controller.
 
-``WORLD_SIZE = num_cells x TP x PP`` (gloo; PP = 1 in this build): a cell is ``TP`` contiguous
-ranks (:mod:`gyre.runtime.cell_group`; the CPU default is one rank per cell), whose training
-replica is megatron-core (``--training-backend megatron``, sharded over the cell's ranks) or
+``WORLD_SIZE = num_cells x TP x PP`` (gloo): a cell is ``TP x PP`` contiguous ranks
+(:mod:`gyre.runtime.cell_group`; the CPU default is one rank per cell), whose training replica is
+megatron-core (``--training-backend megatron``, sharded over the cell's ranks) or
 ``transformers`` (``hf``, one rank per cell).  Start-up, in order: the torch.distributed group and
 a TCPStore (control plane and micro-step streams) -> Megatron's parallel state, the prefix groups
 and the cell groups -> each rank's training shard, each leader's engine -> one weight snapshot per
@@ -54,16 +54,14 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
     world = int(os.environ.get("WORLD_SIZE", args.num_cells))
     per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
-    if args.pipeline_model_parallel_size != 1:
-        raise ArgumentError("argument --pipeline-model-parallel-size: the main job's cells span ranks by tensor "
-                            "parallelism only in this build (PP = 1)")
     if world != args.num_cells * per_cell:
         raise ArgumentError(f"argument --num-cells: WORLD_SIZE={world} must be --num-cells x TP x PP = "
                             f"{args.num_cells} x {args.tensor_model_parallel_size} x "
                             f"{args.pipeline_model_parallel_size} (no data parallelism inside a cell)")
     if per_cell > 1 and args.training_backend != "megatron":
-        raise ArgumentError("argument --tensor-model-parallel-size: cells of several ranks train with "
-                            "--training-backend megatron")
+        flag = "tensor" if args.tensor_model_parallel_size > 1 else "pipeline"
+        raise ArgumentError(f"argument --{flag}-model-parallel-size: cells of several ranks train with "
+                            f"--training-backend megatron")
     if per_cell > 1 and args.standalone_engines:
         raise ArgumentError("argument --standalone-engines: the standalone pool serves cells of one rank "
                             "(TP = PP = 1)")
@@ -192,11 +190,12 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     store, connect = _store(rank, world, host)
     per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
     if args.training_backend == "megatron":
-        # Megatron's parallel state over every rank: its TP groups are the cells (contiguous ranks);
-        # its data-parallel group is never used -- cells sum gradients over prefix groups
+        # Megatron's parallel state over every rank: its model-parallel groups (TP x PP) are the cells,
+        # contiguous ranks; its data-parallel group is never used -- cells sum gradients over prefix groups
         from gyre.training.megatron_model import initialize_megatron_cpu
 
-        initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, seed=args.seed)
+        initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, seed=args.seed,
+                                order="tp-cp-ep-pp-dp")
     groups = PrefixGroups.build(args.num_cells, per_cell)  # shard s of cells 0..k
     cell_group = CellGroup.build(rank, args.num_cells, per_cell, connect() if rank == 0 else store)
     cell, shard = cell_group.layout.cell, cell_group.layout.shard

@@ -44,8 +44,12 @@ def init_process_group_from_env(backend: str = "gloo", timeout_s: float = 300.0)
 
 
 def initialize_megatron_cpu(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                            seed: int = 1234) -> None:
+                            seed: int = 1234, order: str = "tp-cp-ep-dp-pp") -> None:
     """Apply the CPU patches, init gloo (if needed), Megatron parallel state and RNG tracker.
+
+    ``order`` is Megatron's rank order of the parallel dimensions (fastest first); the main job
+    passes ``"tp-cp-ep-pp-dp"`` so that a cell's TP x PP ranks are contiguous (with Megatron's
+    default a pipeline runs across data-parallel replicas, i.e. across cells).
 
     Raises:
         RuntimeError: world size not divisible by ``TP * PP``.
@@ -67,6 +71,7 @@ def initialize_megatron_cpu(tensor_model_parallel_size: int = 1, pipeline_model_
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
+        order=order,
     )
     model_parallel_cuda_manual_seed(seed)
 

@@ -15,9 +15,13 @@ entropy are all-reduced over the TP group (:func:`gyre.training.logprobs.target_
 every TP rank holds whole but that see only its own heads (``q_layernorm``/``k_layernorm``) or
 sequence shard (``sequence_parallel`` parameters) -- the non-tensor-parallel reduction
 ``finalize_model_grads`` does -- so ``main_grad`` holds the full gradients after each call;
-:meth:`MegatronTrainStep.hf_named` all-gathers the shards. PP > 1 is not supported (it would need
-``config.variable_seq_lengths = True`` since micro-steps differ in shape, and the stages' shards
-in :meth:`MegatronTrainStep.hf_named`).
+:meth:`MegatronTrainStep.hf_named` all-gathers the shards.
+
+Pipeline parallelism inside the cell: Megatron's schedule runs the stages (``variable_seq_lengths``,
+since micro-steps differ in shape); the loss function runs on the last stage, whose statistics and
+log-ratio sums are broadcast to the other stages; :meth:`MegatronTrainStep.accumulate` also sums
+the tied embedding's gradient between the first and the last stage, and
+:meth:`MegatronTrainStep.hf_named` gathers the stages.
 """
 
 from __future__ import annotations
@@ -213,11 +217,11 @@ class MegatronTrainStep(TrainStep):
         """``tensors`` (shaped like :attr:`params`) converted to HF names and layout
         (:func:`gyre.training.checkpoint_conversion.megatron_to_hf`; a tied ``lm_head`` is left out).
 
-        At TP > 1 each tensor is all-gathered over the TP group first (collective: every TP rank
-        must call it, with its own shards) and every rank returns the whole HF tensors.
+        At TP > 1 each tensor is all-gathered over the TP group first, at PP > 1 the stages' shards
+        over the pipeline group (collective: every rank of the model-parallel group must call it,
+        with its own shards) and every rank returns the whole HF tensors.
 
         Raises:
-            NotImplementedError: PP > 1 inside the cell (the stages' shards live on other ranks).
             ValueError: the step was built without ``hf_config``.
         """
         from megatron.core import parallel_state as ps
@@ -225,17 +229,21 @@ class MegatronTrainStep(TrainStep):
 
         if self.hf_config is None:
             raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
-        if ps.get_pipeline_model_parallel_world_size() != 1:
-            raise NotImplementedError("hf_named gathers tensor-parallel shards only: PP = 1 inside a cell")
-        tp = ps.get_tensor_model_parallel_world_size()
-        shards = {(0, 0): dict(zip(self.param_names, tensors))}
+        tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+        stage = ps.get_pipeline_model_parallel_rank()
+        mine = {(0, stage): dict(zip(self.param_names, tensors))}
         if tp > 1:
-            shards = {(t, 0): {} for t in range(tp)}
+            mine = {(t, stage): {} for t in range(tp)}
             for name, x in zip(self.param_names, tensors):
                 parts = [torch.empty_like(x) for _ in range(tp)]
                 dist.all_gather(parts, x.contiguous(), group=ps.get_tensor_model_parallel_group())
                 for t in range(tp):
-                    shards[(t, 0)][name] = parts[t]
+                    mine[(t, stage)][name] = parts[t]
+        shards = dict(mine)
+        if pp > 1:
+            stages: list = [None] * pp
+            dist.all_gather_object(stages, mine, group=ps.get_pipeline_model_parallel_group())
+            shards = {key: sd for got in stages for key, sd in got.items()}
         out = megatron_to_hf(shards, self.hf_config)
         if self.hf_config.tie_word_embeddings:
             out.pop("lm_head.weight", None)
@@ -244,12 +252,13 @@ class MegatronTrainStep(TrainStep):
     def save_hf(self, directory) -> None:
         """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``).
 
-        At TP > 1 every TP rank must call it (the shards are gathered); TP rank 0 writes."""
+        At TP or PP > 1 every rank of the model-parallel group must call it (the shards are
+        gathered); its first rank writes."""
         from megatron.core import parallel_state as ps
         from safetensors.torch import save_file
 
         named = self.hf_named([p.detach() for p in self.params])
-        if ps.get_tensor_model_parallel_rank() != 0:
+        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_pipeline_model_parallel_rank() != 0:
             return
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.hf_config.save_pretrained(directory)
@@ -302,7 +311,7 @@ class MegatronTrainStep(TrainStep):
         sums: dict[str, float] = {}
         for rec in self._run(self._forward_only_step, todo, forward_only=True):
             add_split_log_ratios(sums, rec["batch"], rec["lp"])
-        return sums, sum(ms.forward_tokens for ms in todo)
+        return _from_last_stage(sums), sum(ms.forward_tokens for ms in todo)
 
     def forward_backward(self, micro_steps: Sequence[MicroStep], finalize: bool = True) -> tuple[int, ObjectiveStats]:
         """Forward/backward of ``micro_steps`` through the schedule; ``finalize_model_grads`` then
@@ -323,25 +332,54 @@ class MegatronTrainStep(TrainStep):
                     stats.merge(rec["stats"])
             finally:
                 self.config.finalize_model_grads_func = saved
+            stats = _from_last_stage(stats)
         return stats.normaliser, stats
 
     def accumulate(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
         """The streaming cell's micro-step: :meth:`forward_backward` with ``finalize=False``, then
-        the TP-partial gradients these micro-steps added are summed over the TP group
-        (:meth:`reduce_tensor_parallel_grads` on the increment, so repeated calls never sum a
-        gradient twice). Afterwards ``main_grad`` holds the un-normalised full gradients of
-        everything accumulated, as a single process would, ready for a cross-cell sum; nothing is
-        reduced over data parallelism or divided by ``|E|``."""
-        before = [p.main_grad.clone() for p in self.tp_partial] if self._tp_size() > 1 else []
+        the reductions ``finalize_model_grads`` would do inside the cell, on the increment these
+        micro-steps added (so repeated calls never sum a gradient twice): the TP-partial gradients
+        over the TP group (:meth:`reduce_tensor_parallel_grads`) and, at PP > 1 with tied
+        embeddings, the word-embedding gradient of the first stage and the output-layer gradient
+        of the last over the embedding group.  Afterwards ``main_grad`` holds the un-normalised
+        full gradients of everything accumulated, as a single process would, ready for a cross-cell
+        sum; nothing is reduced over data parallelism or divided by ``|E|``."""
+        tied = self._tied_embedding_params()
+        watched = (self.tp_partial if self._tp_size() > 1 else []) + tied
+        before = [p.main_grad.clone() for p in watched]
         out = self.forward_backward(micro_steps, finalize=False)
         if before:
             with torch.no_grad():
-                for p, b in zip(self.tp_partial, before):
+                for p, b in zip(watched, before):
                     p.main_grad.sub_(b)
-                self.reduce_tensor_parallel_grads()
-                for p, b in zip(self.tp_partial, before):
+                if self._tp_size() > 1:
+                    self.reduce_tensor_parallel_grads()
+                if tied:
+                    self._reduce_tied_embedding_grads(tied)
+                for p, b in zip(watched, before):
                     p.main_grad.add_(b)
         return out
+
+    def _tied_embedding_params(self) -> list[torch.nn.Parameter]:
+        """The copies of the tied word embedding this stage holds, at PP > 1 (first stage: the
+        input embedding; last: the output layer); none otherwise."""
+        from megatron.core import parallel_state as ps
+
+        module = getattr(self.model, "module", self.model)
+        if ps.get_pipeline_model_parallel_world_size() == 1 or not getattr(module, "share_embeddings_and_output_weights",
+                                                                           False):
+            return []
+        return [p for p in (getattr(module, "shared_embedding_or_output_weight", lambda: None)(),) if p is not None]
+
+    @staticmethod
+    def _reduce_tied_embedding_grads(params) -> None:
+        from megatron.core import parallel_state as ps
+        import torch.distributed as dist
+
+        if not ps.is_rank_in_embedding_group():
+            return
+        for p in params:
+            dist.all_reduce(p.main_grad, group=ps.get_embedding_group())
 
     @staticmethod
     def _tp_size() -> int:
@@ -369,6 +407,20 @@ class MegatronTrainStep(TrainStep):
         return self.optimizer_step(), stats
 
 
+def _from_last_stage(obj):
+    """``obj`` of the last pipeline stage on every stage (the loss function runs on the last one
+    only); itself at PP = 1.  Collective over the pipeline group."""
+    from megatron.core import parallel_state as ps
+    import torch.distributed as dist
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
+                               group=ps.get_pipeline_model_parallel_group())
+    return box[0]
+
+
 def _tp_partial_grad(name: str, param: torch.nn.Parameter, config) -> bool:
     """Whether ``param`` is whole on every TP rank while each rank's backward gives only part of its
     gradient: the per-head ``q_layernorm``/``k_layernorm`` weights (applied to this rank's heads)
@@ -393,6 +445,9 @@ def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveCon
     adam = adam or AdamConfig()
     cfg = hf_model.config
     tcfg = transformer_config_from_hf(cfg, calculate_per_token_loss=True, bf16=bf16)
+    # micro-steps differ in shape: stages exchange shapes first (set after __post_init__, whose
+    # MoE checks refuse it for a dense model's default token dispatcher)
+    tcfg.variable_seq_lengths = ps.get_pipeline_model_parallel_world_size() > 1
     model = build_gpt_model(cfg, tcfg)
     load_into_megatron(model, hf_to_megatron(
         hf_model.state_dict(), cfg, ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(),

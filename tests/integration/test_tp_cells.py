@@ -1,6 +1,7 @@
-"""Cells that span ranks (2 cells x tensor parallelism 2 on 4 gloo ranks): the main job's streaming
-step equals the single-process HF step for several join schedules and when a satellite dies, and
-the main job runs at TP 2 end to end (role changes, overlap, checkpoint and resume)."""
+"""Cells that span ranks (2 cells x tensor parallelism 2, or x pipeline parallelism 2, on 4 gloo
+ranks): the main job's streaming step equals the single-process HF step for several join schedules
+and when a satellite dies, and the main job runs at TP 2 and at PP 2 end to end (role changes,
+overlap, checkpoint, and at TP 2 resume)."""
 
 import json
 import os
@@ -33,9 +34,10 @@ def assert_equal_to_single_process(steps):
         assert s["weight_diff"] < 1e-7 and s["weight_change"] > 5e-7  # the update moved the weights
 
 
-def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("layout", [["--tp", "2", "--pp", "1"], ["--tp", "1", "--pp", "2"]], ids=["tp2", "pp2"])
+def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir, layout):
     # step 0: the satellite joins before any work item; step 1: after 2 are done; step 2: never
-    out, _ = run_worker(tmp_path, "--join", "0", "2", "-1")
+    out, _ = run_worker(tmp_path, *layout, "--join", "0", "2", "-1")
     assert_equal_to_single_process(out["steps"])
     core, follower, sat, sat_follower = out["reports"]
     assert [s["k"] for s in core["steps"]] == [1, 1, 0]
@@ -50,8 +52,16 @@ def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir):
     assert sat["published_version"] == 3 and out["published_diff"] < 1e-7
 
 
-def test_a_satellite_killed_mid_batch_is_requeued_and_the_step_is_unchanged(tmp_path, tiny_model_dir):
-    out, stderr = run_worker(tmp_path, "--join", "0", "0", "--kill-step", "1")
+def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(tmp_path, tiny_model_dir):
+    """Negative control: without summing the word-embedding gradient of the first stage and the
+    output-layer gradient of the last, the step is not the single-process one."""
+    out, _ = run_worker(tmp_path, "--tp", "1", "--pp", "2", "--join", "-1", "--skip-tied-reduction")
+    assert out["steps"][0]["grad_diff"] > 1e-3
+
+
+@pytest.mark.parametrize("layout", [["--tp", "2", "--pp", "1"], ["--tp", "1", "--pp", "2"]], ids=["tp2", "pp2"])
+def test_a_satellite_killed_mid_batch_is_requeued_and_the_step_is_unchanged(tmp_path, tiny_model_dir, layout):
+    out, stderr = run_worker(tmp_path, *layout, "--join", "0", "0", "--kill-step", "1")
     assert "cell 1 is dead" in stderr
     assert_equal_to_single_process(out["steps"])
     last = out["reports"][0]["steps"][-1]
@@ -73,3 +83,12 @@ def test_main_job_at_tensor_parallel_2(tmp_path, tiny_model_dir):
     resumed, _ = run_job(run, "--num-cells", "2", "--tensor-model-parallel-size", "2", "--load", str(run),
                          "--train-steps", "4", nproc=4, timeout=900)
     assert resumed["steps"] == 4 and resumed["attempts"] == 2
+
+
+def test_main_job_at_pipeline_parallel_2(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    summary, _ = run_job(run, "--num-cells", "2", "--pipeline-model-parallel-size", "2", nproc=4, timeout=900)
+    assert summary["steps"] == 3 and summary["executions_trained"] == 24
+    assert summary["role_changes"] >= 2 and summary["train_rollout_overlap_s"] > 0
+    ck = run / "checkpoints" / "iter_0000003"
+    assert (ck / "optimizer.pt").exists() and (ck / "optimizer_shard1.pt").exists()

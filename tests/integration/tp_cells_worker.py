@@ -1,7 +1,8 @@
-"""torchrun worker (4 ranks = 2 cells x tensor parallelism 2): the main job's streaming step with
-cells that span ranks, against the single-process HF step.
+"""torchrun worker (4 ranks = 2 cells of 2 ranks: ``--tp 2`` or ``--pp 2``): the main job's
+streaming step with cells that span ranks, against the single-process HF step.
 
-Every rank runs the main job's pieces: Megatron's parallel state (TP groups = cells), the prefix
+Every rank runs the main job's pieces: Megatron's parallel state (model-parallel groups = cells,
+``order="tp-cp-ep-pp-dp"`` as the main job), the prefix
 groups of corresponding shards, a :class:`gyre.runtime.cell_group.CellGroup` per cell, one Mooncake
 snapshot per core shard, and :func:`gyre.runtime.pipeline.train_on_stream` (the core's leader in a
 thread of rank 0, as in the main job; its follower, rank 1; the satellite's leader, rank 2, which
@@ -59,6 +60,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--join", type=int, nargs="+", required=True, help="per step: items done before cell 1 joins")
     p.add_argument("--kill-step", type=int, default=-1)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--skip-tied-reduction", action="store_true",
+                   help="negative control: accumulate without summing the tied embedding's gradient over the stages")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -77,9 +82,9 @@ def main() -> None:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
-    num_cells, tp = 2, 2
-    assert world == num_cells * tp
-    initialize_megatron_cpu(tp, 1, seed=1234)
+    num_cells, per_cell = 2, a.tp * a.pp
+    assert world == num_cells * per_cell
+    initialize_megatron_cpu(a.tp, a.pp, seed=1234, order="tp-cp-ep-pp-dp")
     box = [None]
     if rank == 0:
         master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
@@ -89,13 +94,15 @@ def main() -> None:
     def client():
         return dist.TCPStore("127.0.0.1", box[0], world, is_master=False)
 
-    groups = PrefixGroups.build(num_cells, tp)
-    cg = CellGroup.build(rank, num_cells, tp, client())
+    groups = PrefixGroups.build(num_cells, per_cell)
+    cg = CellGroup.build(rank, num_cells, per_cell, client())
     cell, shard = cg.layout.cell, cg.layout.shard
     core_group = dist.new_group([0, 1])
     torch.manual_seed(0)
     hf = load_hf_model(ensure_tiny_model("local"))
     train_step = build_megatron_train_step(hf)
+    if a.skip_tied_reduction:
+        train_step._reduce_tied_embedding_grads = lambda params: None
     params = train_step.params
     init_hf = {n: p.detach().clone() for n, p in hf.named_parameters()}
     steps = len(a.join)
