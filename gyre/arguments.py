@@ -180,6 +180,9 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--max-switch-failures", type=int, default=3,
                        help="A cell whose switch into training fails this many times in a row stays in rollout, "
                             "with every cell above it (the core: the run ends).")
+    group.add_argument("--update-weight-buffer-size", type=_positive_int, default=512 << 20,
+                       help="Bytes per bucket when a cell loads the policy into its engine (the model goes over "
+                            "in buckets of about this size, gathered from the cell's shards unit by unit).")
     group.add_argument("--cell-lease-s", type=float, default=60.0,
                        help="A training cell whose stream heartbeat is older than this (seconds) is dead; "
                             "its micro-steps are queued again.")

@@ -10,8 +10,12 @@ the per-sequence sinks the requests registered.
 
 Weight updates: requests already running finish on the old weights and carry the old
 ``weight_version`` while new requests wait for the swap, unless the update aborts them; the
-prefix cache is always flushed on a weight change.  A model error during a step aborts every
-waiting and running request and the engine keeps serving.
+prefix cache is always flushed on a weight change.  Weights may come in buckets: every update but
+the last passes ``flush_cache=false``; from the first bucket to the last the engine admits nothing
+(the prefix cache still holds KV of the old weights and the model is partly updated), and the last
+(``flush_cache`` true) flushes the cache, sets the version and resumes admission -- so no request
+ever runs on partly updated weights.  A model error during a step aborts every waiting and running
+request and the engine keeps serving.
 
 :mod:`gyre.rollout.embedded_server` puts this engine behind SGLang's native HTTP API.
 """
@@ -46,10 +50,10 @@ class _Command:
 
 
 class _Update:
-    __slots__ = ("named", "source", "version", "abort", "future", "aborted")
+    __slots__ = ("named", "source", "version", "abort", "flush", "future", "aborted")
 
-    def __init__(self, named, source, version, abort):
-        self.named, self.source, self.version, self.abort = named, source, version, abort
+    def __init__(self, named, source, version, abort, flush=True):
+        self.named, self.source, self.version, self.abort, self.flush = named, source, version, abort, flush
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.aborted: list[str] = []
 
@@ -168,9 +172,10 @@ class EmbeddedEngine:
         return cmd.future
 
     def update_weights(self, named: dict[str, torch.Tensor], *, source: str | None, version: str | None,
-                       abort: bool) -> concurrent.futures.Future:
-        """Swap weights (see module docstring); the future yields a result dict."""
-        upd = _Update(named, source, version, abort)
+                       abort: bool, flush: bool = True) -> concurrent.futures.Future:
+        """Swap weights (see module docstring; ``flush=False``: a bucket, more follow); the future
+        yields a result dict."""
+        upd = _Update(named, source, version, abort, flush)
         if not self.alive:
             upd.future.set_exception(RuntimeError("engine is stopped"))
             return upd.future
@@ -230,11 +235,14 @@ class EmbeddedEngine:
                 upd.future.set_exception(exc)
             else:
                 old = core.version
-                core.finish_weight_update(upd.version)
+                if upd.flush:
+                    core.finish_weight_update(upd.version)
+                    note = f"weight version {core.version}."
+                else:  # a bucket: admission stays stopped until the update that flushes
+                    note = "admission held until an update with flush_cache."
                 upd.future.set_result({"success": True, "weight_version": core.version, "previous_version": old,
                                        "num_aborted_requests": len(upd.aborted), "num_paused_requests": 0,
-                                       "message": f"Weights updated ({len(upd.named)} tensors); "
-                                                  f"weight version {core.version}."})
+                                       "message": f"Weights updated ({len(upd.named)} tensors); {note}"})
             if self._updates:
                 self._updates[0].aborted = core.begin_weight_update(self._updates[0].abort)
             self._dispatch(core.drain_outputs())

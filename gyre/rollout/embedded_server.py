@@ -301,7 +301,8 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
             raise WeightError("weights are released; resume_memory_occupation(tags=['weights']) first")
         engine.runner.check_weights(named, require_all=source is not None)
         return await asyncio.wrap_future(
-            engine.update_weights(named, source=source, version=upd.weight_version, abort=upd.abort_all_requests))
+            engine.update_weights(named, source=source, version=upd.weight_version, abort=upd.abort_all_requests,
+                                  flush=upd.flush_cache))
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request):

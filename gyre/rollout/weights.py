@@ -103,6 +103,33 @@ def bucket_named_tensors(named: Mapping[str, "torch.Tensor"] | Iterable[tuple[st
     return [b for b in buckets if b]
 
 
+def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]], weight_version: str) -> int:
+    """Load ``buckets`` (HF-named tensors) into one engine as version ``weight_version``: every
+    bucket but the last with ``flush_cache=False`` (the engine admits nothing meanwhile), the last
+    flushing the cache and setting the version.  ``buckets`` is consumed to its end even when an
+    update fails (a collective may be producing it).  Returns the tensors loaded.
+
+    Raises:
+        ValueError: there was no bucket.
+        the client's error of a failed update (after ``buckets`` was exhausted).
+    """
+    it = iter(buckets)
+    loaded = 0
+    try:
+        pending = next(it, None)
+        if pending is None:
+            raise ValueError("no weights to push")
+        for bucket in it:
+            client.update_weights_from_tensor(pending, weight_version=weight_version, flush_cache=False)
+            loaded += len(pending)
+            pending = bucket
+        client.update_weights_from_tensor(pending, weight_version=weight_version, flush_cache=True)
+        return loaded + len(pending)
+    finally:
+        for _ in it:  # keep the other ranks' collectives matched
+            pass
+
+
 def save_weights_for_disk_update(named: Mapping[str, "torch.Tensor"], directory: str | os.PathLike) -> Path:
     """Write ``model.safetensors`` into ``directory`` (created); tensors sharing storage are
     written once (the first name wins).  Returns the directory."""

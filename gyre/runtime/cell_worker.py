@@ -8,7 +8,7 @@ cell's leader carries out the typed commands of :mod:`gyre.training.control` thr
 :attr:`CellWorker.handlers`, in order, and replies to ``rank0``; what needs the cell's other ranks
 it orders them (:mod:`gyre.runtime.cell_group`), and they run it in :meth:`CellWorker.follow`.  A
 step's work is :func:`gyre.runtime.pipeline.train_on_stream`, a publication
-:func:`gyre.runtime.pipeline.publish_to_engines`.
+:func:`gyre.runtime.pipeline.policy_buckets` pushed with :func:`gyre.rollout.weights.push_weight_buckets`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from gyre.rollout.weights import push_weight_buckets
 from gyre.runtime import pipeline
 from gyre.runtime.cell_group import CellGroup
 from gyre.runtime.config import CellConfig
@@ -107,7 +108,7 @@ class CellWorker:
         self.model_dir = str(model_dir)
         self.training = TrainingState(self.params, train_step.optimizer)
         self.orders = {"restore": self.training.restore, "offload": self._offload_in_step,
-                       "read_policy": self._read_policy, "train": self._train, "save": self.save}
+                       "policy": self._drain_policy, "train": self._train, "save": self.save}
         self.engine = self.client = self.roles = None
         self.engine_version = start_version
         if not self.cg.is_leader:
@@ -143,14 +144,19 @@ class CellWorker:
         return self.orders[name](*args)
 
     def _offload_in_step(self) -> None:
-        """Offload, then wait until every rank of the cell has (the engine resumes after)."""
-        if not self.cg.is_leader:
-            self.training.offload()
+        """Another rank: offload, then tell the leader (its engine resumes after)."""
+        self.training.offload()
         self.cg.agree_all(True)
 
-    def _read_policy(self, at_least: int) -> tuple[int, dict]:
-        return pipeline.read_policy(self.snapshot, self.train_step, self._scratch(), at_least=at_least,
-                                    cell_group=self.cg)
+    def _policy(self, at_least: int):
+        """``(version, buckets)`` of the core's snapshot ``>= at_least`` (buckets on the leader)."""
+        return pipeline.policy_buckets(self.snapshot, self.train_step, self._scratch(), at_least=at_least,
+                                       bucket_bytes=self.cfg.update_weight_buffer_size, cell_group=self.cg)
+
+    def _drain_policy(self, at_least: int) -> None:
+        """Another rank's part of a publication: its shards go into the leader's buckets."""
+        for _ in self._policy(at_least)[1]:
+            pass
 
     def _train(self, step: int):
         return pipeline.train_on_stream(step, self.cell, self.train_step, self.stream, self.groups, self.snapshot,
@@ -170,27 +176,33 @@ class CellWorker:
         self._reply(ctl.Switched(self.cell, "training", tr.latency_s, dict(tr.phases_s)))
 
     def switch_to_rollout(self, msg: ctl.SwitchToRollout) -> None:
-        """Read snapshot ``>= msg.version`` (every rank its shard, gathered to HF names), offload
-        the training state on the other ranks, then on the leader, resume the engine and load the
-        weights (a switch that fails and rolls back: :class:`~gyre.training.control.SwitchFailed`)."""
-        v, named = self._do("read_policy", msg.version)
-        self._do("offload")
+        """Offload the training state on the cell's other ranks, then on the leader offload its own,
+        resume the engine and load snapshot ``>= msg.version`` into it in buckets gathered from
+        every rank's shard (a switch that fails and rolls back:
+        :class:`~gyre.training.control.SwitchFailed`)."""
+        self.cg.order("offload")
+        self.cg.agree_all(True)  # the cell's other ranks let go of their memory before the engine resumes
+        self.cg.order("policy", msg.version)
+        v, buckets = self._policy(msg.version)
         try:
-            tr = self.roles.to_rollout(str(v), named)
+            tr = self.roles.to_rollout(str(v), buckets)
         except SwitchFailedError as exc:
+            for _ in buckets:  # the other ranks are still gathering
+                pass
             self.cg.order("restore")
             return self._reply(ctl.SwitchFailed(self.cell, "rollout", str(exc)))
         self.engine_version = v
         self._reply(ctl.Switched(self.cell, "rollout", tr.latency_s, dict(tr.phases_s), version=v))
 
     def load_weights(self, msg: ctl.LoadWeights) -> None:
-        """A rollout cell's engine loads snapshot ``>= msg.version`` (nothing to do otherwise)."""
+        """A rollout cell's engine loads snapshot ``>= msg.version`` in buckets (nothing to do otherwise)."""
         if self.roles.role != "rollout" or self.engine_version >= msg.version:
             self._reply(ctl.Published(self.cell, self.engine_version, 0.0))
             return
         t0 = time.perf_counter()
-        v, named = self._do("read_policy", msg.version)
-        self.client.update_weights_from_tensor(named, weight_version=str(v))
+        self.cg.order("policy", msg.version)
+        v, buckets = self._policy(msg.version)
+        push_weight_buckets(self.client, buckets, str(v))
         self.engine_version = v
         self._reply(ctl.Published(self.cell, self.engine_version, time.perf_counter() - t0))
 

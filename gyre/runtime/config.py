@@ -61,9 +61,11 @@ class CellConfig:
     seed: int
     max_running_requests: int
     lease_s: float
+    update_weight_buffer_size: int = 512 << 20
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "CellConfig":
         return cls(num_cells=int(args.num_cells), seed=int(args.seed),
                    max_running_requests=max(int(args.rollout_concurrency_per_cell), 1),
-                   lease_s=float(args.cell_lease_s))
+                   lease_s=float(args.cell_lease_s),
+                   update_weight_buffer_size=int(args.update_weight_buffer_size))

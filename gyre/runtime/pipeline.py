@@ -4,7 +4,8 @@
     buffer -> advantages -> admission -> materialise
            -> pack into work items                        assemble_group    (rank 0, the controller)
     claim -> accumulate -> reduce -> one core update      train_on_stream   (every cell of the step)
-    core snapshot -> engines                              publish_to_engines (rollout cells, standalone pool)
+    core snapshot -> engines                              policy_buckets (rollout cells), publish_to_engines
+                                                          (standalone pool)
 
 When each arrow runs is the scheduler's decision: :class:`gyre.runtime.controller.Controller`
 carries out its commands on rank 0 and :class:`gyre.runtime.cell_worker.CellWorker` carries out
@@ -21,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -269,19 +270,36 @@ def _core_update(train_step, summed) -> float | None:
     return train_step.optimizer_step(int(round(normaliser)))
 
 
-def read_policy(snapshot, train_step, scratch: list, *, at_least: int,
-                cell_group: CellGroup | None = None) -> tuple[int, dict]:
-    """The newest core snapshot ``>= at_least`` as HF-named weights: ``(version, named)``.  Every
-    rank of the cell takes part (each reads its shard into ``scratch``, and they agree on one
-    version; the train step gathers the shards)."""
-    cg = cell_group if cell_group is not None else CellGroup.alone(0)
+def _agreed_pull(snapshot, scratch: list, at_least: int, cg: CellGroup) -> int:
+    """Read the newest core snapshot ``>= at_least`` into ``scratch`` on every rank of the cell,
+    all at the same version; returns it."""
     want = at_least
     while True:
         version = snapshot.pull(scratch, at_least=want)
         lo, hi = cg.agree_min_max(version)
         if lo == hi:
-            return version, train_step.hf_named(scratch)
+            return version
         want = hi  # the core published while the shards read: all read the newer one
+
+
+def read_policy(snapshot, train_step, scratch: list, *, at_least: int,
+                cell_group: CellGroup | None = None) -> tuple[int, dict]:
+    """The newest core snapshot ``>= at_least`` as HF-named weights: ``(version, named)``.  Every
+    rank of the cell takes part (each reads its shard into ``scratch``, and they agree on one
+    version; the train step gathers the shards, every rank gets the whole model)."""
+    cg = cell_group if cell_group is not None else CellGroup.alone(0)
+    version = _agreed_pull(snapshot, scratch, at_least, cg)
+    return version, train_step.hf_named(scratch)
+
+
+def policy_buckets(snapshot, train_step, scratch: list, *, at_least: int, bucket_bytes: int,
+                   cell_group: CellGroup | None = None) -> tuple[int, Iterator[dict]]:
+    """As :func:`read_policy`, but the weights come in buckets of about ``bucket_bytes``, on the
+    cell's leader only (``train_step.hf_named_buckets``); every rank of the cell must exhaust the
+    iterator (it gathers the shards unit by unit)."""
+    cg = cell_group if cell_group is not None else CellGroup.alone(0)
+    version = _agreed_pull(snapshot, scratch, at_least, cg)
+    return version, train_step.hf_named_buckets(scratch, bucket_bytes)
 
 
 def publish_to_engines(snapshot, engines, train_step, scratch: list, *, at_least: int,

@@ -24,9 +24,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 import torch
+
+from gyre.rollout.weights import push_weight_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +192,9 @@ class CellRoles:
         return self._emit(Transition(self.cell, "rollout->training", wall, t3 - t0, len(moved), aborted,
                                      phases_s={"reroute_abort": t1 - t0, "release": t2 - t1, "restore": t3 - t2}))
 
-    def to_rollout(self, version: str, named_weights: Iterable[tuple[str, torch.Tensor]] | dict) -> Transition:
-        """Training -> rollout, serving ``named_weights`` (HF names) as ``version``.
+    def to_rollout(self, version: str, named_weights: Mapping[str, torch.Tensor] | Iterable[Mapping]) -> Transition:
+        """Training -> rollout, serving ``named_weights`` (HF names; a mapping, or buckets of them
+        loaded one by one, :func:`gyre.rollout.weights.push_weight_buckets`) as ``version``.
 
         Raises:
             RuntimeError: the cell is not training.
@@ -209,7 +212,10 @@ class CellRoles:
             self.engine.resume_memory_occupation(["weights", "kv_cache"])
             resumed = True
             t2 = self.clock()
-            self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
+            if isinstance(named_weights, Mapping):
+                self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
+            else:  # buckets
+                push_weight_buckets(self.engine, named_weights, str(version))
             self.engine.continue_generation()
         except Exception as exc:  # roll back; an error while rolling back propagates
             if resumed:

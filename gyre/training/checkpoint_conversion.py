@@ -16,7 +16,7 @@ Both directions are exact permutations/slices (no arithmetic), so logits agree t
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -107,37 +107,71 @@ def megatron_to_hf(shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]],
     if len(shards) != tp_size * pp_size:
         raise ValueError(f"expected {tp_size * pp_size} shards (TP={tp_size} x PP={pp_size}), got {len(shards)}")
     _check(cfg, tp_size, pp_size)
+    out: dict[str, torch.Tensor] = {}
+    for unit, stage, prefix in megatron_units(cfg, pp_size):
+        out.update(megatron_unit_to_hf(unit, [_strip(shards[(t, stage)], prefix) for t in range(tp_size)], cfg))
+    if cfg.tie_word_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
+def megatron_units(cfg: Any, pp_size: int = 1) -> list[tuple[tuple, int, str]]:
+    """The model in conversion units, in HF order: ``(unit, pipeline stage holding it, prefix of
+    its Megatron names on that stage)``; ``unit`` is ``("embedding",)``, ``("layer", i)`` (global
+    layer ``i``) or ``("final",)`` (final norm and an untied output layer)."""
+    per_stage = cfg.num_hidden_layers // pp_size
+    units = [(("embedding",), 0, "embedding.")]
+    units += [(("layer", p * per_stage + local), p, f"decoder.layers.{local}.")
+              for p in range(pp_size) for local in range(per_stage)]
+    return units + [(("final",), pp_size - 1, "")]
+
+
+def unit_names(unit: tuple, names: Sequence[str], prefix: str) -> list[str]:
+    """Those of ``names`` (one stage's Megatron names) that belong to ``unit`` (its ``prefix``)."""
+    if unit[0] == "final":
+        return [n for n in names if n in ("decoder.final_layernorm.weight", "output_layer.weight")]
+    return [n for n in names if n.startswith(prefix)]
+
+
+def _strip(sd: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def megatron_unit_to_hf(unit: tuple, pieces: Sequence[Mapping[str, torch.Tensor]], cfg: Any) -> dict[str, torch.Tensor]:
+    """HF tensors of one conversion unit (:func:`megatron_units`) from its Megatron tensors on each
+    TP rank (``pieces[t]``, names without the unit's prefix).  A tied ``lm_head`` is left out.
+
+    Raises:
+        KeyError: a Megatron tensor is missing.
+    """
+    tp_size = len(pieces)
     heads, groups, d, h = _dims(cfg)
     qpg = heads // groups
     gl = groups // tp_size
-    per_stage = cfg.num_hidden_layers // pp_size
 
-    def cat(pp: int, key: str, dim: int) -> torch.Tensor:
-        return torch.cat([shards[(t, pp)][key] for t in range(tp_size)], dim=dim)
+    def cat(key: str, dim: int) -> torch.Tensor:
+        return torch.cat([p[key] for p in pieces], dim=dim)
 
-    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": cat(0, "embedding.word_embeddings.weight", 0)}
-    last = pp_size - 1
-    out["model.norm.weight"] = shards[(0, last)]["decoder.final_layernorm.weight"].clone()
-    if cfg.tie_word_embeddings:
-        out["lm_head.weight"] = out["model.embed_tokens.weight"]
-    else:
-        out["lm_head.weight"] = cat(last, "output_layer.weight", 0)
-    for pp in range(pp_size):
-        for local in range(per_stage):
-            i = pp * per_stage + local
-            src, dst = f"decoder.layers.{local}.", f"model.layers.{i}."
-            qkv = torch.cat([shards[(t, pp)][src + "self_attention.linear_qkv.weight"].view(gl, (qpg + 2) * d, h)
-                             for t in range(tp_size)], dim=0)
-            out[dst + "self_attn.q_proj.weight"] = qkv[:, : qpg * d].reshape(-1, h).clone()
-            out[dst + "self_attn.k_proj.weight"] = qkv[:, qpg * d: (qpg + 1) * d].reshape(-1, h).clone()
-            out[dst + "self_attn.v_proj.weight"] = qkv[:, (qpg + 1) * d:].reshape(-1, h).clone()
-            out[dst + "self_attn.o_proj.weight"] = cat(pp, src + "self_attention.linear_proj.weight", 1)
-            fc1 = [shards[(t, pp)][src + "mlp.linear_fc1.weight"].chunk(2, dim=0) for t in range(tp_size)]
-            out[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in fc1], dim=0)
-            out[dst + "mlp.up_proj.weight"] = torch.cat([u for _, u in fc1], dim=0)
-            out[dst + "mlp.down_proj.weight"] = cat(pp, src + "mlp.linear_fc2.weight", 1)
-            for hf_name, mg_name in _NORMS.items():
-                out[dst + hf_name] = shards[(0, pp)][src + mg_name].clone()
+    if unit[0] == "embedding":
+        return {"model.embed_tokens.weight": cat("word_embeddings.weight", 0)}
+    if unit[0] == "final":
+        out = {"model.norm.weight": pieces[0]["decoder.final_layernorm.weight"].clone()}
+        if not cfg.tie_word_embeddings:
+            out["lm_head.weight"] = cat("output_layer.weight", 0)
+        return out
+    dst = f"model.layers.{unit[1]}."
+    out = {}
+    qkv = torch.cat([p["self_attention.linear_qkv.weight"].view(gl, (qpg + 2) * d, h) for p in pieces], dim=0)
+    out[dst + "self_attn.q_proj.weight"] = qkv[:, : qpg * d].reshape(-1, h).clone()
+    out[dst + "self_attn.k_proj.weight"] = qkv[:, qpg * d: (qpg + 1) * d].reshape(-1, h).clone()
+    out[dst + "self_attn.v_proj.weight"] = qkv[:, (qpg + 1) * d:].reshape(-1, h).clone()
+    out[dst + "self_attn.o_proj.weight"] = cat("self_attention.linear_proj.weight", 1)
+    fc1 = [p["mlp.linear_fc1.weight"].chunk(2, dim=0) for p in pieces]
+    out[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in fc1], dim=0)
+    out[dst + "mlp.up_proj.weight"] = torch.cat([u for _, u in fc1], dim=0)
+    out[dst + "mlp.down_proj.weight"] = cat("mlp.linear_fc2.weight", 1)
+    for hf_name, mg_name in _NORMS.items():
+        out[dst + hf_name] = pieces[0][mg_name].clone()
     return out
 
 

@@ -27,7 +27,7 @@ the tied embedding's gradient between the first and the last stage, and
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -248,6 +248,57 @@ class MegatronTrainStep(TrainStep):
         if self.hf_config.tie_word_embeddings:
             out.pop("lm_head.weight", None)
         return out
+
+    def hf_named_buckets(self, tensors: Sequence[torch.Tensor], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """``tensors`` (shaped like :attr:`params`) in HF names and layout, in buckets of about
+        ``bucket_bytes`` (a unit -- the embedding, one layer, the final norm -- is never split), on
+        the model-parallel group's first rank (TP rank 0 of the first stage); other ranks yield
+        nothing.  Collective over the model-parallel group: every rank must exhaust it.  Each unit
+        is all-gathered over the TP group of the stage holding it and, at PP > 1, sent from that
+        stage to the first, so no rank ever holds more than a bucket and a unit of the gathered model.
+
+        Raises:
+            ValueError: the step was built without ``hf_config``.
+        """
+        from megatron.core import parallel_state as ps
+        import torch.distributed as dist
+
+        from gyre.training.checkpoint_conversion import megatron_unit_to_hf, megatron_units, unit_names
+
+        if self.hf_config is None:
+            raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
+        tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+        stage, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
+        mine = dict(zip(self.param_names, tensors))
+        first = stage == 0 and tp_rank == 0
+        bucket: dict[str, torch.Tensor] = {}
+        size = 0
+        for unit, owner, prefix in megatron_units(self.hf_config, pp):
+            hf = None
+            if stage == owner:
+                pieces = [{} for _ in range(tp)]
+                for name in unit_names(unit, list(mine), prefix):
+                    parts = [mine[name]] if tp == 1 else [torch.empty_like(mine[name]) for _ in range(tp)]
+                    if tp > 1:
+                        dist.all_gather(parts, mine[name].contiguous(), group=ps.get_tensor_model_parallel_group())
+                    for t in range(tp):
+                        pieces[t][name[len(prefix):]] = parts[t]
+                hf = megatron_unit_to_hf(unit, pieces, self.hf_config) if tp_rank == 0 else None
+            if pp > 1 and owner != 0 and tp_rank == 0:  # the stage holding it sends it to the first
+                group = ps.get_pipeline_model_parallel_group()
+                box = [hf]
+                dist.broadcast_object_list(box, src=dist.get_process_group_ranks(group)[owner], group=group)
+                hf = box[0]
+            if not first:
+                continue
+            for name, t in hf.items():
+                bucket[name] = t
+                size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = {}, 0
+        if first and bucket:
+            yield bucket
 
     def save_hf(self, directory) -> None:
         """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``).

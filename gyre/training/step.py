@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -287,6 +287,14 @@ class TrainStep(Protocol):
     def hf_named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """``tensors`` (shaped like :attr:`params`) under HF names and layout (for the rollout engine)."""
         ...
+
+    def hf_named_buckets(self, tensors: Sequence[torch.Tensor], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """:meth:`hf_named` in consecutive buckets of at most ``bucket_bytes`` (a larger tensor gets
+        its own); a replica split over ranks yields them on its first rank only."""
+        from gyre.rollout.weights import bucket_named_tensors
+
+        for bucket in bucket_named_tensors(self.hf_named(tensors), bucket_bytes):
+            yield dict(bucket)
 
     def save_hf(self, directory) -> None:
         """Write the weights as a servable HF checkpoint."""

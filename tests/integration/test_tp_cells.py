@@ -50,6 +50,8 @@ def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir, 
     assert [s["reply"] for s in sat_follower["steps"]] == [None, None, None]  # only the leader replies
     # the satellite's leader reads the core's last snapshot (each shard its own) and gathers it
     assert sat["published_version"] == 3 and out["published_diff"] < 1e-7
+    # the engine's copy goes over in buckets: only the leader holds them, and they add up to the model
+    assert sat["buckets"] >= 3 and sat_follower["buckets"] == 0 and sat["bucket_diff"] == 0.0
 
 
 def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(tmp_path, tiny_model_dir):

@@ -198,6 +198,16 @@ def main() -> None:
         scratch = [torch.empty_like(q) for q in params]
         version, published = pipeline.read_policy(snapshot, train_step, scratch, at_least=steps, cell_group=cg)
         report["published_version"] = version
+        # as the engine gets it: in buckets (64 KiB: several), gathered unit by unit on the leader
+        v2, buckets = pipeline.policy_buckets(snapshot, train_step, scratch, at_least=steps, bucket_bytes=64 << 10,
+                                              cell_group=cg)
+        got = [dict(b) for b in buckets]
+        report["buckets"] = len(got)
+        if rank == 2:
+            merged = {n: t for b in got for n, t in b.items()}
+            assert v2 == version and sorted(merged) == sorted(published), (v2, sorted(set(published) - set(merged)))
+            report["bucket_diff"] = max(float((merged[n] - published[n]).abs().max()) for n in published)
+            report["bucket_max_bytes"] = max(sum(t.numel() * t.element_size() for t in b.values()) for b in got)
     alive = [0, 1] if a.kill_step >= 0 else list(range(world))
     live = dist.new_group(alive) if a.kill_step < 0 else core_group
     reports = [None] * len(alive)

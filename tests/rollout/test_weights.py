@@ -11,6 +11,7 @@ from gyre.rollout.weights import (
     bucket_named_tensors,
     deserialize_named_tensors,
     publish_weights,
+    push_weight_buckets,
     save_weights_for_disk_update,
     serialize_named_tensors,
 )
@@ -89,3 +90,73 @@ def test_megatron_shards_publish_into_the_hf_runner(tiny_model_dir):
     runner.load_weights(named)
     for k, v in runner.state_dict().items():
         assert torch.equal(v, sd[k]), k
+
+
+class _RecordingClient:
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.fail_at = [], fail_at
+
+    def update_weights_from_tensor(self, named, *, weight_version, flush_cache):
+        if len(self.calls) == self.fail_at:
+            raise RuntimeError("engine refused")
+        self.calls.append((sorted(named), weight_version, flush_cache))
+
+
+def test_push_weight_buckets_flushes_on_the_last_bucket_only():
+    buckets = [{"a": torch.zeros(1)}, {"b": torch.zeros(1), "c": torch.zeros(1)}, {"d": torch.zeros(1)}]
+    client = _RecordingClient()
+    assert push_weight_buckets(client, iter(buckets), "v3") == 4
+    assert client.calls == [(["a"], "v3", False), (["b", "c"], "v3", False), (["d"], "v3", True)]
+    one = _RecordingClient()
+    assert push_weight_buckets(one, [{"a": torch.zeros(1)}], "v4") == 1 and one.calls == [(["a"], "v4", True)]
+    with pytest.raises(ValueError, match="no weights to push"):
+        push_weight_buckets(_RecordingClient(), [], "v5")
+
+
+def test_push_weight_buckets_exhausts_the_producer_when_an_update_fails():
+    produced = []
+
+    def producer():  # stands for a gather that other ranks take part in
+        for i in range(4):
+            produced.append(i)
+            yield {f"t{i}": torch.zeros(1)}
+
+    with pytest.raises(RuntimeError, match="engine refused"):
+        push_weight_buckets(_RecordingClient(fail_at=1), producer(), "v")
+    assert produced == [0, 1, 2, 3]
+
+
+def test_the_engine_admits_nothing_between_buckets(tiny_model_dir):
+    """An update with flush_cache=false holds admission until the one that flushes: a request sent
+    between two buckets runs on the whole new weights, as the version it reports says."""
+    import threading
+    import time
+
+    from gyre.rollout.config import EngineConfig
+    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.engine_client import EngineClient
+
+    server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    try:
+        client = EngineClient(server.url, timeout=120)
+        greedy = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
+        prompt = [17, 23, 99, 512, 7]
+        before = client.generate(prompt, greedy)
+        g = torch.Generator().manual_seed(0)
+        new = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in read_weights(tiny_model_dir).items()}
+        names = sorted(new)
+        first, rest = {n: new[n] for n in names[:3]}, {n: new[n] for n in names[3:]}
+        client.update_weights_from_tensor(first, weight_version="v2", flush_cache=False)
+        box = {}
+        waiting = threading.Thread(target=lambda: box.setdefault("r", client.generate(prompt, greedy)))
+        waiting.start()
+        time.sleep(1.0)
+        assert waiting.is_alive()  # held: the model is half updated
+        client.update_weights_from_tensor(rest, weight_version="v2", flush_cache=True)
+        waiting.join(60)
+        held = box["r"]
+        after = client.generate(prompt, greedy)
+        assert held.weight_version == after.weight_version == "v2"
+        assert held.output_ids == after.output_ids != before.output_ids
+    finally:
+        server.stop()
