@@ -497,7 +497,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
         need(world % args.num_cells == 0, "num-cells", f"WORLD_SIZE={world} is not divisible into {args.num_cells} cells")
-        need((world // args.num_cells) % cell == 0, "tensor-model-parallel-size",
+        need((world // args.num_cells) % cell == 0,
+             "pipeline-model-parallel-size" if args.pipeline_model_parallel_size > 1 else "tensor-model-parallel-size",
              f"{world // args.num_cells} ranks per cell are not divisible by TP*PP={cell}")
         args.world_size = world
         args.ranks_per_cell = world // args.num_cells

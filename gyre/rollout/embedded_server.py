@@ -338,7 +338,7 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     async def export_kv(request: Request):
         body = await _read_json(request)
         ids = body.get("input_ids") if isinstance(body, dict) else None
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
             raise ProtocolError("input_ids must be a non-empty list of token ids")
         transport = body.get("transport", "http")
         if transport not in ("http", "mooncake"):

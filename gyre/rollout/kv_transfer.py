@@ -95,6 +95,8 @@ def check_fits(payload: KVPayload, weight_version: str, layout: dict) -> None:
 
 
 _HANDLE_FIELDS = {"session_id": str, "addr": int, "nbytes": int, "pin": int}
+#: The largest payload a destination reads (64 GiB: a 1M-token context of a large model).
+MAX_PAYLOAD_BYTES = 64 << 30
 
 
 def check_handle(handle: object) -> dict:
@@ -105,9 +107,11 @@ def check_handle(handle: object) -> dict:
             ``pin`` (ints).
     """
     if not isinstance(handle, dict) or any(type(handle.get(k)) is not t for k, t in _HANDLE_FIELDS.items()) \
-            or handle["nbytes"] <= 0:
-        raise KVPayloadError("mooncake must be {\"session_id\": str, \"addr\": int, \"nbytes\": int > 0, "
+            or handle["nbytes"] <= 0 or handle["addr"] <= 0:
+        raise KVPayloadError("mooncake must be {\"session_id\": str, \"addr\": int > 0, \"nbytes\": int > 0, "
                              "\"pin\": int}")
+    if handle["nbytes"] > MAX_PAYLOAD_BYTES:
+        raise KVPayloadError(f"a KV payload of {handle['nbytes']} bytes is over the limit of {MAX_PAYLOAD_BYTES}")
     return {k: handle[k] for k in _HANDLE_FIELDS}
 
 
@@ -196,10 +200,15 @@ class MooncakeKVStage:
 
         handle = check_handle(handle)
         engine = self._transfer_engine()
-        buf = torch.empty(handle["nbytes"], dtype=torch.uint8)
+        try:
+            buf = torch.empty(handle["nbytes"], dtype=torch.uint8)
+        except RuntimeError as exc:  # the host cannot hold it
+            raise TransferEngineError(f"cannot allocate {handle['nbytes']} bytes for a KV payload: {exc}") from None
         register(engine, buf)
         try:
             rc = engine.transfer_sync_read(handle["session_id"], buf.data_ptr(), handle["addr"], handle["nbytes"])
+        except (TypeError, ValueError, OverflowError) as exc:  # arguments Mooncake's binding refuses
+            raise TransferEngineError(f"reading from {handle['session_id']} failed: {exc}") from None
         finally:
             engine.unregister_memory(buf.data_ptr())
         if rc != 0:

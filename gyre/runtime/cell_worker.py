@@ -13,6 +13,7 @@ step's work is :func:`gyre.runtime.pipeline.train_on_stream`, a publication
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Sequence
@@ -251,7 +252,8 @@ class CellWorker:
         Layout: ``directory/hf/`` (HF weights + ``config.json`` + the tokenizer files, servable and
         loadable by either backend; the shards are gathered), the optimizer's ``state_dict`` (torch
         AdamW, or Megatron's optimizer) in :func:`gyre.runtime.checkpointing.optimizer_file` of this
-        shard.  Returns ``directory``.
+        shard, and ``parallel_layout.json`` (the cell's TP and PP sizes, which a resumed run must
+        match).  Returns ``directory``.
         """
         import shutil
         from pathlib import Path
@@ -270,6 +272,9 @@ class CellWorker:
                 self.training.offload()
         if not self.cg.is_leader:
             return str(out)
+        (out / "parallel_layout.json").write_text(json.dumps({
+            "tensor_model_parallel_size": self.cfg.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": self.cfg.pipeline_model_parallel_size}))
         for f in Path(self.model_dir).iterdir():
             if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json" \
                     and not (out / "hf" / f.name).exists():

@@ -2,7 +2,8 @@
 
 A checkpoint is ``RUN/checkpoints/iter_N/`` (Megatron's naming): ``hf/`` (the policy, servable),
 the core cell's optimizer state (:func:`optimizer_file`: ``optimizer.pt``, and one
-``optimizer_shard{s}.pt`` per further rank of a cell that spans ranks) and ``controller.json`` (:class:`ControllerState`,
+``optimizer_shard{s}.pt`` per further rank of a cell that spans ranks), ``parallel_layout.json``
+(the cell's TP and PP sizes) and ``controller.json`` (:class:`ControllerState`,
 written by rank 0 once the core reported the save).  ``latest_checkpointed_iteration.txt`` beside
 them names the newest complete one; it is replaced atomically, last.
 """
@@ -90,6 +91,11 @@ class CheckpointWriter:
         state.saved_at = time.time()
         self.pending[iteration] = (directory, state)
         return directory
+
+    def refresh_summary(self, iteration: int, summary: dict) -> None:
+        """The core's statistics of the step a pending save follows arrived: its summary takes them."""
+        if iteration in self.pending:
+            self.pending[iteration][1].summary = summary
 
     def complete(self, directory: str) -> list[int]:
         """The core wrote ``directory``: add ``controller.json``, move the tracker; returns the

@@ -62,10 +62,14 @@ class CellConfig:
     max_running_requests: int
     lease_s: float
     update_weight_buffer_size: int = 512 << 20
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "CellConfig":
         return cls(num_cells=int(args.num_cells), seed=int(args.seed),
                    max_running_requests=max(int(args.rollout_concurrency_per_cell), 1),
                    lease_s=float(args.cell_lease_s),
-                   update_weight_buffer_size=int(args.update_weight_buffer_size))
+                   update_weight_buffer_size=int(args.update_weight_buffer_size),
+                   tensor_model_parallel_size=int(args.tensor_model_parallel_size),
+                   pipeline_model_parallel_size=int(args.pipeline_model_parallel_size))

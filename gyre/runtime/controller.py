@@ -161,7 +161,6 @@ class Controller:
         if should_save(it, save_interval=self.cfg.save_interval, train_steps=self.cfg.train_steps):
             state = ControllerState(it, self.attempt, sorted(self.executions.trained), self.rng.bit_generator.state,
                                     self.acct.history, self.cfg.training_backend, train_steps=self.cfg.train_steps,
-                                    summary={**self._summary(), "steps": it},
                                     timeline=self.acct.role_timeline(self.sched, self.now()),
                                     elapsed_s=self.acct.before_elapsed_s + self.now())
             self.channel.send("cell0", ctl.SaveCheckpoint(self.checkpoints.request(it, state)))
@@ -229,6 +228,7 @@ class Controller:
         if r.cell == 0:
             self.acct.step(r.step).train = r if isinstance(r, ctl.StepDone) else None
             self._log_step(r.step)
+            self.checkpoints.refresh_summary(r.step + 1, {**self._summary(), "steps": r.step + 1})  # saved next
 
     def on_saved(self, r: ctl.Saved) -> None:
         for it in self.checkpoints.complete(r.directory):

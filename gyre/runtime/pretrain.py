@@ -102,6 +102,8 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         problem = model_dir_problem(model_dir) if model_dir is not None else None
         if problem:
             raise ArgumentError(f"argument {flag}: {model_dir}: {problem}")
+    if per_cell > 1:
+        _check_layout(args, ckpt if args.load else None)
     if not RunDirectoryLock(args.run_dir).is_free():
         raise ArgumentError(f"argument --run-dir: {args.run_dir} is in use by another job")
     from gyre.tasks import load_tasks
@@ -123,6 +125,36 @@ def check_main_job_args(args: argparse.Namespace) -> None:
             print(f"warning: {p}", file=sys.stderr)
         print(f"warning: argument --tasks: {len(res.tasks)} tasks loaded, {res.skipped} skipped, "
               f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
+
+
+def _check_layout(args: argparse.Namespace, ckpt: Path | None) -> None:
+    """A cell of several ranks: the model must split into TP x PP shards, and a checkpoint resumed
+    from must hold optimizer state of the same layout.
+
+    Raises:
+        ArgumentError: one line naming the flag.
+    """
+    from transformers import AutoConfig
+
+    from gyre.embedded_model import ensure_tiny_model
+    from gyre.training.checkpoint_conversion import check_parallel_sizes
+
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    model_dir = ckpt / "hf" if ckpt is not None else args.model_dir or ensure_tiny_model(args.tokenizer_kind,
+                                                                                         args.model_cache_dir)
+    try:
+        check_parallel_sizes(AutoConfig.from_pretrained(str(model_dir), local_files_only=True), tp, pp)
+    except ValueError as exc:
+        flag = "pipeline" if "num_hidden_layers" in str(exc) else "tensor"
+        raise ArgumentError(f"argument --{flag}-model-parallel-size: the model in {model_dir} does not split into "
+                            f"TP {tp} x PP {pp}: {exc}") from None
+    layout = ckpt / "parallel_layout.json" if ckpt is not None else None
+    if layout is not None and layout.exists():
+        saved = json.loads(layout.read_text())
+        if (saved["tensor_model_parallel_size"], saved["pipeline_model_parallel_size"]) != (tp, pp):
+            raise ArgumentError(f"argument --load: {ckpt} holds the optimizer state of cells of TP "
+                                f"{saved['tensor_model_parallel_size']} x PP {saved['pipeline_model_parallel_size']}; "
+                                f"this run asks for TP {tp} x PP {pp}")
 
 
 def _store(rank: int, world: int, host: str):
@@ -295,7 +327,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
         cell0.join(timeout=120)  # it stopped on Shutdown (after a failure nothing waits for it)
     finally:
         if progress:
-            progress.close()
+            progress.close(controller.sched.steps_done)
         proxy.stop()
         if isinstance(standalone, StandalonePool):
             standalone.stop()
@@ -350,7 +382,10 @@ class _Progress:
         self.bar.set_postfix(running=s.counters.running, waterlevel=s.counters.waterlevel,
                              training=s.cells_in([type(s.cell_states[0]).TRAINING]), refresh=True)
 
-    def close(self) -> None:
+    def close(self, steps_done: int | None = None) -> None:
+        if steps_done is not None:  # the last update may have been skipped by the 0.5 s throttle
+            self.bar.n = steps_done
+            self.bar.refresh()
         self.bar.close()
 
 

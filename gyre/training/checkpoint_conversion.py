@@ -34,7 +34,9 @@ def _dims(cfg: Any) -> tuple[int, int, int, int]:
     return heads, groups, d, cfg.hidden_size
 
 
-def _check(cfg: Any, tp_size: int, pp_size: int) -> None:
+def check_parallel_sizes(cfg: Any, tp_size: int, pp_size: int) -> None:
+    """Raise ``ValueError`` unless the model of ``cfg`` splits into ``tp_size`` x ``pp_size`` shards
+    (heads, KV heads, FFN and vocabulary by TP; layers by PP)."""
     heads, groups, _, _ = _dims(cfg)
     for what, n, k in (("num_key_value_heads", groups, tp_size), ("num_attention_heads", heads, tp_size),
                        ("intermediate_size", cfg.intermediate_size, tp_size),
@@ -54,7 +56,7 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], cfg: Any, tp_rank: int = 0
         ValueError: a dimension is not divisible by the parallel size.
         KeyError: a HF tensor is missing.
     """
-    _check(cfg, tp_size, pp_size)
+    check_parallel_sizes(cfg, tp_size, pp_size)
     heads, groups, d, h = _dims(cfg)
     qpg = heads // groups
     gl = groups // tp_size
@@ -106,7 +108,7 @@ def megatron_to_hf(shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]],
     pp_size = 1 + max(p for _, p in shards)
     if len(shards) != tp_size * pp_size:
         raise ValueError(f"expected {tp_size * pp_size} shards (TP={tp_size} x PP={pp_size}), got {len(shards)}")
-    _check(cfg, tp_size, pp_size)
+    check_parallel_sizes(cfg, tp_size, pp_size)
     out: dict[str, torch.Tensor] = {}
     for unit, stage, prefix in megatron_units(cfg, pp_size):
         out.update(megatron_unit_to_hf(unit, [_strip(shards[(t, stage)], prefix) for t in range(tp_size)], cfg))

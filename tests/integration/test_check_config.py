@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXE = {"type": "executable", "command": "true", "scoring": "exit_code"}
 
 
-def check_config(*extra: str, rank: str | None = None):
+def check_config(*extra: str, rank: str | None = None, world: int = 3):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
-    env.update(WORLD_SIZE="3", OMP_NUM_THREADS="1")
+    env.update(WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     if rank is not None:
         env["RANK"] = rank
     return subprocess.run([sys.executable, str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"),
@@ -77,6 +77,11 @@ def test_load_checks_the_checkpoints_hf_dir(tmp_path, tiny_model_dir):
     shutil.copytree(tiny_model_dir, ck / "hf")
     (ck / "controller.json").write_text(json.dumps({"iteration": 2, "training_backend": "megatron"}))
     (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    r = check_config("--load", str(tmp_path / "run"))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"pretrain_gyre.py: error: argument --load: {ck} holds the optimizer state of cells of another size than "
+        "TP x PP = 1 (missing ['optimizer.pt'])"]
+    (ck / "optimizer.pt").write_bytes(b"")
     assert check_config("--load", str(tmp_path / "run")).returncode == 0
     (ck / "hf" / "model.safetensors").write_bytes((ck / "hf" / "model.safetensors").read_bytes()[:100_000])
     r = check_config("--load", str(tmp_path / "run"))
@@ -208,3 +213,32 @@ def test_standalone_pool_is_accepted_and_needs_a_concurrency():
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["pretrain_gyre.py: error: argument --standalone-concurrency: --standalone-engines 2 "
                                      "needs --standalone-concurrency > 0 (the executions the pool serves at once)"]
+
+
+def test_cells_of_several_ranks_are_checked_against_the_model_and_the_checkpoint(tmp_path, tiny_model_dir):
+    tp2 = ("--config", str(ROOT / "examples" / "cpu_tp2.yaml"))
+    assert check_config(*tp2, world=4).returncode == 0
+    r = check_config("--num-cells", "1", "--tensor-model-parallel-size", "4", world=4)
+    assert r.returncode == 2 and r.stderr.strip().endswith("does not split into TP 4 x PP 1: "
+                                                           "num_key_value_heads=2 is not divisible by 4")
+    r = check_config("--num-cells", "1", "--pipeline-model-parallel-size", "4", world=4)
+    assert r.returncode == 2 and "--pipeline-model-parallel-size" in r.stderr and "num_hidden_layers=2" in r.stderr
+    r = check_config(*tp2, "--training-backend", "hf", world=4)
+    assert r.stderr.splitlines() == ["pretrain_gyre.py: error: argument --tensor-model-parallel-size: cells of "
+                                     "several ranks train with --training-backend megatron"]
+    r = check_config(*tp2, world=8)
+    assert r.returncode == 2 and "(no data parallelism inside a cell)" in r.stderr
+    # a checkpoint of cells of 2 pipeline stages does not load into cells of TP 2
+    ck = tmp_path / "run" / "checkpoints" / "iter_0000001"
+    shutil.copytree(tiny_model_dir, ck / "hf")
+    (ck / "controller.json").write_text(json.dumps({"iteration": 1, "training_backend": "megatron"}))
+    (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    for name in ("optimizer.pt", "optimizer_shard1.pt"):
+        (ck / name).write_bytes(b"")
+    (ck / "parallel_layout.json").write_text(json.dumps({"tensor_model_parallel_size": 1,
+                                                         "pipeline_model_parallel_size": 2}))
+    assert check_config("--config", str(ROOT / "examples" / "cpu_pp2.yaml"), "--load", str(tmp_path / "run"),
+                        world=4).returncode == 0
+    r = check_config(*tp2, "--load", str(tmp_path / "run"), world=4)
+    assert r.stderr.splitlines() == [f"pretrain_gyre.py: error: argument --load: {ck} holds the optimizer state of "
+                                     "cells of TP 1 x PP 2; this run asks for TP 2 x PP 1"]

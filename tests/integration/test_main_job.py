@@ -173,6 +173,9 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     start = max(i for i, e in enumerate(events) if e["event"] == "run_start")
     resumed_steps = [r["step"] for r in rows if r["time"] >= events[start]["time"]]
     assert resumed_steps == list(range(done + 1, 5))
+    # the summary counts every step once, the checkpointed one with its core statistics
+    last = {r["step"]: r for r in rows}
+    assert summary["tokens_trained"] == sum(r["row_tokens"] for r in last.values())
     assert json.loads((run / "checkpoints" / "iter_0000004" / "controller.json").read_text())["iteration"] == 4
     # the summary and the timeline cover the whole run, both attempts
     assert summary["attempts"] == 2 and summary["executions_trained"] == 32

@@ -147,6 +147,14 @@ def test_an_engine_to_engine_mooncake_copy_is_a_cache_hit(engines, mooncake_avai
     assert b.export_kv(context) == (0, None)
     with pytest.raises(EngineError, match="mooncake must be"):
         b.import_kv({"session_id": "x"})
+    with pytest.raises(EngineError, match="mooncake must be"):
+        b.import_kv({**handle, "addr": -5})
+    with pytest.raises(EngineError, match="over the limit"):
+        b.import_kv({**handle, "nbytes": 1 << 50})
+    with pytest.raises(EngineError, match="failed"):  # nobody listens there: a prompt 400, no hang
+        b.import_kv({"session_id": "127.0.0.1:1", "addr": 4096, "nbytes": 10, "pin": 1})
+    with pytest.raises(EngineError, match="input_ids must be a non-empty list of token ids"):
+        a.export_kv([True, False])
     with pytest.raises(EngineError, match='transport must be "http" or "mooncake"'):
         a.export_kv(context, transport="rdma")
     bad = a._post_kv("/gyre/release_kv", json={"pin": "1"})
