@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # README command 1: set up .venv if needed, then run the main job on the embedded CPU default.
-# Extra arguments are passed to pretrain_gyre.py (e.g. --train-steps 5 --run-dir runs/demo).
+# Extra arguments are passed to pretrain_gyre.py (e.g. --train-steps 5 --run-dir runs/demo); a later
+# --config replaces cpu_tiny.yaml, and GYRE_NPROC sets the ranks (default 3), e.g.
+#   GYRE_NPROC=4 bash examples/run_cpu_tiny.sh --config examples/cpu_tp2.yaml
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$(bash "$ROOT/tools/setup.sh" | tail -n 1)"
