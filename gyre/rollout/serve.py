@@ -31,7 +31,9 @@ def build_arg_parser():
     d = EngineConfig()
     p = _Parser(prog="serve_engine", description="Serve one embedded Gyre rollout engine "
                                 "(SGLang-native HTTP API) and print {\"url\": ...} once ready.")
-    p.add_argument("--model-dir", default=None, help="HF model directory (default: the embedded tiny Qwen3).")
+    p.add_argument("--model-dir", "--model-path", dest="model_dir", default=None,
+                   help="HF model directory (default: the embedded tiny Qwen3); --model-path is SGLang's name, so "
+                        "the engine starts where sglang.launch_server would.")
     p.add_argument("--tokenizer-dir", default=None, help="Tokenizer directory (default: --model-dir).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port.")

@@ -26,8 +26,9 @@ from typing import Any, Callable, Mapping, Sequence
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
 #: ``/pause_generation`` modes (SGLang ``PauseGenerationReqInput.mode``).
 PAUSE_MODES = ("abort", "in_place", "retract")
-#: ``/release_memory_occupation`` tags (SGLang ``GPU_MEMORY_TYPE_WEIGHTS`` / ``_KV_CACHE``).
-MEMORY_TAGS = ("weights", "kv_cache")
+#: ``/release_memory_occupation`` tags (SGLang ``GPU_MEMORY_TYPE_WEIGHTS`` / ``_KV_CACHE`` /
+#: ``_CUDA_GRAPH``; the embedded engine has no CUDA graphs: that tag only gates generation).
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 #: Upper bound on ``n`` per request (parallel samples of one prompt).
 MAX_N = 256
 
@@ -559,7 +560,7 @@ def parse_pause(body: Any) -> str:
 
 
 def parse_tags(body: Any, name: str) -> tuple[str, ...]:
-    """``{"tags": ["weights", "kv_cache"]}`` (null or absent = both) -> the tag tuple."""
+    """``{"tags": ["weights", "kv_cache"]}`` (null or absent = all of :data:`MEMORY_TAGS`) -> the tag tuple."""
     body = _want_object("body", body if body is not None else {})
     _check_keys(name, body, {"tags", "cpu_backup_tags"})
     tags = body.get("tags")

@@ -25,7 +25,7 @@ from gyre.runtime import pipeline
 from gyre.runtime.cell_group import CellGroup
 from gyre.runtime.config import CellConfig
 from gyre.training import control as ctl
-from gyre.training.cell import CellRoles, SwitchFailedError, TrainingState
+from gyre.training.cell import ENGINE_MEMORY_TAGS, CellRoles, SwitchFailedError, TrainingState
 from gyre.training.streaming import MicroStepStream
 from gyre.training.weight_snapshot import (MooncakeSnapshotClient, MooncakeSnapshotServer, SnapshotError,
                                            copy_flat_to_params)
@@ -123,7 +123,7 @@ class CellWorker:
         self.client = EngineClient(self.engine.url, timeout=600.0)
         self.roles = CellRoles(cell, f"engine-{cell}", self.client, None, self.training)
         if initial_role == "training":
-            self.client.release_memory_occupation(["weights", "kv_cache"])
+            self.client.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
             self.roles.role = "training"
         else:
             self.training.offload()

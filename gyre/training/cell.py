@@ -6,12 +6,15 @@ requests still running on it are aborted and transparently retried by the proxy 
 destination (which recomputes the whole context, unless the proxy copies the KV first:
 ``--rollout-kv-migration``); the engine
 pauses generation in ``abort`` mode (a request that reached it after the proxy's abort is aborted
-too, and later ones wait), releases its weights and KV cache (``release_memory_occupation``), and
-the training parameters and optimizer buffers are restored.
+too, and later ones wait; SGLang releases memory only when idle), releases all of its memory --
+weights, KV cache and CUDA graphs (``release_memory_occupation``, :data:`ENGINE_MEMORY_TAGS`) --
+and the training parameters and optimizer buffers are restored.
 
-**Training -> rollout** (:meth:`CellRoles.to_rollout`): the reverse: training state is offloaded,
-the engine resumes its memory, loads the current published weights with their version and
-continues generation (requests that waited run now), and the scheduler may route executions to it.
+**Training -> rollout** (:meth:`CellRoles.to_rollout`), in the order that keeps the peak memory
+low on a GPU: the engine resumes its weights' memory and loads the current published weights with
+their version, then the training state is offloaded, then the engine resumes its KV cache and CUDA
+graphs (the bulk of its memory) and continues generation (requests that waited run now); the
+scheduler may route executions to it afterwards.
 
 A transition that fails rolls back (the cell keeps its role) and raises :class:`SwitchFailedError`.
 Backend processes (the engine server) and communication groups stay alive across transitions.
@@ -31,6 +34,10 @@ import torch
 from gyre.rollout.weights import push_weight_buckets
 
 logger = logging.getLogger(__name__)
+
+
+#: Memory an engine gives up while its cell trains (SGLang's ``release_memory_occupation`` tags).
+ENGINE_MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 class RouteControl(Protocol):
@@ -174,7 +181,7 @@ class CellRoles:
         for attempt in range(1, self.release_attempts + 1):
             try:  # pausing in abort mode leaves nothing running, so the release cannot meet a request
                 self.engine.pause_generation("abort")
-                self.engine.release_memory_occupation(["weights", "kv_cache"])
+                self.engine.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
                 break
             except Exception as exc:
                 if attempt == self.release_attempts:
@@ -204,28 +211,35 @@ class CellRoles:
         if self.role != "training":
             raise RuntimeError(f"cell {self.cell} is {self.role}, not training")
         t0, wall = self.clock(), time.time()
-        if self.training is not None:
-            self.training.offload()
-        t1 = t2 = self.clock()
-        resumed = False
+        t = [t0]
+        resumed: list[str] = []
+        offloaded = False
         try:
-            self.engine.resume_memory_occupation(["weights", "kv_cache"])
-            resumed = True
-            t2 = self.clock()
+            self.engine.resume_memory_occupation(["weights"])
+            resumed.append("weights")
+            t.append(self.clock())
             if isinstance(named_weights, Mapping):
                 self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
             else:  # buckets
                 push_weight_buckets(self.engine, named_weights, str(version))
+            t.append(self.clock())
+            if self.training is not None:
+                self.training.offload()
+                offloaded = True
+            t.append(self.clock())
+            self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+            resumed += ["kv_cache", "cuda_graph"]
             self.engine.continue_generation()
         except Exception as exc:  # roll back; an error while rolling back propagates
             if resumed:
                 self.engine.pause_generation("abort")
-                self.engine.release_memory_occupation(["weights", "kv_cache"])
-            if self.training is not None:
+                self.engine.release_memory_occupation(resumed)
+            if offloaded:
                 self.training.restore()
             raise SwitchFailedError(f"cell {self.cell} could not bring its engine back: "
                                     f"{type(exc).__name__}: {exc}") from exc
-        t3 = self.clock()
+        t.append(self.clock())
         self.role = "rollout"
-        return self._emit(Transition(self.cell, "training->rollout", wall, t3 - t0, version=str(version),
-                                     phases_s={"offload": t1 - t0, "resume": t2 - t1, "load_weights": t3 - t2}))
+        return self._emit(Transition(self.cell, "training->rollout", wall, t[4] - t0, version=str(version),
+                                     phases_s=dict(zip(("resume_weights", "load_weights", "offload", "resume_kv"),
+                                                       (b - a for a, b in zip(t, t[1:]))))))

@@ -127,7 +127,7 @@ def test_release_and_resume_memory(client, engine):
     client.release_memory_occupation()
     client.resume_memory_occupation(["weights"])
     client.update_weights_from_disk(engine.model_path, weight_version="gpu-v2")
-    client.resume_memory_occupation(["kv_cache"])
+    client.resume_memory_occupation(["kv_cache", "cuda_graph"])
     client.continue_generation()
     r = client.generate([1, 2, 3], {"max_new_tokens": 4})
     assert len(r.output_ids) == 4 and r.weight_version == "gpu-v2"

@@ -375,6 +375,9 @@ def test_release_and_resume_memory(wclient):
         time.sleep(0.2)
         assert not fut.done()
         wclient.resume_memory_occupation(["kv_cache"])
+        time.sleep(0.2)
+        assert not fut.done()                                  # the CUDA-graph tag was released too
+        wclient.resume_memory_occupation(["cuda_graph"])
         after = fut.result(timeout=30)
     assert after.output_ids == before.output_ids and after.cached_tokens == 0   # KV release dropped the cache
     assert wclient.health_generate()

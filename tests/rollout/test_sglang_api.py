@@ -130,8 +130,9 @@ def test_control_bodies():
     assert parse_pause(None) == "abort" and parse_pause({"mode": "in_place"}) == "in_place"
     with pytest.raises(ProtocolError):
         parse_pause({"mode": "later"})
-    assert parse_tags(None, "x") == ("weights", "kv_cache")
+    assert parse_tags(None, "x") == ("weights", "kv_cache", "cuda_graph")
     assert parse_tags({"tags": ["kv_cache"]}, "x") == ("kv_cache",)
+    assert parse_tags({"tags": ["cuda_graph", "weights"]}, "x") == ("weights", "cuda_graph")
     for bad in ({"tags": []}, {"tags": ["gpu"]}, {"tags": "weights"}):
         with pytest.raises(ProtocolError):
             parse_tags(bad, "x")

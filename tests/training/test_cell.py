@@ -75,20 +75,24 @@ def test_training_state_offload_restore_round_trip():
 def test_transitions_follow_the_documented_order_and_are_measured():
     log = []
     proxy = FakeProxy()
-    ticks = iter([0.0, 0.1, 0.3, 0.35, 1.0, 1.05, 1.25, 1.75])
+    ticks = iter([0.0, 0.1, 0.3, 0.35, 1.0, 1.05, 1.25, 1.5, 1.75])
     seen = []
     cell = CellRoles(1, "engine-1", FakeEngine(log), proxy, clock=lambda: next(ticks), on_transition=seen.append)
     tr = cell.to_train("standalone-0")
     assert proxy.calls == [("reroute", "engine-1", "standalone-0"), ("abort", "engine-1")]
     assert proxy.routes == {"e1": "standalone-0", "e2": "standalone-0", "e3": "engine-0"}
-    assert log == [("pause", "abort"), ("release", ("weights", "kv_cache"))]
+    assert log == [("pause", "abort"), ("release", ("weights", "kv_cache", "cuda_graph"))]
     assert (tr.direction, tr.rerouted, tr.aborted) == ("rollout->training", 2, 2)
     assert tr.latency_s == pytest.approx(0.35) and tr.phases_s["release"] == pytest.approx(0.2)
     with pytest.raises(RuntimeError, match="cell 1 is training, not rollout"):
         cell.to_train("x")
     tr2 = cell.to_rollout("7", {"w": torch.zeros(1)})
-    assert log[2:] == [("resume", ("weights", "kv_cache")), ("update", "7", ["w"]), ("continue",)]
+    # weights first (small), then the KV cache and CUDA graphs once the training state is offloaded
+    assert log[2:] == [("resume", ("weights",)), ("update", "7", ["w"]), ("resume", ("kv_cache", "cuda_graph")),
+                       ("continue",)]
     assert tr2.latency_s == pytest.approx(0.75) and tr2.version == "7"
+    assert tr2.phases_s == pytest.approx({"resume_weights": 0.05, "load_weights": 0.2, "offload": 0.25,
+                                          "resume_kv": 0.25})
     assert [t.direction for t in seen] == ["rollout->training", "training->rollout"]
     with pytest.raises(RuntimeError, match="not training"):
         cell.to_rollout("8", {})
@@ -99,7 +103,7 @@ def test_a_release_that_fails_is_retried_then_reported(monkeypatch):
     log = []
     cell = CellRoles(1, "engine-1", FakeEngine(log, release_failures=2), None)
     cell.to_train(None)
-    assert log == [("pause", "abort"), ("pause", "abort"), ("pause", "abort"), ("release", ("weights", "kv_cache"))]
+    assert log == [("pause", "abort")] * 3 + [("release", ("weights", "kv_cache", "cuda_graph"))]
     assert cell.role == "training"
     log = []
     failing = CellRoles(2, "engine-2", FakeEngine(log, release_failures=3), None)
@@ -120,7 +124,27 @@ def test_a_failed_return_to_rollout_rolls_back_to_training():
                                                 "not match"):
         cell.to_rollout("3", {"w": torch.zeros(1)})
     assert cell.role == "training" and not cell.transitions
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # training state restored
-    assert log == [("resume", ("weights", "kv_cache")), ("pause", "abort"), ("release", ("weights", "kv_cache"))]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # never offloaded
+    assert log == [("resume", ("weights",)), ("pause", "abort"), ("release", ("weights",))]
     cell.to_rollout("3", {"w": torch.zeros(1)})  # the next command succeeds
-    assert cell.role == "rollout" and log[-2:] == [("update", "3", ["w"]), ("continue",)]
+    assert cell.role == "rollout" and log[-3:] == [("update", "3", ["w"]), ("resume", ("kv_cache", "cuda_graph")),
+                                                   ("continue",)]
+
+
+class FailingResume(FakeEngine):
+    def resume_memory_occupation(self, tags=None):
+        if "kv_cache" in tags:
+            raise RuntimeError("out of memory")
+        return super().resume_memory_occupation(tags)
+
+
+def test_a_failed_kv_resume_releases_the_weights_and_restores_the_training_state():
+    model = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    log = []
+    cell = CellRoles(1, "engine-1", FailingResume(log), None, TrainingState(model.parameters()))
+    cell.role = "training"
+    with pytest.raises(SwitchFailedError, match="RuntimeError: out of memory"):
+        cell.to_rollout("3", {"w": torch.zeros(1)})
+    assert log == [("resume", ("weights",)), ("update", "3", ["w"]), ("pause", "abort"), ("release", ("weights",))]
+    assert cell.role == "training" and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
