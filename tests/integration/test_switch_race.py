@@ -53,7 +53,7 @@ def test_a_request_in_flight_at_the_switch_is_aborted_and_a_late_one_waits(engin
     assert roles.role == "training" and tr.direction == "rollout->training"
     assert box["in_flight"].finish_reason.type == "abort" and len(box["in_flight"].output_ids) < 4000
     info = state(client)
-    assert info["paused"] == "abort" and info["memory_released"] == ["kv_cache", "weights"]
+    assert info["paused"] == "abort" and info["memory_released"] == ["cuda_graph", "kv_cache", "weights"]
 
     late = generate_in_thread(client, box, "late", max_new_tokens=8)  # reaches the engine while it trains
     assert wait_until(lambda: state(client)["num_waiting_reqs"] == 1, 30, poll_s=0.01)
