@@ -107,7 +107,8 @@ class CellWorker:
         self.params = train_step.params
         self.shapes = [(p.shape, p.dtype) for p in self.params]
         self.model_dir = str(model_dir)
-        self.training = TrainingState(self.params, train_step.optimizer)
+        self.training = TrainingState(self.params, train_step.optimizer,
+                                      getattr(train_step, "grad_buffers", lambda: [])())
         self.orders = {"restore": self.training.restore, "offload": self._offload_in_step,
                        "policy": self._drain_policy, "train": self._train, "save": self.save}
         self.engine = self.client = self.roles = None

@@ -70,13 +70,19 @@ class TrainingState:
     """Training parameters and optimizer buffers that leave memory while the cell serves rollouts.
 
     ``offload()`` copies every parameter and optimizer-state tensor into a host snapshot and frees
-    the live storage (``param.data`` becomes an empty tensor); ``restore()`` copies them back.  On
-    the CPU default both the copy and the live storage are host memory.
+    the live storage (``param.data`` becomes an empty tensor); ``restore()`` copies them back.
+    ``grad_buffers`` (Megatron DDP's contiguous gradient buffers, which every ``main_grad`` views)
+    are not copied: they are zeroed before each step anyway, so offloading frees their storage in
+    place (``untyped_storage().resize_(0)``, the views stay attached) and restoring re-allocates it
+    zeroed.  On the CPU default both the copy and the live storage are host memory.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None = None):
+    def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None = None,
+                 grad_buffers: Iterable[torch.Tensor] = ()):
         self.params = list(params)
         self.optimizer = optimizer
+        self.grad_buffers = list(grad_buffers)
+        self._grad_bytes = [b.untyped_storage().nbytes() for b in self.grad_buffers]
         self._saved: list[torch.Tensor] | None = None
         self._saved_opt: list[tuple[dict, str, torch.Tensor]] = []
         self.resident = True
@@ -94,6 +100,8 @@ class TrainingState:
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         self._saved_opt.append((state, k, v.to("cpu", copy=True)))
                         state[k] = torch.empty(0, dtype=v.dtype, device=v.device)
+        for b in self.grad_buffers:
+            b.untyped_storage().resize_(0)
         self.resident = False
 
     def host_tensors(self) -> list[torch.Tensor]:
@@ -108,6 +116,9 @@ class TrainingState:
             p.data = saved.to(p.device)
         for state, k, v in self._saved_opt:
             state[k] = v
+        for b, nbytes in zip(self.grad_buffers, self._grad_bytes):
+            b.untyped_storage().resize_(nbytes)
+            b.zero_()
         self._saved, self._saved_opt = None, []
         self.resident = True
 

@@ -188,6 +188,10 @@ class MegatronTrainStep(TrainStep):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """DDP's contiguous gradient buffers (every ``main_grad`` is a view of one)."""
+        return [b.grad_data for b in (*self.model.buffers, *self.model.expert_parallel_buffers)]
+
     def grad_tensors(self) -> list[torch.Tensor]:
         """Each parameter's accumulated gradient: DDP's ``main_grad`` (a view of its fp32 buffer)."""
         return [p.main_grad for p in self.params]
