@@ -6,8 +6,9 @@ its cell (the same TP/PP coordinates in every cell, so shard ``s`` of every cell
 slice of the model).  The cell's **leader** (shard 0) alone talks to rank 0's controller: it
 receives the control messages, owns the cell's engine and replies.  Every operation that needs the
 cell's other ranks -- a training micro-step, the TP gather of a publication, offloading or restoring
-the training state -- is an *order*: the leader sends ``(name, args)`` to each other rank's inbox in
-the run's TCPStore and runs the same operation itself, so all ranks of the cell run it in the same
+the training state -- is an *order*: the leader stores ``(name, args)`` once in the run's TCPStore,
+under the cell's next order number, which every other rank reads in turn, and runs the same
+operation itself, so all ranks of the cell run it in the same
 order (their collectives inside the model meet).  Orders travel through the store, not a
 collective, so a rank may wait for the next one as long as the cell is idle.  ``agree_*`` are
 small collectives over the cell's process group, for decisions every rank must share.
@@ -96,16 +97,15 @@ class CellGroup:
     def is_leader(self) -> bool:
         return self.layout.is_leader
 
-    def _key(self, shard: int, i: int) -> str:
-        return f"cellorder/{self.layout.cell}/{shard}/{i}"
+    def _key(self, i: int) -> str:
+        return f"cellorder/{self.layout.cell}/{i}"
 
     def order(self, name: str, *args: Any) -> None:
-        """Leader: send order ``name(*args)`` to every other rank of the cell (no-op when alone)."""
+        """Leader: send order ``name(*args)`` to every other rank of the cell (no-op when alone).
+        It is stored once; the last rank to read it deletes it."""
         if self.size == 1:
             return
-        data = pickle.dumps((name, args))
-        for shard in range(1, self.size):
-            self.store.set(self._key(shard, self._sent), data)
+        self.store.set(self._key(self._sent), pickle.dumps((name, args)))
         self._sent += 1
 
     def next_order(self, timeout_s: float = 6 * 3600) -> tuple[str, tuple]:
@@ -114,7 +114,7 @@ class CellGroup:
         Raises:
             TimeoutError: none within ``timeout_s``.
         """
-        key = self._key(self.layout.shard, self._received)
+        key = self._key(self._received)
         deadline = time.monotonic() + timeout_s
         delay = self.poll_s
         while not self.store.check([key]):
@@ -124,7 +124,9 @@ class CellGroup:
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
         name, args = pickle.loads(self.store.get(key))
-        self.store.delete_key(key)
+        if self.store.add(key + "/read", 1) == self.size - 1:  # every other rank has it
+            self.store.delete_key(key)
+            self.store.delete_key(key + "/read")
         self._received += 1
         return name, args
 

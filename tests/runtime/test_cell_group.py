@@ -39,7 +39,11 @@ def test_orders_reach_every_other_rank_in_order():
     for t in threads:
         t.join(10)
     assert got[4] == got[5] == [("train", (7, True)), ("item", (b"\x00payload",))]
-    assert not store.check(["cellorder/1/1/0"])  # a delivered order is deleted
+    assert not any(store.check([k]) for k in ("cellorder/1/0", "cellorder/1/0/read"))  # read by both: deleted
+    leader.order("restore")
+    assert others[0].next_order(timeout_s=5) == ("restore", ())
+    assert store.check(["cellorder/1/3"])  # stored once, kept until the last rank has read it
+    assert others[1].next_order(timeout_s=5) == ("restore", ()) and not store.check(["cellorder/1/3"])
     with pytest.raises(TimeoutError, match="cell 1 shard 1: no order from the leader within 0.05s"):
         others[0].next_order(timeout_s=0.05)
 
