@@ -178,9 +178,10 @@ class CellWorker:
         self._reply(ctl.Switched(self.cell, "training", tr.latency_s, dict(tr.phases_s)))
 
     def switch_to_rollout(self, msg: ctl.SwitchToRollout) -> None:
-        """Offload the training state on the cell's other ranks, then on the leader offload its own,
-        resume the engine and load snapshot ``>= msg.version`` into it in buckets gathered from
-        every rank's shard (a switch that fails and rolls back:
+        """Offload the training state on the cell's other ranks, then :meth:`CellRoles.to_rollout
+        <gyre.training.cell.CellRoles.to_rollout>` on the leader: the engine's weights come back and
+        load snapshot ``>= msg.version`` in buckets gathered from every rank's shard, the leader's
+        training state is offloaded, the KV cache comes back (a switch that fails and rolls back:
         :class:`~gyre.training.control.SwitchFailed`)."""
         self.cg.order("offload")
         self.cg.agree_all(True)  # the cell's other ranks let go of their memory before the engine resumes
