@@ -123,7 +123,8 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown rid on abort answers
     400 with ``"success": false``; the distributed weight-update routes answer 400 (not
     supported). Tensor updates take base64 ``torch.save`` payloads
-    (:func:`gyre.rollout.weights.serialize_named_tensors`); memory release requires no running
+    (:func:`gyre.rollout.weights.serialize_named_tensors`) or, with ``load_format
+    "flattened_bucket"``, shared-memory buckets (:mod:`gyre.rollout.tensor_bucket`); memory release requires no running
     request. Streams are incremental by default (``incremental_streaming_output``), cumulative
     otherwise; text that could still become a stop string, or an incomplete UTF-8 character, is
     held back until it cannot.

@@ -54,7 +54,8 @@ def serialize_named_tensors(named: Mapping[str, "torch.Tensor"] | Iterable[tuple
 def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None = None) -> dict[str, "torch.Tensor"]:
     """Inverse of :func:`serialize_named_tensors` over a list of payloads (later names win).
 
-    Each payload may hold a ``{name: tensor}`` dict or a list of ``(name, tensor)`` pairs;
+    With ``load_format="flattened_bucket"`` the list holds one payload per engine TP rank
+    (:mod:`gyre.rollout.tensor_bucket`) and this single-rank engine loads the first.  Otherwise each payload may hold a ``{name: tensor}`` dict or a list of ``(name, tensor)`` pairs;
     ``torch.load`` runs with ``weights_only=True``.
 
     Raises:
@@ -65,9 +66,17 @@ def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None =
 
     from gyre.rollout.sglang_api import ProtocolError
 
+    from gyre.rollout.tensor_bucket import LOAD_FORMAT, load_payload
+
+    if load_format == LOAD_FORMAT:  # one payload per engine TP rank: this engine is rank 0
+        try:
+            return dict(load_payload(payloads[0]))
+        except ValueError as exc:
+            raise ProtocolError(f"serialized_named_tensors[0]: {exc}") from None
     if load_format not in (None, "torch"):
         raise ProtocolError(f"load_format {load_format!r} is not supported by the embedded engine "
-                            "(null or 'torch': base64 torch.save payloads)")
+                            f"(null or 'torch': base64 torch.save payloads; {LOAD_FORMAT!r}: one shared-memory "
+                            "bucket per engine TP rank)")
     named: dict[str, torch.Tensor] = {}
     for i, p in enumerate(payloads):
         try:

@@ -52,6 +52,9 @@ def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir, 
     assert sat["published_version"] == 3 and out["published_diff"] < 1e-7
     # the engine's copy goes over in buckets: only the leader holds them, and they add up to the model
     assert sat["buckets"] >= 3 and sat_follower["buckets"] == 0 and sat["bucket_diff"] == 0.0
+    # pushed to a colocated engine of TP 2: one shared-memory payload per engine rank, each the model
+    assert sat["payloads_per_bucket"] == [2]
+    assert sat["payload_diff_rank0"] == sat["payload_diff_rank1"] == 0.0
 
 
 def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(tmp_path, tiny_model_dir):

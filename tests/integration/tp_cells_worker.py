@@ -208,6 +208,16 @@ def main() -> None:
             assert v2 == version and sorted(merged) == sorted(published), (v2, sorted(set(published) - set(merged)))
             report["bucket_diff"] = max(float((merged[n] - published[n]).abs().max()) for n in published)
             report["bucket_max_bytes"] = max(sum(t.numel() * t.element_size() for t in b.values()) for b in got)
+            # the colocated push: each bucket flattened, shared by handle, one payload per engine TP rank
+            from gyre.rollout.tensor_bucket import FlatBucket, engine_rank_payloads, load_payload
+
+            flats = [FlatBucket.pack(b) for b in got]
+            per_rank = [engine_rank_payloads([f.serialize(), None], engine_tp_size=2) for f in flats]
+            report["payloads_per_bucket"] = sorted({len(p) for p in per_rank})
+            for r in range(2):
+                pushed = {n: t for p in per_rank for n, t in load_payload(p[r])}
+                assert sorted(pushed) == sorted(published)
+                report[f"payload_diff_rank{r}"] = max(float((pushed[n] - published[n]).abs().max()) for n in published)
     alive = [0, 1] if a.kill_step >= 0 else list(range(world))
     live = dist.new_group(alive) if a.kill_step < 0 else core_group
     reports = [None] * len(alive)
