@@ -97,7 +97,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--model-cache-dir", type=str, default=None,
                        help="Where embedded models are cached (default $GYRE_CACHE_DIR, <venv>/share/gyre or ~/.cache/gyre).")
     group.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
-                       help="cpu: gloo, embedded engine, megatron_patches applied; gpu: NCCL, SGLang.")
+                       help="cpu: gloo, embedded engine, megatron_patches applied; gpu: each rank on its GPU "
+                            "(LOCAL_RANK), NCCL for tensors, SGLang or the embedded engine on CUDA.")
+    group.add_argument("--distributed-backend", choices=("nccl", "gloo"), default="nccl",
+                       help="--backend gpu: the collective backend for CUDA tensors (objects always go over gloo); "
+                            "gloo lets several ranks share one GPU (checks on a single GPU).")
     group.add_argument("--training-backend", choices=("megatron", "hf"), default="megatron",
                        help="Model implementation the training cells run (hf is the reference).")
     group.add_argument("--seq-length", type=_positive_int, default=4096,
@@ -494,12 +498,11 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         need(args.adam_eps > 0, "adam-eps", "must be > 0")
         need(args.lr_warmup_iters >= 0, "lr-warmup-iters", "must be >= 0")
         need(args.clip_grad >= 0, "clip-grad", "must be >= 0")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
         cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
-        need(world % args.num_cells == 0, "num-cells", f"WORLD_SIZE={world} is not divisible into {args.num_cells} cells")
-        need((world // args.num_cells) % cell == 0,
-             "pipeline-model-parallel-size" if args.pipeline_model_parallel_size > 1 else "tensor-model-parallel-size",
-             f"{world // args.num_cells} ranks per cell are not divisible by TP*PP={cell}")
+        world = int(os.environ.get("WORLD_SIZE", args.num_cells * cell))
+        need(world == args.num_cells * cell, "num-cells",
+             f"WORLD_SIZE={world} must be --num-cells x TP x PP = {args.num_cells} x {cell} "
+             f"(no data parallelism inside a cell)")
         args.world_size = world
         args.ranks_per_cell = world // args.num_cells
     args.queue_depth_groups = (args.extra_dispatch + args.steps_per_burst) * args.global_batch_groups

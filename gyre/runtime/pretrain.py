@@ -47,9 +47,6 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     Raises:
         ArgumentError: one line naming the flag.
     """
-    if args.backend != "cpu":
-        raise ArgumentError("argument --backend: the GPU main job (SGLang cells) is not built yet; "
-                            "this build runs --backend cpu")
     if args.tasks is None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
     world = int(os.environ.get("WORLD_SIZE", args.num_cells))
@@ -58,6 +55,12 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"argument --num-cells: WORLD_SIZE={world} must be --num-cells x TP x PP = "
                             f"{args.num_cells} x {args.tensor_model_parallel_size} x "
                             f"{args.pipeline_model_parallel_size} (no data parallelism inside a cell)")
+    if args.backend == "gpu":
+        from gyre.runtime.gpu_cells import check_gpu_layout
+
+        problems = check_gpu_layout(args, world, gpus_per_node(world))
+        if problems:
+            raise ArgumentError(problems[0])
     if per_cell > 1 and args.training_backend != "megatron":
         flag = "tensor" if args.tensor_model_parallel_size > 1 else "pipeline"
         raise ArgumentError(f"argument --{flag}-model-parallel-size: cells of several ranks train with "
@@ -98,11 +101,17 @@ def check_main_job_args(args: argparse.Namespace) -> None:
                                 f"--train-steps greater than {state.iteration} to train further")
     from gyre.embedded_model import model_dir_problem
 
-    for flag, model_dir in (("--model-dir", args.model_dir), ("--load", ckpt / "hf" if args.load else None)):
+    elsewhere = (args.backend == "gpu" and getattr(args, "check_config", False) and args.model_dir is not None
+                 and not Path(args.model_dir).exists())
+    if elsewhere and os.environ.get("RANK", "0") == "0":  # a cluster config checked on a laptop
+        print(f"note: argument --model-dir: {args.model_dir} is not on this machine; the model and its split into "
+              f"TP x PP are checked when the job starts", file=sys.stderr)
+    for flag, model_dir in (("--model-dir", None if elsewhere else args.model_dir),
+                            ("--load", ckpt / "hf" if args.load else None)):
         problem = model_dir_problem(model_dir) if model_dir is not None else None
         if problem:
             raise ArgumentError(f"argument {flag}: {model_dir}: {problem}")
-    if per_cell > 1:
+    if per_cell > 1 and not elsewhere:
         _check_layout(args, ckpt if args.load else None)
     if not RunDirectoryLock(args.run_dir).is_free():
         raise ArgumentError(f"argument --run-dir: {args.run_dir} is in use by another job")
@@ -119,12 +128,42 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"argument --strict-tasks: {len(res.problems)} problem(s) in the task files "
                             f"({res.skipped} task(s) would be skipped), the first: {res.problems[0]}")
     if res.problems and os.environ.get("RANK", "0") == "0":
-        import sys
-
         for p in res.problems:
             print(f"warning: {p}", file=sys.stderr)
         print(f"warning: argument --tasks: {len(res.tasks)} tasks loaded, {res.skipped} skipped, "
               f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
+
+
+def gpus_per_node(world: int) -> int:
+    """Ranks per node: torchrun's ``LOCAL_WORLD_SIZE``, else (a check outside torchrun) ``GPUS_PER_NODE``,
+    else every rank on one node."""
+    for name in ("LOCAL_WORLD_SIZE", "GPUS_PER_NODE"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return world
+
+
+def check_gpu_runtime(args: argparse.Namespace) -> None:
+    """What a ``--backend gpu`` rank needs on the machine it runs on (after ``--check-config``):
+    CUDA, a GPU for each local rank (unless ``--distributed-backend gloo``) and, for SGLang cells,
+    SGLang itself.
+
+    Raises:
+        ArgumentError: one line naming the flag.
+    """
+    if not torch.cuda.is_available():
+        raise ArgumentError("argument --backend: gpu needs CUDA, and torch.cuda.is_available() is False here "
+                            "(--check-config checks a GPU config without one)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.device_count() < local and args.distributed_backend == "nccl":
+        raise ArgumentError(f"argument --distributed-backend: {local} ranks on this node but "
+                            f"{torch.cuda.device_count()} GPU(s); NCCL needs a GPU per rank (gloo lets ranks share one)")
+    if args.rollout_engine == "sglang":
+        import importlib.util
+
+        if importlib.util.find_spec("sglang") is None:
+            raise ArgumentError("argument --rollout-engine: sglang is not installed in this environment "
+                                "(requirements-gpu.txt)")
 
 
 def _check_layout(args: argparse.Namespace, ckpt: Path | None) -> None:

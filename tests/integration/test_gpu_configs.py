@@ -1,0 +1,91 @@
+"""GPU configurations are checked on a machine without a GPU: every ``examples/gpu/`` config passes
+``pretrain_gyre.py --check-config`` for its world, inconsistent ones exit 2 with one line, and the
+Slurm script parses and checks its config in its dry-run mode."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SBATCH = ROOT / "examples" / "slurm" / "gyre_multinode.sbatch"
+#: config -> (WORLD_SIZE, ranks per node) it is written for
+GPU_CONFIGS = {"node8_cells8.yaml": (8, 8), "node8_cells2_tp4.yaml": (8, 8), "multinode_cells.yaml": (256, 8),
+               "one_gpu_embedded.yaml": (2, 2)}
+
+
+def check(config: str, world: int, per_node: int, *extra: str):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPUS_PER_NODE")}
+    env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(per_node), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "pretrain_gyre.py", "--config", f"examples/gpu/{config}", *extra,
+                           "--check-config"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_every_gpu_example_is_listed():
+    assert sorted(p.name for p in (ROOT / "examples" / "gpu").glob("*.yaml")) == sorted(GPU_CONFIGS)
+
+
+@pytest.mark.parametrize("config", sorted(GPU_CONFIGS))
+def test_gpu_examples_pass_the_check_without_a_gpu(config):
+    r = check(config, *GPU_CONFIGS[config])
+    assert r.returncode == 0, r.stderr
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("note: ")]
+    assert errors == []
+
+
+@pytest.mark.parametrize("config,world,per_node,extra,line", [
+    ("node8_cells2_tp4.yaml", 16, 8, (), "argument --num-cells: WORLD_SIZE=16 must be --num-cells x TP x PP = 2 x 4 (no data parallelism inside a cell)"),
+    ("node8_cells2_tp4.yaml", 12, 6, ("--num-cells", "3"),
+     "argument --num-cells: a cell of TP x PP = 4 GPUs neither fits in a node of 6 nor is made of whole nodes"),
+    ("node8_cells2_tp4.yaml", 8, 8, ("--sglang-tp-size", "2"),
+     "argument --sglang-tp-size: a cell sets it from its layout (TP x PP = 4 GPUs per SGLang server); remove it"),
+    ("node8_cells2_tp4.yaml", 8, 8, ("--rollout-engine", "embedded"),
+     "argument --rollout-engine: the embedded engine serves from one GPU; cells of several GPUs serve with "
+     "--rollout-engine sglang"),
+    ("node8_cells8.yaml", 8, 8, ("--standalone-engines", "2", "--standalone-concurrency", "4"),
+     "argument --standalone-engines: the standalone pool runs embedded engines (--backend cpu)"),
+])
+def test_inconsistent_gpu_configs_exit_2_with_one_line(config, world, per_node, extra, line):
+    r = check(config, world, per_node, *extra)
+    assert r.returncode == 2
+    assert [x for x in r.stderr.splitlines() if not x.startswith("note: ")] == [f"pretrain_gyre.py: error: {line}"]
+
+
+def test_cpu_backend_still_refuses_sglang():
+    r = check("one_gpu_embedded.yaml", 2, 2, "--backend", "cpu", "--rollout-engine", "sglang")
+    assert r.returncode == 2 and "--backend cpu serves from the embedded engine" in r.stderr
+
+
+def test_sbatch_parses():
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
+
+
+def sbatch_dry_run(*args, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full.update(OMP_NUM_THREADS="1", **env)
+    return subprocess.run(["bash", str(SBATCH), "--dry-run", *args], capture_output=True, text=True, env=full,
+                          timeout=300, cwd=ROOT)
+
+
+def test_sbatch_dry_run_prints_each_nodes_command_and_checks_the_config():
+    r = sbatch_dry_run("--config", "examples/gpu/multinode_cells.yaml", NNODES="32", GPUS_PER_NODE="8",
+                       MASTER_ADDR="head")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "nodes: 32 x 8 GPUs (WORLD_SIZE=256), rendezvous head:29500"
+    assert lines[1] == "node 0: mooncake_master --port 50051"
+    assert lines[2].startswith("node 0: torchrun --nnodes 32 --nproc-per-node 8 --node-rank 0 --rdzv-backend c10d "
+                               "--rdzv-endpoint head:29500 ")
+    assert lines[3].startswith("node 31: torchrun --nnodes 32 --nproc-per-node 8 --node-rank 31 ")
+    assert lines[2].endswith("--config examples/gpu/multinode_cells.yaml --rollout-shared-kv-store head:50051")
+
+
+def test_sbatch_dry_run_refuses_a_world_the_config_does_not_fit():
+    r = sbatch_dry_run("--config", "examples/gpu/multinode_cells.yaml", NNODES="16", GPUS_PER_NODE="8")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == ("pretrain_gyre.py: error: argument --num-cells: WORLD_SIZE=128 must be "
+                                         "--num-cells x TP x PP = 8 x 32 (no data parallelism inside a cell)")
+    r = sbatch_dry_run()
+    assert r.returncode == 2 and "at least --config FILE" in r.stderr
