@@ -22,6 +22,7 @@ class EngineConfig:
     ``incremental_streaming_output``: stream chunks carry deltas (default; O(output) bytes per
     request) rather than SGLang's default cumulative chunks (O(output^2)); both are SGLang modes
     and :class:`gyre.rollout.engine_client.EngineClient` normalises either.
+    ``device``: where the model and its KV live (``"cuda:0"`` on a GPU; sampling stays on CPU).
     """
 
     model_dir: str | None = None
@@ -36,3 +37,4 @@ class EngineConfig:
     random_seed: int = 0
     incremental_streaming_output: bool = True
     num_threads: int | None = None
+    device: str = "cpu"

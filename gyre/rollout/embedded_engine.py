@@ -79,7 +79,7 @@ class EmbeddedEngine:
             config.model_dir = str(ensure_tiny_model("local"))
         self.model_path = str(config.model_dir)
         self.tokenizer_path = str(config.tokenizer_dir or config.model_dir)
-        model = load_model_dir(self.model_path)
+        model = load_model_dir(self.model_path).to(config.device)
         self.runner = HFModelRunner(model, source_dir=self.model_path, context_len=config.context_length,
                                     max_slots=config.max_running_requests,
                                     prefill_chunk_tokens=config.prefill_chunk_tokens)

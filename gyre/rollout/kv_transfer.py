@@ -54,7 +54,7 @@ def encode_kv_payload(kv: torch.Tensor, token_ids: list[int], weight_version: st
         raise KVPayloadError(f"KV covers {kv.shape[3]} tokens, not {len(token_ids)}")
     meta = {"format": "gyre-kv-1", "weight_version": str(weight_version), "token_ids": json.dumps(token_ids),
             "layout": json.dumps(layout, sort_keys=True)}
-    return save({"kv": kv.contiguous()}, metadata=meta)
+    return save({"kv": kv.detach().to("cpu").contiguous()}, metadata=meta)
 
 
 def decode_kv_payload(data: bytes) -> KVPayload:

@@ -169,12 +169,13 @@ class HFModelRunner:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.initial_capacity = initial_capacity
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device  # KV, indices and released weights live here
         self._kv: torch.Tensor | None = None
         self._layers = [_slot_layer_class()(self, i) for i in range(self.num_layers)]
         self._cache = Cache(layers=self._layers)
         self._mode = "decode"
-        self._rows = torch.arange(0)
-        self._pos = torch.zeros(0, dtype=torch.long)
+        self._rows = torch.arange(0, device=self.device)
+        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)
         self._kv_len = self._seq_len = 0
         self._slot = self._start = 0
         # live parameters by state-dict name (tied weights appear under both names)
@@ -212,7 +213,8 @@ class HFModelRunner:
         s1 = min(max(slots, 2 * s0, 1), max(self.max_slots, slots))
         c1 = c0 if length <= c0 else min(max(length, 2 * c0, self.initial_capacity), self.context_len)
         c1 = max(c1, length, c0)
-        new = torch.zeros(self.num_layers, 2, s1, self.num_kv_heads, c1, self.head_dim, dtype=self.dtype)
+        new = torch.zeros(self.num_layers, 2, s1, self.num_kv_heads, c1, self.head_dim, dtype=self.dtype,
+                          device=self.device)
         if self._kv is not None:
             new[:, :, :s0, :, :c0] = self._kv
         self._kv = new
@@ -256,30 +258,31 @@ class HFModelRunner:
     @torch.no_grad()
     def prefill(self, slot: int, token_ids: Sequence[int], start: int) -> None:
         """Store KV of ``token_ids`` at positions ``start..`` of ``slot`` (chunked, batch 1)."""
-        ids = torch.tensor(list(token_ids), dtype=torch.long)
+        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
         self._ensure(slot + 1, start + ids.numel() + 1)
         self._mode, self._slot = "prefill", slot
         pos = start
         for chunk in ids.split(self.prefill_chunk_tokens):
             n = chunk.numel()
             self._start, self._seq_len, self._kv_len = pos, pos, pos + n
-            self._forward(chunk[None], torch.arange(pos, pos + n)[None], None)
+            self._forward(chunk[None], torch.arange(pos, pos + n, device=self.device)[None], None)
             pos += n
 
     @torch.no_grad()
     def decode(self, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Feed ``token_ids[b]`` at ``positions[b]`` of slot ``b``; return logits ``[B, V]`` fp32."""
         B = len(token_ids)
-        pos = torch.tensor(list(positions), dtype=torch.long)
+        pos = torch.tensor(list(positions), dtype=torch.long, device=self.device)
         longest = int(pos.max()) + 1
         self._ensure(B, longest)
         self._mode = "decode"
-        self._rows, self._pos = torch.arange(B), pos
+        self._rows, self._pos = torch.arange(B, device=self.device), pos
         self._kv_len, self._seq_len = longest, longest - 1
         mask = None
         if int(pos.min()) + 1 != longest:
-            mask = (torch.arange(longest)[None, :] <= pos[:, None]).long()
-        return self._forward(torch.tensor(list(token_ids), dtype=torch.long)[:, None], pos[:, None], mask)
+            mask = (torch.arange(longest, device=self.device)[None, :] <= pos[:, None]).long()
+        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
+        return self._forward(ids[:, None], pos[:, None], mask)
 
     # ------------------------------------------------------------------ weights
 
@@ -347,7 +350,7 @@ class HFModelRunner:
                       os.path.join(self._spill_dir, "model.safetensors"))
         for n in self._unique_names:
             p = self._params[n]
-            p.data = torch.empty(0, dtype=p.dtype)
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         self.weights_released = True
 
     @torch.no_grad()
@@ -359,7 +362,7 @@ class HFModelRunner:
         named = read_weights(src)
         for n in self._unique_names:
             shape, dtype = self._specs[n]
-            self._params[n].data = torch.empty(shape, dtype=dtype)
+            self._params[n].data = torch.empty(shape, dtype=dtype, device=self.device)
         self.weights_released = False
         for k, t in named.items():
             if k in self._params:

@@ -93,7 +93,7 @@ def sample_next_tokens(
     B = logits.shape[0]
     if len(params) != B or len(generators) != B:
         raise ValueError(f"{B} rows but {len(params)} params and {len(generators)} generators")
-    logits = logits.float()
+    logits = logits.float().cpu()  # the sampler draws from per-request CPU generators
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
                          dtype=logits.dtype)
     raw_logp = torch.log_softmax(logits / temps[:, None], dim=-1)  # what is returned

@@ -50,6 +50,7 @@ def build_arg_parser():
                    default=d.incremental_streaming_output,
                    help="Stream deltas (default) or, with --no-..., cumulative chunks like SGLang's default.")
     p.add_argument("--num-threads", type=int, default=None, help="torch.set_num_threads (default: torch's).")
+    p.add_argument("--device", default="cpu", help="Where the model and KV live (cpu, cuda, cuda:1).")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=args.max_prefill_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
         prefix_cache_tokens=args.prefix_cache_tokens,
         weight_version=args.weight_version, random_seed=args.random_seed,
-        incremental_streaming_output=args.incremental_streaming_output, num_threads=args.num_threads)
+        incremental_streaming_output=args.incremental_streaming_output, num_threads=args.num_threads,
+        device=args.device)
     try:
         server = EngineServer(config, host=args.host, port=args.port, log_level=args.log_level)
     except OSError as exc:

@@ -344,15 +344,16 @@ class SGLangEngine:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, host: str = "127.0.0.1", port: int | None = None,
-                  env: Mapping[str, str] | None = None, **kwargs) -> "SGLangEngine":
+                  env: Mapping[str, str] | None = None, extra_argv: Sequence[str] = (),
+                  **kwargs) -> "SGLangEngine":
         """Build from Gyre's parsed arguments (``--model-dir``, the ``--sglang-*`` flags and
-        ``--rollout-shared-kv-*``)."""
+        ``--rollout-shared-kv-*``); ``extra_argv`` (e.g. a cell's layout flags) comes after them."""
         model = args.model_dir
         if model is None:
             from gyre.embedded_model import ensure_tiny_model
 
             model = ensure_tiny_model(args.tokenizer_kind, args.model_cache_dir)
-        argv = sglang_server_argv(args)
+        argv = [*sglang_server_argv(args), *extra_argv]
         store = getattr(args, "rollout_shared_kv_store", None)
         if store:
             extra_argv, extra_env = shared_kv_store_launch(
@@ -374,8 +375,9 @@ class SGLangEngine:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self) -> "SGLangEngine":
-        """Launch and wait until ``/health`` answers 200.
+    def start(self, wait_healthy: bool = True) -> "SGLangEngine":
+        """Launch and wait until ``/health`` answers 200 (``wait_healthy=False``: launch only, for
+        a multi-node server's process on a node other than its first, which serves no HTTP).
 
         Raises:
             RuntimeError: the process exited, or was not healthy within ``startup_timeout`` s
@@ -394,6 +396,8 @@ class SGLangEngine:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
         track_process_group(self.proc.pid)
+        if not wait_healthy:
+            return self
         deadline = time.monotonic() + self.startup_timeout
         with EngineClient(self.url, timeout=10.0) as c:
             while True:
@@ -450,3 +454,49 @@ class SGLangEngine:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class SGLangTensorClient:
+    """An engine client whose tensor weight updates are made for an engine on this node's GPU.
+
+    ``update_weights_from_tensor(named_tensors, ...)`` moves the tensors to ``device`` (the cell's
+    GPU, which the colocated SGLang server can open by CUDA IPC), serializes them once per engine
+    TP rank with ``serialize(pairs, tp_size)`` (default: SGLang's own serializer,
+    :func:`serialize_named_tensors_for_sglang`) and sends them with ``load_format``; the tensors stay
+    referenced until the engine has answered.  Every other call goes to ``client`` unchanged.
+    """
+
+    def __init__(self, client, device: str, tp_size: int, *, serialize=None, load_format: str | None = None):
+        self.client, self.device, self.tp_size = client, device, tp_size
+        self.serialize = serialize if serialize is not None else serialize_named_tensors_for_sglang
+        self.load_format = load_format
+
+    def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict:
+        if named_tensors is None:
+            return self.client.update_weights_from_tensor(weight_version=weight_version, **kw)
+        import torch
+
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        pairs = [(name, t.detach().to(self.device, non_blocking=True)) for name, t in items]
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies exist before another process opens them
+        payloads = self.serialize(pairs, self.tp_size)
+        answer = self.client.update_weights_from_tensor(serialized_named_tensors=payloads, load_format=self.load_format,
+                                                        weight_version=weight_version, **kw)
+        del pairs  # only now may the engine's handles go stale
+        return answer
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
+class SGLangCellEngine(SGLangEngine):
+    """The SGLang server of one cell: its clients push weights from the cell's GPU
+    (:class:`SGLangTensorClient`, one payload per engine TP rank, ``tp_size`` = the cell's GPUs)."""
+
+    def __init__(self, model_path, *, device: str, tp_size: int, **kwargs):
+        super().__init__(model_path, **kwargs)
+        self.device, self.tp_size = device, tp_size
+
+    def client(self, timeout: float | None = 600.0):
+        return SGLangTensorClient(super().client(timeout), self.device, self.tp_size)

@@ -91,14 +91,17 @@ class CellWorker:
         host: address the cell's engine binds (:func:`gyre.network.node_address`).
         cell_group: this rank's :class:`gyre.runtime.cell_group.CellGroup` (default: a cell of one
             rank).  Only the leader has an engine, a control inbox and :attr:`roles`.
+        device: where the leader's embedded engine runs its model (``cuda:i`` with ``--backend gpu``).
+        engine: the leader's engine, not started (anything with ``start()``, ``url``, ``stop()``, e.g.
+            :class:`gyre.rollout.sglang_engine.SGLangEngine`); default: an embedded engine.
     """
 
     def __init__(self, config: CellConfig, cell: int, store, groups, model_dir: str, train_step,
                  snapshot: Snapshot | None = None, *, start_version: int = 0, initial_role: str = "rollout",
-                 host: str = "127.0.0.1", cell_group: CellGroup | None = None):
+                 host: str = "127.0.0.1", cell_group: CellGroup | None = None, device: str = "cpu",
+                 engine=None):
         from gyre.rollout.config import EngineConfig
         from gyre.rollout.embedded_server import EngineServer
-        from gyre.rollout.engine_client import EngineClient
 
         self.cfg, self.cell, self.groups, self.snapshot = config, cell, groups, snapshot
         self.cg = cell_group if cell_group is not None else CellGroup.alone(cell)
@@ -118,16 +121,18 @@ class CellWorker:
                 self.training.offload()
             return
         self.channel = ctl.ControlChannel(store, f"cell{cell}")
-        self.engine = EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=config.max_running_requests,
-                                                random_seed=config.seed + 1000 * cell,
-                                                weight_version=str(start_version)), host=host).start()
-        self.client = EngineClient(self.engine.url, timeout=600.0)
+        if initial_role != "training":
+            self.training.offload()  # first: the engine sizes its memory with the trainer's gone
+        if engine is None:
+            engine = EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=config.max_running_requests,
+                                               random_seed=config.seed + 1000 * cell,
+                                               weight_version=str(start_version), device=device), host=host)
+        self.engine = engine.start()
+        self.client = self.engine.client(timeout=600.0)
         self.roles = CellRoles(cell, f"engine-{cell}", self.client, None, self.training)
         if initial_role == "training":
             self.client.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
             self.roles.role = "training"
-        else:
-            self.training.offload()
         self.handlers = {ctl.SwitchToTraining: self.switch_to_training, ctl.SwitchToRollout: self.switch_to_rollout,
                          ctl.JoinStep: self.join_step, ctl.LoadWeights: self.load_weights,
                          ctl.SaveCheckpoint: self.save_checkpoint}

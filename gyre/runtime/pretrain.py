@@ -196,6 +196,50 @@ def _check_layout(args: argparse.Namespace, ckpt: Path | None) -> None:
                                 f"this run asks for TP {tp} x PP {pp}")
 
 
+def _init_distributed(args: argparse.Namespace, timeout) -> torch.device:
+    """This rank's process group; returns its device.  ``--backend cpu``: gloo.  ``--backend gpu``:
+    the GPU ``LOCAL_RANK`` (modulo the GPUs present, so that ``--distributed-backend gloo`` ranks can
+    share one), NCCL for CUDA tensors and gloo for CPU tensors and objects (one group serving both)."""
+    import torch.distributed as dist
+
+    if args.backend == "cpu":
+        dist.init_process_group("gloo", timeout=timeout)
+        return torch.device("cpu")
+    check_gpu_runtime(args)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    backend = "cuda:nccl,cpu:gloo" if args.distributed_backend == "nccl" else "gloo"
+    dist.init_process_group(backend, timeout=timeout)
+    return device
+
+
+def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, version: int):
+    """The SGLang process this rank launches for its cell, not started (``None`` if it launches none):
+    the server spans the cell's GPUs (:mod:`gyre.runtime.gpu_cells`); over several nodes, the first
+    rank of each of the cell's nodes launches one process and the leader's answers HTTP.  Collective:
+    every rank calls it (the leaders share the address of SGLang's multi-node rendezvous)."""
+    import torch.distributed as dist
+
+    from gyre.rollout.sglang_engine import SGLangCellEngine, free_port
+    from gyre.runtime.gpu_cells import GpuCellLayout, sglang_cell_argv
+
+    lay = cell_group.layout
+    world = dist.get_world_size()
+    gpus = GpuCellLayout(args.num_cells, lay.ranks_per_cell, gpus_per_node(world))
+    boxes: list[Any] = [None] * world
+    dist.all_gather_object(boxes, (host, free_port(host)) if lay.shard == 0 else None)
+    leader_host, dist_port = boxes[lay.leaders()[lay.cell]]
+    if not gpus.launches_server(lay.shard):
+        return None
+    argv = sglang_cell_argv(gpus, lay.shard, int(os.environ.get("LOCAL_RANK", "0")), leader_host=leader_host,
+                            dist_port=dist_port)
+    if getattr(args, "sglang_weight_version", None) is None:
+        argv += ["--weight-version", str(version)]
+    node = lay.shard // gpus.gpus_per_node
+    return SGLangCellEngine.from_args(args, host=host, extra_argv=argv, device=str(device), tp_size=lay.ranks_per_cell,
+                                      log_path=Path(args.run_dir) / f"sglang_cell{lay.cell}_node{node}.log")
+
+
 def _store(rank: int, world: int, host: str):
     """The run's TCPStore: rank 0 hosts it, reached at ``host`` (its :func:`gyre.network.node_address`).
     Returns ``(store, connect)``; ``connect()`` opens another client -- one per thread that blocks
@@ -232,7 +276,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     from gyre.training.weight_snapshot import (CoreSnapshotStamps, MooncakeSnapshotClient, MooncakeSnapshotServer,
                                                flat_numel)
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=1800))
+    device = _init_distributed(args, timedelta(seconds=1800))
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(args.run_dir)
     ckpt = find_checkpoint(args.load) if args.load else None
@@ -266,20 +310,25 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
         from gyre.training.megatron_model import initialize_megatron_cpu
 
         initialize_megatron_cpu(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, seed=args.seed,
-                                order="tp-cp-ep-pp-dp")
+                                order="tp-cp-ep-pp-dp", cpu=device.type == "cpu")
     groups = PrefixGroups.build(args.num_cells, per_cell)  # shard s of cells 0..k
     cell_group = CellGroup.build(rank, args.num_cells, per_cell, connect() if rank == 0 else store)
     cell, shard = cell_group.layout.cell, cell_group.layout.shard
     initial = "training" if args.placement == "async" and cell < args.train_cells else "rollout"
     torch.manual_seed(args.seed)
-    model = load_hf_model(model_dir)
+    model = load_hf_model(model_dir).to(device)
     model.train()
     train_step = build_train_step(args, model)
     del model  # the Megatron replica holds converted copies; the HF replica keeps its own reference
     if ckpt is not None and cell == 0:
         train_step.optimizer.load_state_dict(torch.load(optimizer_file(ckpt, shard), weights_only=True))
+    sglang = _sglang_cell_engine(args, cell_group, device, host, model_dir, start_step) \
+        if args.rollout_engine == "sglang" else None
     worker = CellWorker(CellConfig.from_args(args), cell, connect() if rank == 0 else store, groups, model_dir,
-                        train_step, start_version=start_step, initial_role=initial, host=host, cell_group=cell_group)
+                        train_step, start_version=start_step, initial_role=initial, host=host, cell_group=cell_group,
+                        device=str(device), engine=sglang if shard == 0 else None)
+    if sglang is not None and shard != 0:  # another node of a multi-node cell: its part of the server
+        sglang.start(wait_healthy=False)
     server, handle = None, None
     if cell == 0:  # one snapshot per core shard: shard s of a satellite reads shard s of the core
         tensors = worker.training.host_tensors()
@@ -296,6 +345,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     urls = [urls[r] for r in cell_group.layout.leaders()]
     if rank != 0:
         worker.run()
+        if sglang is not None and shard != 0:
+            sglang.stop()
         dist.barrier()
         return None
     stamps = CoreSnapshotStamps(server, [MooncakeSnapshotClient(h, host=host, header_only=True)

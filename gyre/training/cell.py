@@ -66,6 +66,14 @@ class SwitchFailedError(RuntimeError):
     """A role switch did not complete and the cell is back in its previous role (it can be retried)."""
 
 
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` (pinned when ``t`` is on a GPU, so the copy back is asynchronous)."""
+    if t.device.type == "cpu":
+        return t.detach().to("cpu", copy=True)
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t.detach())
+
+
 class TrainingState:
     """Training parameters and optimizer buffers that leave memory while the cell serves rollouts.
 
@@ -74,7 +82,8 @@ class TrainingState:
     ``grad_buffers`` (Megatron DDP's contiguous gradient buffers, which every ``main_grad`` views)
     are not copied: they are zeroed before each step anyway, so offloading frees their storage in
     place (``untyped_storage().resize_(0)``, the views stay attached) and restoring re-allocates it
-    zeroed.  On the CPU default both the copy and the live storage are host memory.
+    zeroed.  On the CPU default both the copy and the live storage are host memory; a CUDA
+    tensor's copy is in pinned host memory, and offloading empties the CUDA allocator's cache.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None = None,
@@ -84,13 +93,13 @@ class TrainingState:
         self.grad_buffers = list(grad_buffers)
         self._grad_bytes = [b.untyped_storage().nbytes() for b in self.grad_buffers]
         self._saved: list[torch.Tensor] | None = None
-        self._saved_opt: list[tuple[dict, str, torch.Tensor]] = []
+        self._saved_opt: list[tuple[dict, str, torch.Tensor, torch.device]] = []
         self.resident = True
 
     def offload(self) -> None:
         if not self.resident:
             return
-        self._saved = [p.detach().to("cpu", copy=True) for p in self.params]
+        self._saved = [_to_host(p) for p in self.params]
         for p in self.params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         self._saved_opt = []
@@ -98,11 +107,14 @@ class TrainingState:
             for _, state in self.optimizer.state.items():  # Megatron's optimizers: a ProxyDict (no values())
                 for k, v in list(state.items()):
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
-                        self._saved_opt.append((state, k, v.to("cpu", copy=True)))
+                        self._saved_opt.append((state, k, _to_host(v), v.device))
                         state[k] = torch.empty(0, dtype=v.dtype, device=v.device)
         for b in self.grad_buffers:
             b.untyped_storage().resize_(0)
         self.resident = False
+        if any(p.device.type == "cuda" for p in self.params):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # hand the freed blocks back, for the engine to resume into
 
     def host_tensors(self) -> list[torch.Tensor]:
         """The policy's tensors wherever they are now: the parameters, or their offloaded copies."""
@@ -113,14 +125,16 @@ class TrainingState:
             return
         assert self._saved is not None
         for p, saved in zip(self.params, self._saved):
-            p.data = saved.to(p.device)
-        for state, k, v in self._saved_opt:
-            state[k] = v
+            p.data = saved.to(p.device, non_blocking=True)
+        for state, k, v, device in self._saved_opt:
+            state[k] = v.to(device, non_blocking=True)
         for b, nbytes in zip(self.grad_buffers, self._grad_bytes):
             b.untyped_storage().resize_(nbytes)
             b.zero_()
         self._saved, self._saved_opt = None, []
         self.resident = True
+        if any(p.device.type == "cuda" for p in self.params):
+            torch.cuda.synchronize()  # the pinned copies may go once the copies have landed
 
 
 @dataclass

@@ -113,7 +113,7 @@ class HFTrainStep(TrainStep):
 
     def precompute_log_ratio_sums(self, micro_steps: Sequence[MicroStep]) -> tuple[dict[str, float], int]:
         """:func:`~gyre.training.step.precompute_log_ratio_sums` with this step's policy."""
-        return precompute_log_ratio_sums(self.policy, micro_steps)
+        return precompute_log_ratio_sums(self.policy, micro_steps, self.params[0].device)
 
     def accumulate(self, micro_steps: Sequence[MicroStep]) -> tuple[int, ObjectiveStats]:
         """:meth:`forward_backward` (a ``transformers`` model never reduces across replicas)."""
@@ -140,7 +140,7 @@ class HFTrainStep(TrainStep):
         """
         stats = ObjectiveStats()
         for ms in micro_steps:
-            out = micro_step_loss(self.policy, MicroStepBatch.from_micro_step(ms), self.objective)
+            out = micro_step_loss(self.policy, MicroStepBatch.from_micro_step(ms, self.params[0].device), self.objective)
             if out.loss_sum.requires_grad:
                 out.loss_sum.backward()
             stats.merge(out.stats)

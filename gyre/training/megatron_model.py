@@ -44,8 +44,11 @@ def init_process_group_from_env(backend: str = "gloo", timeout_s: float = 300.0)
 
 
 def initialize_megatron_cpu(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                            seed: int = 1234, order: str = "tp-cp-ep-dp-pp") -> None:
+                            seed: int = 1234, order: str = "tp-cp-ep-dp-pp", *, cpu: bool = True) -> None:
     """Apply the CPU patches, init gloo (if needed), Megatron parallel state and RNG tracker.
+
+    With ``cpu=False`` (``--backend gpu``) no patch is applied and the process group must already
+    be initialised (NCCL for CUDA tensors); the rest is the same.
 
     ``order`` is Megatron's rank order of the parallel dimensions (fastest first); the main job
     passes ``"tp-cp-ep-pp-dp"`` so that a cell's TP x PP ranks are contiguous (with Megatron's
@@ -60,8 +63,11 @@ def initialize_megatron_cpu(tensor_model_parallel_size: int = 1, pipeline_model_
 
     from megatron_patches import apply_cpu_patches
 
-    apply_cpu_patches()
-    init_process_group_from_env("gloo")
+    if cpu:
+        apply_cpu_patches()
+        init_process_group_from_env("gloo")
+    elif not dist.is_initialized():
+        raise RuntimeError("initialise torch.distributed (NCCL) before Megatron on GPU")
     world = dist.get_world_size()
     if world % (tensor_model_parallel_size * pipeline_model_parallel_size):
         raise RuntimeError(f"world size {world} not divisible by TP*PP="

@@ -115,7 +115,7 @@ class MegatronPolicy:
     def logits(self, model: torch.nn.Module, batch: MicroStepBatch) -> torch.Tensor:
         """``[b, s, V]`` logits of ``model`` (the wrapped or bare GPTModel) for ``batch``."""
         allowed = batch.attention_allowed
-        mask = causal_attention_mask(batch.input_ids.shape[1]) if allowed is None else ~allowed
+        mask = causal_attention_mask(batch.input_ids.shape[1], batch.input_ids.device) if allowed is None else ~allowed
         self.rope.positions = batch.position_ids
         try:
             return model(batch.input_ids, batch.position_ids, mask)
@@ -333,7 +333,7 @@ class MegatronTrainStep(TrainStep):
         def loss_func(output):
             lp, ent = self.policy.target_logprobs(output, batch)
             out = execution_objective(lp, batch.objective_inputs, self.objective, ent)
-            return out.loss_sum, torch.tensor(out.normaliser, dtype=torch.int), {"stats": out.stats}
+            return out.loss_sum, torch.tensor(out.normaliser, dtype=torch.int, device=lp.device), {"stats": out.stats}
 
         return logits, loss_func
 
@@ -343,14 +343,15 @@ class MegatronTrainStep(TrainStep):
 
         def loss_func(output):
             lp, _ = self.policy.target_logprobs(output, batch)
-            return torch.zeros(()), torch.tensor(0, dtype=torch.int), {"lp": lp.detach(), "batch": batch}
+            return (torch.zeros((), device=lp.device), torch.tensor(0, dtype=torch.int, device=lp.device),
+                    {"lp": lp.detach(), "batch": batch})
 
         return logits, loss_func
 
     def _run(self, step_func, micro_steps, forward_only: bool):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        batches = [MicroStepBatch.from_micro_step(ms) for ms in micro_steps]
+        batches = [MicroStepBatch.from_micro_step(ms, self.params[0].device) for ms in micro_steps]
         shapes = [b.input_ids.shape for b in batches]
         return get_forward_backward_func()(
             forward_step_func=step_func, data_iterator=iter(batches), model=[self.model],

@@ -199,14 +199,15 @@ def micro_step_loss(policy: LogprobFn, batch: MicroStepBatch, objective: Objecti
 def add_split_log_ratios(sums: dict[str, float], batch: MicroStepBatch, logprobs: torch.Tensor) -> None:
     """Add ``l_t - b_t`` (float64, summed per execution) of ``batch``'s split executions to ``sums``."""
     ms, inp = batch.micro_step, batch.objective_inputs
-    per = torch.zeros(len(ms.execution_ids), dtype=torch.float64).index_add_(
+    per = torch.zeros(len(ms.execution_ids), dtype=torch.float64, device=logprobs.device).index_add_(
         0, inp.target_execution, logprobs.double() - inp.behaviour_logprobs.double())
     for e in np.flatnonzero(ms.split):
         eid = ms.execution_ids[e]
         sums[eid] = sums.get(eid, 0.0) + float(per[e])
 
 
-def precompute_log_ratio_sums(policy: LogprobFn, micro_steps: Sequence[MicroStep]) -> tuple[dict[str, float], int]:
+def precompute_log_ratio_sums(policy: LogprobFn, micro_steps: Sequence[MicroStep],
+                              device: torch.device | str = "cpu") -> tuple[dict[str, float], int]:
     """Forward-only pass for executions split over micro-steps.
 
     A sequence-level ratio needs the sum of ``l_t - b_t`` over all of an execution's targets, so an
@@ -223,7 +224,7 @@ def precompute_log_ratio_sums(policy: LogprobFn, micro_steps: Sequence[MicroStep
     for ms in micro_steps:
         if not ms.split.any():
             continue
-        batch = MicroStepBatch.from_micro_step(ms)
+        batch = MicroStepBatch.from_micro_step(ms, device)
         with torch.no_grad():
             lp, _ = policy(batch)
         tokens += ms.forward_tokens

@@ -89,3 +89,40 @@ def test_sbatch_dry_run_refuses_a_world_the_config_does_not_fit():
                                          "--num-cells x TP x PP = 8 x 32 (no data parallelism inside a cell)")
     r = sbatch_dry_run()
     assert r.returncode == 2 and "at least --config FILE" in r.stderr
+
+
+def test_sbatch_under_a_fake_slurm_runs_torchrun_on_every_node(tmp_path):
+    """The submitted path, with ``srun``/``scontrol``/``torchrun``/``mooncake_master`` replaced by
+    recorders: the check runs first, then each node gets its node rank and the same flags."""
+    bin_dir, env_dir = tmp_path / "bin", tmp_path / "venv"
+    (env_dir / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    (env_dir / "bin" / "activate").write_text(f"export PATH={bin_dir}:$PATH\n")
+    log = tmp_path / "calls.log"
+    fakes = {
+        "scontrol": "echo head; echo n1",
+        # srun runs its command once per node (or once for a one-task step), with SLURM_NODEID set
+        "srun": f'''n=2; [[ "$*" == *"--ntasks=1"* ]] && n=1
+while [[ "$1" == -* ]]; do case "$1" in -w) shift 2;; *) shift;; esac; done
+for i in $(seq 0 $((n - 1))); do SLURM_NODEID=$i "$@"; done''',
+        "torchrun": f'echo "torchrun $*" >> {log}',
+        "mooncake_master": f'echo "mooncake_master $*" >> {log}',
+        "python": f'echo "python $*" >> {log}; exec {sys.executable} "$@"',
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_JOB_NUM_NODES="2", SLURM_GPUS_PER_NODE="h200:8", SLURM_JOB_NODELIST="head,n1",
+               SLURM_JOB_ID="77", SLURM_JOB_NAME="gyre", GYRE_ENV=str(env_dir), RUN_DIR=str(tmp_path / "run"),
+               PATH=f"{bin_dir}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    r = subprocess.run(["bash", str(SBATCH), "--config", "examples/gpu/node8_cells8.yaml", "--num-cells", "16",
+                        "--lr", "2e-6"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("python pretrain_gyre.py --run-dir ") and calls[0].endswith("--check-config")
+    assert calls[1] == "mooncake_master --port 50051"
+    flags = (f"pretrain_gyre.py --run-dir {tmp_path / 'run'} --config examples/gpu/node8_cells8.yaml --num-cells 16 "
+             f"--lr 2e-6 --rollout-shared-kv-store head:50051")
+    assert calls[2:] == [f"torchrun --nnodes 2 --nproc-per-node 8 --node-rank {i} --rdzv-backend c10d "
+                         f"--rdzv-endpoint head:29500 --rdzv-id 77 {flags}" for i in (0, 1)]

@@ -64,6 +64,8 @@ def main() -> None:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--skip-tied-reduction", action="store_true",
                    help="negative control: accumulate without summing the tied embedding's gradient over the stages")
+    p.add_argument("--device", default="cpu", help="cuda: every rank's Megatron replica on GPU 0 (gloo over CUDA "
+                                                      "tensors; the GPU check), the HF reference on CPU")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -84,7 +86,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     num_cells, per_cell = 2, a.tp * a.pp
     assert world == num_cells * per_cell
-    initialize_megatron_cpu(a.tp, a.pp, seed=1234, order="tp-cp-ep-pp-dp")
+    if a.device == "cuda":
+        torch.cuda.set_device(0)
+    initialize_megatron_cpu(a.tp, a.pp, seed=1234, order="tp-cp-ep-pp-dp", cpu=a.device == "cpu")
     box = [None]
     if rank == 0:
         master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
@@ -133,7 +137,7 @@ def main() -> None:
 
     def recording_update(normaliser):  # the core's update: record the summed gradients it applies
         grads = train_step.hf_named(train_step.grad_tensors())  # a TP collective: both core ranks are here
-        recorded.append({"normaliser": int(normaliser), "grads": grads})
+        recorded.append({"normaliser": int(normaliser), "grads": {n: g.cpu() for n, g in grads.items()}})
         return update(normaliser)
 
     train_step.optimizer_step = recording_update
@@ -192,16 +196,17 @@ def main() -> None:
                 "k": k, "count": done.micro_steps_here, "items": len(payloads),
                 "by": [ledger.finished_by[(m, g)] for m, g in sorted(ledger.generation.items())],
                 "requeued": len(ledger.requeued), "excluded_from": ledger.excluded_from})
-        weights_after.append(train_step.hf_named([q.detach() for q in params]))  # TP collective of the core
+        weights_after.append({n: w.cpu() for n, w in train_step.hf_named([q.detach() for q in params]).items()})
     published = None
     if cell == 1 and a.kill_step < 0:  # the satellite serves what the core published last
         scratch = [torch.empty_like(q) for q in params]
         version, published = pipeline.read_policy(snapshot, train_step, scratch, at_least=steps, cell_group=cg)
+        published = {n: w.cpu() for n, w in published.items()}
         report["published_version"] = version
         # as the engine gets it: in buckets (64 KiB: several), gathered unit by unit on the leader
         v2, buckets = pipeline.policy_buckets(snapshot, train_step, scratch, at_least=steps, bucket_bytes=64 << 10,
                                               cell_group=cg)
-        got = [dict(b) for b in buckets]
+        got = [{n: t.cpu() for n, t in b.items()} for b in buckets]
         report["buckets"] = len(got)
         if rank == 2:
             merged = {n: t for b in got for n, t in b.items()}
@@ -211,7 +216,7 @@ def main() -> None:
             # the colocated push: each bucket flattened, shared by handle, one payload per engine TP rank
             from gyre.rollout.tensor_bucket import FlatBucket, engine_rank_payloads, load_payload
 
-            flats = [FlatBucket.pack(b) for b in got]
+            flats = [FlatBucket.pack(b) for b in got]  # (CPU copies: a handle opened in-process)
             per_rank = [engine_rank_payloads([f.serialize(), None], engine_tp_size=2) for f in flats]
             report["payloads_per_bucket"] = sorted({len(p) for p in per_rank})
             for r in range(2):

@@ -115,3 +115,41 @@ def test_an_engine_process_loads_a_bucket_by_handle(tmp_path, tiny_model_dir):
     finally:
         proc.stop()
         ref.stop()
+
+
+def test_the_sglang_cell_client_sends_one_payload_per_engine_rank(tiny_model_dir):
+    """The cell's client for an SGLang server: tensors moved to the cell's device, serialized once per
+    engine TP rank, sent with the load format; the engine then serves the pushed weights."""
+    from gyre.rollout.config import EngineConfig
+    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.model_runner import read_weights
+    from gyre.rollout.sglang_engine import SGLangTensorClient
+    from gyre.rollout.weights import push_weight_buckets
+
+    sent = []
+
+    def serialize(pairs, tp_size):
+        sent.append((tp_size, [n for n, _ in pairs], {t.device.type for _, t in pairs}))
+        return engine_rank_payloads([FlatBucket.pack(pairs).serialize()], tp_size)
+
+    server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    try:
+        inner = EngineClient(server.url, timeout=120)
+        client = SGLangTensorClient(inner, "cpu", 4, serialize=serialize, load_format=LOAD_FORMAT)
+        g = torch.Generator().manual_seed(1)
+        new = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in read_weights(tiny_model_dir).items()}
+        names = sorted(new)
+        buckets = [{n: new[n] for n in names[i:i + 5]} for i in range(0, len(names), 5)]
+        assert push_weight_buckets(client, iter(buckets), "7") == len(names)
+        assert [s[0] for s in sent] == [4] * len(buckets) and [s[1] for s in sent] == [sorted(b) for b in buckets]
+        assert all(s[2] == {"cpu"} for s in sent)
+        EngineClient(ref.url, timeout=120).update_weights_from_tensor(new, weight_version="7")
+        greedy = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+        got = client.generate([5, 6, 7, 8], greedy)  # any other call goes to the engine client
+        assert got.weight_version == "7"
+        assert got.output_ids == EngineClient(ref.url, timeout=120).generate([5, 6, 7, 8], greedy).output_ids
+    finally:
+        server.stop()
+        ref.stop()

@@ -1,0 +1,313 @@
+"""The GPU check: what the CPU suite cannot show, run on one CUDA machine in a few minutes.
+
+    python tests/gpu/gpu_check.py --out gpu_check.json [--phases a,b,c,d,e,f]
+
+(``tests/gpu/gpu_check.sh`` installs what is missing first and calls this.)  Each phase runs in
+its own process with its own time limit, so one failure or hang does not hide the others; the
+result is one JSON object ``{"phases": {name: {"status": "pass"|"fail"|"skip", ...}}, "passed":
+bool, ...}`` printed and written to ``--out``.  No model is downloaded: the embedded tiny Qwen3
+(or a larger one built from a config with random weights for the memory phase) is used.
+
+Phases:
+  a  the Megatron train step on CUDA equals the HF step on CUDA (loss and gradients within 1e-5 in
+     fp32); the same step in bf16 gives finite loss and gradients;
+  b  2 cells x TP 2 on one GPU (4 ranks, gloo over CUDA tensors): the main job's streaming step
+     equals the single-process step (``tests/integration/tp_cells_worker.py --device cuda``);
+  c  the training-state hand-over frees >= 90% of the trainer's GPU memory (nvidia-smi) and
+     restores it bit-identically; GB/s each way;
+  d  a weight push by CUDA IPC (flattened buckets) into an embedded engine process on the GPU: the
+     engine's log-probs equal the trainer's, 20 pushes with no memory growth;
+  e  ``torchrun --nproc-per-node 2 pretrain_gyre.py --backend gpu`` (embedded CUDA engines, gloo)
+     runs 2 steps with role changes;
+  f  SGLang, when ``import sglang`` works (else skipped): ``tests/gpu/test_sglang_engine.py`` (the
+     adapter's protocol) and ``tests/gpu/test_sglang_shared_kv.py`` (a prompt moved to a second
+     server finds its prefix in the shared Mooncake store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+#: ``--emulate-on-cpu`` (a test of this script on a machine without a GPU): the phases run their
+#: code on CPU with gloo, and the GPU-only measurements (nvidia-smi) are left out.
+EMULATE = os.environ.get("GYRE_GPU_CHECK_EMULATE") == "1"
+DEV = "cpu" if EMULATE else "cuda"
+
+#: phase -> (what, seconds allowed)
+PHASES = {"a": ("megatron_step_equals_hf_step", 80), "b": ("cells_tp2_on_one_gpu", 100),
+          "c": ("training_state_offload", 60), "d": ("cuda_ipc_weight_push", 60),
+          "e": ("main_job_backend_gpu", 120), "f": ("sglang", 100)}  # 520 s in all at most
+
+
+def _gpu_used_mib() -> int:
+    """Memory in use on GPU 0 by every process (nvidia-smi), MiB (0 when emulating)."""
+    if EMULATE:
+        return 0
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[0])
+
+
+def _micro_steps(hf, seed: int):
+    from gyre.buffer.packing import PackingConfig, pack_rows
+    from tests.training.test_step import trace_batch, with_behaviour_near_policy
+
+    rows = with_behaviour_near_policy(hf, trace_batch(ROOT / "tests" / "data" / "traces", scale=1 / 96, seed=seed),
+                                      seed=seed)
+    return lambda: pack_rows(rows, PackingConfig(100_000, "pack", tree=True)).micro_steps
+
+
+def phase_a() -> dict:
+    import copy
+
+    import torch
+
+    from gyre.embedded_model import ensure_tiny_model, load_hf_model
+    from gyre.training.checkpoint_conversion import megatron_to_hf
+    from gyre.training.hf_step import HFTrainStep
+    from gyre.training.megatron_model import init_process_group_from_env, initialize_megatron_cpu
+    from gyre.training.megatron_step import build_megatron_train_step
+
+    if not EMULATE:
+        torch.cuda.set_device(0)
+    init_process_group_from_env("gloo" if EMULATE else "nccl")
+    initialize_megatron_cpu(1, 1, seed=1234, cpu=EMULATE)
+    hf_cpu = load_hf_model(ensure_tiny_model("local"))
+    micro = _micro_steps(hf_cpu, seed=2)
+    hf = copy.deepcopy(hf_cpu).to(DEV)
+    ref = HFTrainStep(copy.deepcopy(hf))
+    rh = ref(micro())
+    step = build_megatron_train_step(hf)
+    rm = step(micro())
+    gpt = step.policy.gpt
+    grads = megatron_to_hf({(0, 0): {n: p.main_grad.detach().float().cpu() for n, p in gpt.named_parameters()}},
+                           hf.config)
+    grads.pop("lm_head.weight", None)
+    g_ref = {n: p.grad.detach().cpu() for n, p in ref.model.named_parameters()}
+    grad_diff = max(float((grads[n] - g_ref[n]).abs().max()) for n in grads)
+    loss_diff = abs(rm.metrics["loss"] - rh.metrics["loss"])
+    if EMULATE:  # bf16 Megatron is a GPU path
+        rb, finite = None, True
+    else:
+        bf = build_megatron_train_step(copy.deepcopy(hf_cpu).cuda(), bf16=True)
+        rb = bf(micro())
+        bf_grads = [p.main_grad for p in bf.policy.gpt.parameters()]
+        finite = all(bool(torch.isfinite(g).all()) for g in bf_grads) and all(
+            v == v and abs(v) != float("inf") for v in (rb.metrics["loss"], rb.metrics["grad_norm"]))
+    ok = loss_diff < 1e-5 and grad_diff < 1e-5 and finite
+    return {"status": "pass" if ok else "fail", "loss_diff": loss_diff, "grad_max_abs_diff": grad_diff,
+            "grad_norm": rh.metrics["grad_norm"], "bf16_loss": rb.metrics["loss"] if rb else None,
+            "bf16_finite": finite, "device": "cpu (emulated)" if EMULATE else torch.cuda.get_device_name(0)}
+
+
+def phase_b(tmp: Path) -> dict:
+    out = tmp / "tp_cells.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           str(ROOT / "tests" / "integration" / "tp_cells_worker.py"), "--tp", "2", "--join", "0", "2", "-1",
+           "--device", DEV, "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=PHASES["b"][1] - 10, cwd=ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if r.returncode != 0:
+        return {"status": "fail", "error": r.stderr[-3000:]}
+    steps = json.loads(out.read_text())["steps"]
+    ok = all(s["normaliser"] == s["ref_normaliser"] and s["grad_diff"] < 1e-5 and s["weight_diff"] < 1e-6
+             for s in steps)
+    return {"status": "pass" if ok else "fail", "steps": steps}
+
+
+def phase_c() -> dict:
+    import hashlib
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from gyre.training.cell import TrainingState
+    from gyre.training.megatron_model import init_process_group_from_env, initialize_megatron_cpu
+    from gyre.training.megatron_step import build_megatron_train_step
+
+    if not EMULATE:
+        torch.cuda.set_device(0)
+    init_process_group_from_env("gloo" if EMULATE else "nccl")
+    initialize_megatron_cpu(1, 1, seed=1234, cpu=EMULATE)
+    base = _gpu_used_mib()
+    size = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2) if EMULATE else dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=8)
+    cfg = Qwen3Config(vocab_size=32000, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                      max_position_embeddings=4096, tie_word_embeddings=True, **size)
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(cfg)
+    step = build_megatron_train_step(hf)
+    del hf
+    for p in step.params:  # optimizer state exists after a step: give every parameter a gradient
+        p.main_grad.normal_()
+    step.optimizer_step(1)
+    if not EMULATE:
+        torch.cuda.synchronize()
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for p in step.params:
+            h.update(p.detach().cpu().numpy().tobytes())
+        for _, state in step.optimizer.state.items():
+            for k in sorted(state):
+                if isinstance(state[k], torch.Tensor):
+                    h.update(state[k].detach().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    before = digest()
+    state = TrainingState(step.params, step.optimizer, step.grad_buffers())
+    resident = _gpu_used_mib()
+    nbytes = sum(p.numel() * p.element_size() for p in step.params)
+    t0 = time.perf_counter()
+    state.offload()
+    t_off = time.perf_counter() - t0
+    offloaded = _gpu_used_mib()
+    t0 = time.perf_counter()
+    state.restore()
+    t_on = time.perf_counter() - t0
+    freed = (resident - offloaded) / max(1, resident - base)
+    same = digest() == before
+    ok = (freed >= 0.9 or EMULATE) and same
+    return {"status": "pass" if ok else "fail", "trainer_mib": resident - base, "freed_fraction": round(freed, 4),
+            "bit_identical": same, "param_gb": round(nbytes / 1e9, 3),
+            "offload_s": round(t_off, 3), "restore_s": round(t_on, 3)}
+
+
+def phase_d(tmp: Path) -> dict:
+    import torch
+
+    from gyre.embedded_model import ensure_tiny_model, load_hf_model
+    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.sglang_engine import SGLangEngine, SGLangTensorClient
+    from gyre.rollout.tensor_bucket import LOAD_FORMAT, FlatBucket, engine_rank_payloads
+
+    model_dir = ensure_tiny_model("local")
+    dev = "cpu" if EMULATE else "cuda:0"
+    engine = SGLangEngine(model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve", "--device", dev],
+                          startup_timeout=120, log_path=tmp / "engine_d.log").start()
+    try:
+        client = SGLangTensorClient(EngineClient(engine.url, timeout=120), dev, 1, load_format=LOAD_FORMAT,
+                                    serialize=lambda pairs, tp: engine_rank_payloads([FlatBucket.pack(pairs).serialize()], tp))
+        trainer = load_hf_model(model_dir).to(dev)
+        prompt = [17, 23, 99, 512, 7, 301, 44]
+        greedy = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
+        used, worst = [], 0.0
+        g = torch.Generator(device=dev).manual_seed(0)
+        for i in range(20):
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(0.01 * torch.randn(p.shape, generator=g, device=dev))
+            named = {n: t for n, t in trainer.state_dict().items() if n != "lm_head.weight"}
+            client.update_weights_from_tensor(named, weight_version=str(i + 1))
+            out = client.generate(prompt, {**greedy}, return_logprob=True)
+            ids = prompt + out.output_ids
+            with torch.no_grad():
+                logits = trainer(torch.tensor([ids], device=dev)).logits[0].float()
+            lp = torch.log_softmax(logits, -1)
+            mine = [float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(out.output_ids)]
+            worst = max(worst, max(abs(a - b) for a, b in zip(mine, out.output_logprobs)))
+            used.append(_gpu_used_mib())
+        growth = used[-1] - used[1]
+        ok = worst < 1e-4 and growth < 64
+        return {"status": "pass" if ok else "fail", "pushes": 20, "logprob_max_abs_diff": worst,
+                "gpu_mib_after_push": used, "growth_mib": growth}
+    finally:
+        engine.stop()
+
+
+def phase_e(tmp: Path) -> dict:
+    run = tmp / "run_e"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "gpu" / "one_gpu_embedded.yaml"),
+           "--run-dir", str(run), "--train-steps", "2", "--no-progress", *(["--backend", "cpu"] if EMULATE else [])]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=PHASES["e"][1] - 10, cwd=ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+    if r.returncode != 0:
+        return {"status": "fail", "error": r.stderr[-3000:]}
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    changes = summary.get("role_changes", 0)
+    ok = summary.get("steps") == 2 and changes > 0
+    return {"status": "pass" if ok else "fail", "steps": summary.get("steps"), "role_changes": changes,
+            "wall_s": summary.get("wall_s")}
+
+
+def phase_f(tmp: Path) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return {"status": "skip", "reason": "sglang is not installed"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "tests" / "gpu" / "test_sglang_engine.py"),
+                        str(ROOT / "tests" / "gpu" / "test_sglang_shared_kv.py")],
+                       capture_output=True, text=True, timeout=PHASES["f"][1] - 10, cwd=ROOT)
+    return {"status": "pass" if r.returncode == 0 else "fail", "pytest_tail": r.stdout[-1500:]}
+
+
+def run_phase(name: str, tmp: Path) -> dict:
+    fn = globals()[f"phase_{name}"]
+    return fn(tmp) if "tmp" in fn.__code__.co_varnames[:fn.__code__.co_argcount] else fn()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="gpu_check.json")
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one phase in this process
+    ap.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--emulate-on-cpu", action="store_true",
+                    help="run the phases' code on CPU (a test of this script; no GPU measurement)")
+    a = ap.parse_args()
+    if a.emulate_on_cpu:
+        os.environ["GYRE_GPU_CHECK_EMULATE"] = "1"
+    if a.one:
+        try:
+            result = run_phase(a.one, Path(a.tmp))
+        except Exception as exc:  # reported, not raised: the parent collects every phase
+            import traceback
+
+            result = {"status": "fail", "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2500:]}
+        print("GYRE_PHASE_RESULT " + json.dumps(result))
+        return 0
+    import tempfile
+
+    import torch
+
+    tmp = Path(tempfile.mkdtemp(prefix="gyre-gpu-check-"))
+    report = {"emulated_on_cpu": a.emulate_on_cpu, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "phases": {}}
+    started = time.monotonic()
+    for name in a.phases.split(","):
+        what, limit = PHASES[name]
+        t0 = time.monotonic()
+        if not torch.cuda.is_available() and not a.emulate_on_cpu:
+            result = {"status": "skip", "reason": "no CUDA device"}
+        else:
+            try:
+                r = subprocess.run([sys.executable, __file__, "--one", name, "--tmp", str(tmp)], capture_output=True,
+                                   text=True, timeout=limit, cwd=ROOT)
+                lines = [x for x in r.stdout.splitlines() if x.startswith("GYRE_PHASE_RESULT ")]
+                result = json.loads(lines[-1].split(" ", 1)[1]) if lines else {
+                    "status": "fail", "error": f"exit {r.returncode}: {r.stderr[-2500:]}"}
+            except subprocess.TimeoutExpired:
+                result = {"status": "fail", "error": f"timed out after {limit} s"}
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        report["phases"][f"{name}_{what}"] = result
+        print(f"gpu_check: {name} {what}: {result['status']} ({result['seconds']} s)", file=sys.stderr, flush=True)
+    report["seconds"] = round(time.monotonic() - started, 1)
+    report["passed"] = all(p["status"] != "fail" for p in report["phases"].values())
+    text = json.dumps(report, indent=1)
+    Path(a.out).write_text(text)
+    print(text)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
