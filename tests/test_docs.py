@@ -83,8 +83,11 @@ def named(doc: Path) -> tuple[set[str], set[str], set[tuple[str, str]]]:
         toks = tokens(snip)
         cmds: dict[int, str | None] = {}  # token index -> script (None: a program whose flags are not checked)
         for i, t in enumerate(toks):
-            if t.endswith(".py") and is_path(t) and (t.startswith(("tools/", "bench/")) or t == "pretrain_gyre.py"):
+            if t.endswith(".py") and is_path(t) and (t.startswith(("tools/", "bench/"))
+                                                     or t in ("pretrain_gyre.py", "tests/gpu/gpu_check.py")):
                 cmds[i] = t
+            elif t.endswith(".sbatch"):  # a Slurm script: its options are tested with it
+                cmds[i] = None
             elif t == "-m" and i + 1 < len(toks):
                 cmds[i] = f"-m {toks[i + 1]}" if DOTTED.match(toks[i + 1]) else None
             elif t in EXTERNAL:
