@@ -14,7 +14,7 @@ Phases:
   b  2 cells x TP 2 on one GPU (4 ranks, gloo over CUDA tensors): the main job's streaming step
      equals the single-process step (``tests/integration/tp_cells_worker.py --device cuda``);
   c  the training-state hand-over frees >= 90% of the trainer's GPU memory (nvidia-smi) and
-     restores it bit-identically; GB/s each way;
+     restores it bit-identically; GB/s each way (parameters and optimizer state moved);
   d  a weight push by CUDA IPC (flattened buckets) into an embedded engine process on the GPU: the
      engine's log-probs equal the trainer's, 20 pushes with no memory growth;
   e  ``torchrun --nproc-per-node 2 pretrain_gyre.py --backend gpu`` (embedded CUDA engines, gloo)
@@ -171,6 +171,8 @@ def phase_c() -> dict:
     state.offload()
     t_off = time.perf_counter() - t0
     offloaded = _gpu_used_mib()
+    moved = sum(t.numel() * t.element_size() for t in state._saved) + sum(
+        v.numel() * v.element_size() for _, _, v, _ in state._saved_opt)
     t0 = time.perf_counter()
     state.restore()
     t_on = time.perf_counter() - t0
@@ -178,8 +180,9 @@ def phase_c() -> dict:
     same = digest() == before
     ok = (freed >= 0.9 or EMULATE) and same
     return {"status": "pass" if ok else "fail", "trainer_mib": resident - base, "freed_fraction": round(freed, 4),
-            "bit_identical": same, "param_gb": round(nbytes / 1e9, 3),
-            "offload_s": round(t_off, 3), "restore_s": round(t_on, 3)}
+            "bit_identical": same, "param_gb": round(nbytes / 1e9, 3), "moved_gb": round(moved / 1e9, 3),
+            "offload_s": round(t_off, 3), "restore_s": round(t_on, 3),
+            "offload_gb_per_s": round(moved / 1e9 / t_off, 2), "restore_gb_per_s": round(moved / 1e9 / t_on, 2)}
 
 
 def phase_d(tmp: Path) -> dict:
