@@ -498,11 +498,14 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         need(args.adam_eps > 0, "adam-eps", "must be > 0")
         need(args.lr_warmup_iters >= 0, "lr-warmup-iters", "must be >= 0")
         need(args.clip_grad >= 0, "clip-grad", "must be >= 0")
-        cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
-        world = int(os.environ.get("WORLD_SIZE", args.num_cells * cell))
+        tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+        cell = tp * pp
+        text = os.environ.get("WORLD_SIZE", str(args.num_cells * cell))
+        need(text.isdigit() and int(text) > 0, "num-cells", f"WORLD_SIZE={text!r} is not a positive integer")
+        world = int(text)
         need(world == args.num_cells * cell, "num-cells",
-             f"WORLD_SIZE={world} must be --num-cells x TP x PP = {args.num_cells} x {cell} "
-             f"(no data parallelism inside a cell)")
+             f"WORLD_SIZE={world} must be --num-cells x TP x PP = {args.num_cells} x {tp} x {pp} = "
+             f"{args.num_cells * cell} (no data parallelism inside a cell)")
         args.world_size = world
         args.ranks_per_cell = world // args.num_cells
     args.queue_depth_groups = (args.extra_dispatch + args.steps_per_burst) * args.global_batch_groups

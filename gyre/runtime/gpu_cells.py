@@ -75,20 +75,56 @@ def sglang_cell_argv(layout: GpuCellLayout, shard: int, local_rank: int, *, lead
 def check_gpu_layout(args, world: int, gpus_per_node: int) -> list[str]:
     """Every reason a ``--backend gpu`` configuration cannot run, each one line starting with the
     flag at fault (``argument --flag: ...``); empty when it is consistent.  Needs no GPU."""
+    import shlex
+
     per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
     out = [f"argument --num-cells: {p}" for p in GpuCellLayout(args.num_cells, per_cell, gpus_per_node).problems(world)]
+    given = {k[len("sglang_"):]: v for k, v in vars(args).items()
+             if k.startswith("sglang_") and v is not None and v is not False and v != ""}
     if args.rollout_engine == "sglang":
+        try:
+            extra = {t[2:].split("=")[0].replace("-", "_") for t in shlex.split(given.get("extra_args", ""))
+                     if t.startswith("--")}
+        except ValueError:
+            extra = set()
         for name in CELL_MANAGED_SGLANG_FLAGS:
-            value = getattr(args, f"sglang_{name}", None)
-            if value not in (None, False):
-                out.append(f"argument --sglang-{name.replace('_', '-')}: a cell sets it from its layout "
+            if name in given or name in extra:
+                flag = f"--sglang-{name.replace('_', '-')}" if name in given else "--sglang-extra-args"
+                out.append(f"argument {flag}: a cell sets --{name.replace('_', '-')} from its layout "
                            f"(TP x PP = {per_cell} GPUs per SGLang server); remove it")
-    elif per_cell > 1:
-        out.append("argument --rollout-engine: the embedded engine serves from one GPU; cells of several GPUs "
-                   "serve with --rollout-engine sglang")
+        if args.distributed_backend == "gloo":
+            out.append("argument --distributed-backend: SGLang cells need a GPU per rank (nccl); gloo is for "
+                       "embedded engines sharing one GPU")
+    else:
+        if per_cell > 1:
+            out.append("argument --rollout-engine: the embedded engine serves from one GPU; cells of several GPUs "
+                       "serve with --rollout-engine sglang")
+        for name in sorted(given):
+            out.append(f"argument --sglang-{name.replace('_', '-')}: only SGLang cells use it "
+                       f"(--rollout-engine sglang)")
     if args.rollout_kv_migration and args.rollout_engine == "sglang":
         out.append("argument --rollout-kv-migration: SGLang cells share KV through --rollout-shared-kv-store "
                    "(the engine-to-engine copy is the embedded engine's)")
-    if args.standalone_engines and args.rollout_engine == "sglang":
-        out.append("argument --standalone-engines: the standalone pool runs embedded engines (--backend cpu)")
+    if args.standalone_engines:
+        out.append("argument --standalone-engines: the standalone pool runs embedded engines on CPU (--backend cpu)")
+    return out
+
+
+def check_model_for_sglang(args, hf_config) -> list[str]:
+    """What SGLang would refuse about a cell's model (its ``config.json`` read here): attention heads
+    that do not split over the server's ``TP x PP`` GPUs, and a ``--sglang-context-length`` beyond the
+    model's ``max_position_embeddings`` without RoPE scaling."""
+    out = []
+    per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    heads = int(getattr(hf_config, "num_attention_heads", 0) or 0)
+    if heads % per_cell:
+        out.append(f"argument --tensor-model-parallel-size: a cell's SGLang server runs --tp-size TP x PP = "
+                   f"{per_cell}, which does not divide the model's {heads} attention heads")
+    limit = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+    rope = getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None) or {}
+    scaled = rope.get("rope_type", rope.get("type", "default")) not in ("default", None)
+    context = getattr(args, "sglang_context_length", None)
+    if context and limit and context > limit and not scaled:
+        out.append(f"argument --sglang-context-length: {context} is beyond the model's max_position_embeddings "
+                   f"{limit} (set RoPE scaling in its config.json for longer contexts)")
     return out

@@ -49,12 +49,8 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     """
     if args.tasks is None:
         raise ArgumentError("argument --tasks: the main job needs a task file or directory")
-    world = int(os.environ.get("WORLD_SIZE", args.num_cells))
+    world = args.world_size  # WORLD_SIZE (default: the config's own), checked by validate_args
     per_cell = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
-    if world != args.num_cells * per_cell:
-        raise ArgumentError(f"argument --num-cells: WORLD_SIZE={world} must be --num-cells x TP x PP = "
-                            f"{args.num_cells} x {args.tensor_model_parallel_size} x "
-                            f"{args.pipeline_model_parallel_size} (no data parallelism inside a cell)")
     if args.backend == "gpu":
         from gyre.runtime.gpu_cells import check_gpu_layout
 
@@ -113,6 +109,20 @@ def check_main_job_args(args: argparse.Namespace) -> None:
             raise ArgumentError(f"argument {flag}: {model_dir}: {problem}")
     if per_cell > 1 and not elsewhere:
         _check_layout(args, ckpt if args.load else None)
+    if args.backend == "gpu" and args.rollout_engine == "sglang" and not elsewhere:
+        from transformers import AutoConfig
+
+        from gyre.embedded_model import ensure_tiny_model
+        from gyre.runtime.gpu_cells import check_model_for_sglang
+
+        model_dir = ckpt / "hf" if args.load else args.model_dir or ensure_tiny_model(args.tokenizer_kind,
+                                                                                      args.model_cache_dir)
+        problems = check_model_for_sglang(args, AutoConfig.from_pretrained(str(model_dir), local_files_only=True))
+        if problems:
+            raise ArgumentError(problems[0])
+    if args.rollout_shared_kv_store and args.rollout_engine != "sglang":
+        raise ArgumentError("argument --rollout-shared-kv-store: only SGLang cells use the shared KV store "
+                            "(--rollout-engine sglang)")
     if not RunDirectoryLock(args.run_dir).is_free():
         raise ArgumentError(f"argument --run-dir: {args.run_dir} is in use by another job")
     from gyre.tasks import load_tasks
@@ -136,10 +146,17 @@ def check_main_job_args(args: argparse.Namespace) -> None:
 
 def gpus_per_node(world: int) -> int:
     """Ranks per node: torchrun's ``LOCAL_WORLD_SIZE``, else (a check outside torchrun) ``GPUS_PER_NODE``,
-    else every rank on one node."""
+    else every rank on one node.
+
+    Raises:
+        ArgumentError: the variable is not a positive integer.
+    """
     for name in ("LOCAL_WORLD_SIZE", "GPUS_PER_NODE"):
-        if os.environ.get(name):
-            return int(os.environ[name])
+        text = os.environ.get(name)
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise ArgumentError(f"argument --num-cells: {name}={text!r} is not a positive number of GPUs per node")
+            return int(text)
     return world
 
 
@@ -231,8 +248,7 @@ def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, ver
     leader_host, dist_port = boxes[lay.leaders()[lay.cell]]
     if not gpus.launches_server(lay.shard):
         return None
-    argv = sglang_cell_argv(gpus, lay.shard, int(os.environ.get("LOCAL_RANK", "0")), leader_host=leader_host,
-                            dist_port=dist_port)
+    argv = sglang_cell_argv(gpus, lay.shard, device.index or 0, leader_host=leader_host, dist_port=dist_port)
     if getattr(args, "sglang_weight_version", None) is None:
         argv += ["--weight-version", str(version)]
     node = lay.shard // gpus.gpus_per_node

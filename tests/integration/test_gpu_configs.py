@@ -16,7 +16,7 @@ GPU_CONFIGS = {"node8_cells8.yaml": (8, 8), "node8_cells2_tp4.yaml": (8, 8), "mu
                "one_gpu_embedded.yaml": (2, 2)}
 
 
-def check(config: str, world: int, per_node: int, *extra: str):
+def check(config: str, world, per_node, *extra: str):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPUS_PER_NODE")}
     env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(per_node), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "pretrain_gyre.py", "--config", f"examples/gpu/{config}", *extra,
@@ -36,21 +36,66 @@ def test_gpu_examples_pass_the_check_without_a_gpu(config):
 
 
 @pytest.mark.parametrize("config,world,per_node,extra,line", [
-    ("node8_cells2_tp4.yaml", 16, 8, (), "argument --num-cells: WORLD_SIZE=16 must be --num-cells x TP x PP = 2 x 4 (no data parallelism inside a cell)"),
+    ("node8_cells2_tp4.yaml", 16, 8, (), "argument --num-cells: WORLD_SIZE=16 must be --num-cells x TP x PP = 2 x 4 x 1 = 8 (no data parallelism inside a cell)"),
     ("node8_cells2_tp4.yaml", 12, 6, ("--num-cells", "3"),
      "argument --num-cells: a cell of TP x PP = 4 GPUs neither fits in a node of 6 nor is made of whole nodes"),
     ("node8_cells2_tp4.yaml", 8, 8, ("--sglang-tp-size", "2"),
-     "argument --sglang-tp-size: a cell sets it from its layout (TP x PP = 4 GPUs per SGLang server); remove it"),
+     "argument --sglang-tp-size: a cell sets --tp-size from its layout (TP x PP = 4 GPUs per SGLang server); remove it"),
+    ("node8_cells2_tp4.yaml", 8, 8, ("--sglang-base-gpu-id", "0"),
+     "argument --sglang-base-gpu-id: a cell sets --base-gpu-id from its layout (TP x PP = 4 GPUs per SGLang server); "
+     "remove it"),
+    ("node8_cells2_tp4.yaml", 8, 8, ("--sglang-extra-args", "--dp-size 2 --log-level info"),
+     "argument --sglang-extra-args: a cell sets --dp-size from its layout (TP x PP = 4 GPUs per SGLang server); "
+     "remove it"),
+    ("node8_cells8.yaml", 8, 8, ("--distributed-backend", "gloo"),
+     "argument --distributed-backend: SGLang cells need a GPU per rank (nccl); gloo is for embedded engines "
+     "sharing one GPU"),
+    ("one_gpu_embedded.yaml", 2, 2, ("--sglang-mem-fraction-static", "0.5"),
+     "argument --sglang-mem-fraction-static: only SGLang cells use it (--rollout-engine sglang)"),
+    ("one_gpu_embedded.yaml", 2, 2, ("--rollout-shared-kv-store", "head:50051"),
+     "argument --rollout-shared-kv-store: only SGLang cells use the shared KV store (--rollout-engine sglang)"),
+    ("node8_cells8.yaml", 8, 0, (), "argument --num-cells: LOCAL_WORLD_SIZE='0' is not a positive number of GPUs "
+                                    "per node"),
+    ("node8_cells8.yaml", "abc", 8, (), "argument --num-cells: WORLD_SIZE='abc' is not a positive integer"),
     ("node8_cells2_tp4.yaml", 8, 8, ("--rollout-engine", "embedded"),
      "argument --rollout-engine: the embedded engine serves from one GPU; cells of several GPUs serve with "
      "--rollout-engine sglang"),
     ("node8_cells8.yaml", 8, 8, ("--standalone-engines", "2", "--standalone-concurrency", "4"),
-     "argument --standalone-engines: the standalone pool runs embedded engines (--backend cpu)"),
+     "argument --standalone-engines: the standalone pool runs embedded engines on CPU (--backend cpu)"),
+    ("one_gpu_embedded.yaml", 2, 2, ("--standalone-engines", "1", "--standalone-concurrency", "4"),
+     "argument --standalone-engines: the standalone pool runs embedded engines on CPU (--backend cpu)"),
 ])
 def test_inconsistent_gpu_configs_exit_2_with_one_line(config, world, per_node, extra, line):
     r = check(config, world, per_node, *extra)
     assert r.returncode == 2
     assert [x for x in r.stderr.splitlines() if not x.startswith("note: ")] == [f"pretrain_gyre.py: error: {line}"]
+
+
+def test_sglang_cells_are_checked_against_a_local_model(tiny_model_dir):
+    r = check("node8_cells8.yaml", 8, 8, "--model-dir", str(tiny_model_dir), "--sglang-context-length", "40000")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "pretrain_gyre.py: error: argument --sglang-context-length: 40000 is beyond the model's "
+        "max_position_embeddings 32768 (set RoPE scaling in its config.json for longer contexts)"]
+    assert check("node8_cells8.yaml", 8, 8, "--model-dir", str(tiny_model_dir), "--sglang-context-length", "32768",
+                 "--seq-length", "32768").returncode == 0
+
+
+def test_the_sglang_server_must_split_the_heads():
+    from types import SimpleNamespace
+
+    from gyre.runtime.gpu_cells import check_model_for_sglang
+
+    args = SimpleNamespace(tensor_model_parallel_size=8, pipeline_model_parallel_size=4, sglang_context_length=None)
+    cfg = SimpleNamespace(num_attention_heads=64, max_position_embeddings=40960, rope_scaling=None)
+    assert check_model_for_sglang(args, cfg) == []
+    cfg.num_attention_heads = 40
+    assert check_model_for_sglang(args, cfg) == [
+        "argument --tensor-model-parallel-size: a cell's SGLang server runs --tp-size TP x PP = 32, which does not "
+        "divide the model's 40 attention heads"]
+    cfg.num_attention_heads, args.sglang_context_length = 64, 131072
+    assert len(check_model_for_sglang(args, cfg)) == 1
+    cfg.rope_scaling = {"rope_type": "yarn", "factor": 4.0}
+    assert check_model_for_sglang(args, cfg) == []
 
 
 def test_cpu_backend_still_refuses_sglang():
@@ -71,7 +116,7 @@ def sbatch_dry_run(*args, **env):
 
 def test_sbatch_dry_run_prints_each_nodes_command_and_checks_the_config():
     r = sbatch_dry_run("--config", "examples/gpu/multinode_cells.yaml", NNODES="32", GPUS_PER_NODE="8",
-                       MASTER_ADDR="head")
+                       MASTER_ADDR="head", SHARED_KV="1")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "nodes: 32 x 8 GPUs (WORLD_SIZE=256), rendezvous head:29500"
@@ -86,9 +131,22 @@ def test_sbatch_dry_run_refuses_a_world_the_config_does_not_fit():
     r = sbatch_dry_run("--config", "examples/gpu/multinode_cells.yaml", NNODES="16", GPUS_PER_NODE="8")
     assert r.returncode == 2
     assert r.stderr.splitlines()[-1] == ("pretrain_gyre.py: error: argument --num-cells: WORLD_SIZE=128 must be "
-                                         "--num-cells x TP x PP = 8 x 32 (no data parallelism inside a cell)")
+                                         "--num-cells x TP x PP = 8 x 8 x 4 = 256 (no data parallelism inside a cell)")
     r = sbatch_dry_run()
     assert r.returncode == 2 and "at least --config FILE" in r.stderr
+    r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", NNODES="abc")
+    assert r.returncode == 2 and r.stderr.strip() == "gyre_multinode.sbatch: error: NNODES=abc is not a positive integer"
+
+
+def test_sbatch_dry_run_anywhere_on_the_line_and_without_the_shared_store_by_default():
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "SHARED_KV"}
+    r = subprocess.run(["bash", str(SBATCH), "--config", "examples/gpu/node8_cells8.yaml", "--dry-run"],
+                       capture_output=True, text=True, env=dict(full, NNODES="1", OMP_NUM_THREADS="1"), timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "mooncake_master" not in r.stdout and "--rollout-shared-kv-store" not in r.stdout
+    assert r.stdout.splitlines()[1].endswith("--config examples/gpu/node8_cells8.yaml")
+    assert not (ROOT / "runs" / "gyre-dry").exists()  # the dry run creates nothing
 
 
 def test_sbatch_under_a_fake_slurm_runs_torchrun_on_every_node(tmp_path):
@@ -115,6 +173,7 @@ for i in $(seq 0 $((n - 1))); do SLURM_NODEID=$i "$@"; done''',
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SLURM_JOB_NUM_NODES="2", SLURM_GPUS_PER_NODE="h200:8", SLURM_JOB_NODELIST="head,n1",
                SLURM_JOB_ID="77", SLURM_JOB_NAME="gyre", GYRE_ENV=str(env_dir), RUN_DIR=str(tmp_path / "run"),
+               SHARED_KV="1",
                PATH=f"{bin_dir}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
     r = subprocess.run(["bash", str(SBATCH), "--config", "examples/gpu/node8_cells8.yaml", "--num-cells", "16",
                         "--lr", "2e-6"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)

@@ -264,7 +264,7 @@ def test_sigkill_of_the_launcher_leaves_nothing_running_and_the_run_dir_is_locke
 
 @pytest.mark.parametrize("extra, message", [
     (["--tasks", "/nonexistent/tasks.jsonl"], "argument --tasks: task file or directory not found: /nonexistent/tasks.jsonl"),
-    (["--num-cells", "2"], "argument --num-cells: WORLD_SIZE=3 must be --num-cells x TP x PP = 2 x 1 (no data parallelism inside a cell)"),
+    (["--num-cells", "2"], "argument --num-cells: WORLD_SIZE=3 must be --num-cells x TP x PP = 2 x 1 x 1 = 2 (no data parallelism inside a cell)"),
     (["--placement", "bogus"], "argument --placement: invalid choice: 'bogus' (choose from 'elastic', 'async', 'colocate')"),
     (["--train-steps", "0"], "argument --train-steps: must be >= 1"),
     (["--max-switch-failures", "0"], "argument --max-switch-failures: must be >= 1"),
