@@ -39,7 +39,10 @@ from gyre.rollout.sglang_api import (
     final_text,
     logprob_triples,
     parse_abort,
+    parse_destroy_weights_update_group,
     parse_generate,
+    parse_init_weights_update_group,
+    parse_update_from_distributed,
     parse_pause,
     parse_tags,
     parse_update_from_disk,
@@ -121,8 +124,10 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     drops a staged payload).  ``kv_stage`` defaults to a Mooncake stage on 127.0.0.1.
 
     Bad input answers 400 ``{"error": {"message", "code"}}``; an unknown rid on abort answers
-    400 with ``"success": false``; the distributed weight-update routes answer 400 (not
-    supported). Tensor updates take base64 ``torch.save`` payloads
+    400 with ``"success": false``.  ``/init_weights_update_group``,
+    ``/update_weights_from_distributed`` and ``/destroy_weights_update_group`` receive weights by
+    broadcast from a trainer (:mod:`gyre.rollout.weight_group`); ``/update_weights_from_ipc``
+    answers 400 (not supported). Tensor updates take base64 ``torch.save`` payloads
     (:func:`gyre.rollout.weights.serialize_named_tensors`) or, with ``load_format
     "flattened_bucket"``, shared-memory buckets (:mod:`gyre.rollout.tensor_bucket`); memory release requires no running
     request. Streams are incremental by default (``incremental_streaming_output``), cumulative
@@ -384,14 +389,62 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
             raise ProtocolError("pin must be an integer")
         return {"success": True, "released": kv_stage.release(pin)}
 
-    for unsupported in ("/init_weights_update_group", "/update_weights_from_distributed",
-                        "/update_weights_from_ipc", "/destroy_weights_update_group"):
-        async def _unsupported(request: Request, _path=unsupported):
-            msg = f"{_path} is not supported by the embedded CPU engine; use /update_weights_from_tensor " \
-                  "or /update_weights_from_disk"
-            return _error(msg, success=False, message=msg)
+    groups: dict = {}  # group_name -> WeightGroup this engine joined
 
-        app.add_api_route(unsupported, _unsupported, methods=["POST"])
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        from gyre.rollout.weight_group import open_weight_group
+
+        spec = parse_init_weights_update_group(await _read_json(request))
+        if spec.group_name in groups:
+            raise WeightError(f"already in weight-update group {spec.group_name!r}")
+        try:
+            groups[spec.group_name] = await asyncio.to_thread(
+                open_weight_group, spec.master_address, spec.master_port, spec.rank_offset, spec.world_size,
+                group_name=spec.group_name, backend=spec.backend)
+        except Exception as exc:  # the trainer did not come, or the address is wrong
+            raise WeightError(f"joining weight-update group {spec.group_name!r} at {spec.master_address}:"
+                              f"{spec.master_port} failed: {type(exc).__name__}: {exc}") from None
+        return {"success": True, "message": f"joined {spec.group_name} as rank {spec.rank_offset} of "
+                                            f"{spec.world_size}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        upd = parse_update_from_distributed(await _read_json(request))
+        group = groups.get(upd.group_name)
+        if group is None:
+            raise WeightError(f"no weight-update group {upd.group_name!r} (call /init_weights_update_group first)")
+        device = engine.runner.device if group.backend == "nccl" else "cpu"
+
+        def receive() -> dict:
+            import torch
+
+            named = {}
+            for name, dtype, shape in zip(upd.names, upd.dtypes, upd.shapes):
+                t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                group.broadcast(t)
+                named[name] = t
+            return named
+
+        try:
+            named = await asyncio.to_thread(receive)
+        except Exception as exc:
+            raise WeightError(f"receiving {len(upd.names)} tensors over {upd.group_name!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+        return await do_update(named, None, upd.update)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        name = parse_destroy_weights_update_group(await _read_json(request))
+        if groups.pop(name, None) is None:
+            raise WeightError(f"no weight-update group {name!r}")
+        return {"success": True, "message": f"left {name}"}
+
+    async def _unsupported(request: Request):
+        msg = "/update_weights_from_ipc is not supported by the embedded engine; use /update_weights_from_tensor"
+        return _error(msg, success=False, message=msg)
+
+    app.add_api_route("/update_weights_from_ipc", _unsupported, methods=["POST"])
 
     @app.get("/health")
     async def health():

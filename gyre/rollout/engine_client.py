@@ -39,8 +39,11 @@ from gyre.rollout.engine_messages import (
     op_health,
     op_json,
     op_memory,
+    op_destroy_weights_update_group,
+    op_init_weights_update_group,
     op_update_weight_version,
     op_update_weights_from_disk,
+    op_update_weights_from_distributed,
     op_update_weights_from_tensor,
     raise_for_status,
     sample_count,
@@ -214,6 +217,24 @@ class EngineClient(_ClientBase):
 
     def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict:
         return self._do(op_update_weight_version(new_version, abort_all_requests))
+
+    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                  world_size: int, group_name: str = "weight_update_group",
+                                  backend: str = "nccl") -> dict:
+        """Join a weight-update group (:mod:`gyre.rollout.weight_group`); returns once all have joined."""
+        return self._do(op_init_weights_update_group(master_address, master_port, rank_offset, world_size,
+                                                     group_name, backend))
+
+    def update_weights_from_distributed(self, *, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], weight_version: str,
+                                        group_name: str = "weight_update_group", abort_all_requests: bool = False,
+                                        flush_cache: bool = True) -> dict:
+        """Receive ``names`` by broadcast from rank 0 of ``group_name`` and load them."""
+        return self._do(op_update_weights_from_distributed(names, dtypes, shapes, group_name, weight_version,
+                                                           abort_all_requests, flush_cache))
+
+    def destroy_weights_update_group(self, *, group_name: str = "weight_update_group") -> dict:
+        return self._do(op_destroy_weights_update_group(group_name))
 
     def get_weight_version(self) -> str:
         return str(self._do(op_json("GET", "/get_weight_version"))["weight_version"])

@@ -359,6 +359,29 @@ def op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_
     return op_json("POST", "/update_weights_from_tensor", body)
 
 
+def op_init_weights_update_group(master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                 group_name: str, backend: str) -> Op:
+    """``POST /init_weights_update_group`` (answers once every rank of the group has joined)."""
+    return op_json("POST", "/init_weights_update_group",
+                   {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+                    "world_size": int(world_size), "group_name": group_name, "backend": backend})
+
+
+def op_update_weights_from_distributed(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                       group_name: str, weight_version: str, abort_all_requests: bool,
+                                       flush_cache: bool) -> Op:
+    """``POST /update_weights_from_distributed``: the engine receives ``names`` by broadcast from
+    rank 0 of ``group_name``, in order."""
+    body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, **_update_common(weight_version, abort_all_requests, flush_cache)}
+    return op_json("POST", "/update_weights_from_distributed", body)
+
+
+def op_destroy_weights_update_group(group_name: str) -> Op:
+    """``POST /destroy_weights_update_group``."""
+    return op_json("POST", "/destroy_weights_update_group", {"group_name": group_name})
+
+
 def op_update_weight_version(new_version: str, abort_all_requests: bool) -> Op:
     """``POST /update_weight_version``."""
     return op_json("POST", "/update_weight_version",

@@ -633,3 +633,84 @@ def parse_update_weight_version(body: Any) -> tuple[str, bool]:
     if not isinstance(v, str) or not v:
         raise ProtocolError("new_version must be a non-empty string")
     return v, _opt_bool(body, "abort_all_requests")
+
+
+@dataclass(frozen=True)
+class WeightGroupSpec:
+    """A parsed ``/init_weights_update_group`` body: the trainer (rank 0) and the engines' ranks
+    meet at ``master_address:master_port``; this engine's rank is ``rank_offset``."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str
+    backend: str
+
+
+def parse_init_weights_update_group(body: Any) -> WeightGroupSpec:
+    """``/init_weights_update_group`` body (SGLang's fields)."""
+    body = _want_object("body", body)
+    _check_keys("init_weights_update_group", body, {"master_address", "master_port", "rank_offset", "world_size",
+                                                    "group_name", "backend"})
+    addr = body.get("master_address")
+    if not isinstance(addr, str) or not addr:
+        raise ProtocolError("master_address must be a non-empty string")
+    world = _want_int("world_size", body.get("world_size"), 2)
+    rank = _want_int("rank_offset", body.get("rank_offset"), 1, world - 1)
+    name = body.get("group_name", "weight_update_group")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError("group_name must be a non-empty string")
+    backend = body.get("backend", "nccl")
+    if backend not in ("nccl", "gloo"):
+        raise ProtocolError(f"backend must be 'nccl' or 'gloo', not {backend!r}")
+    return WeightGroupSpec(addr, _want_int("master_port", body.get("master_port"), 1, 65535), rank, world, name, backend)
+
+
+@dataclass(frozen=True)
+class DistributedUpdate:
+    """A parsed ``/update_weights_from_distributed`` body: the tensors rank 0 of ``group_name`` is
+    about to broadcast, in order."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    group_name: str
+    update: WeightUpdate
+
+
+def parse_update_from_distributed(body: Any) -> DistributedUpdate:
+    """``/update_weights_from_distributed`` body: ``names``, ``dtypes`` (torch dtype names),
+    ``shapes`` (lists of non-negative ints), all of one length, and ``group_name``."""
+    import torch
+
+    body = _want_object("body", body)
+    _check_keys("update_weights_from_distributed", body, {"names", "dtypes", "shapes", "group_name", "load_format",
+                                                          "flush_cache", "abort_all_requests", "weight_version"})
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ProtocolError("names must be a non-empty list of strings")
+    if not isinstance(dtypes, list) or len(dtypes) != len(names):
+        raise ProtocolError(f"dtypes must be a list of {len(names)} dtype names (one per name)")
+    for d in dtypes:
+        if not isinstance(d, str) or not isinstance(getattr(torch, d.removeprefix("torch."), None), torch.dtype):
+            raise ProtocolError(f"dtypes: {d!r} is not a torch dtype name")
+    if not isinstance(shapes, list) or len(shapes) != len(names) or not all(
+            isinstance(s, list) and all(_is_int(x) and x >= 0 for x in s) for s in shapes):
+        raise ProtocolError(f"shapes must be a list of {len(names)} lists of non-negative integers")
+    group = body.get("group_name", "weight_update_group")
+    if not isinstance(group, str) or not group:
+        raise ProtocolError("group_name must be a non-empty string")
+    wv, abort, flush, lf = _parse_update_common(body)
+    return DistributedUpdate(list(names), [d.removeprefix("torch.") for d in dtypes], [tuple(s) for s in shapes],
+                             group, WeightUpdate(None, lf, wv, abort, flush))
+
+
+def parse_destroy_weights_update_group(body: Any) -> str:
+    """``/destroy_weights_update_group`` body ``{"group_name"}``."""
+    body = _want_object("body", body)
+    _check_keys("destroy_weights_update_group", body, {"group_name"})
+    group = body.get("group_name", "weight_update_group")
+    if not isinstance(group, str) or not group:
+        raise ProtocolError("group_name must be a non-empty string")
+    return group

@@ -278,6 +278,17 @@ MALFORMED = [
     ("/update_weights_from_tensor", {"serialized_named_tensors": []}),
     ("/update_weight_version", {"new_version": 3}),
     ("/init_weights_update_group", {}),
+    ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                    "world_size": 1}),
+    ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                    "world_size": 2, "backend": "mpi"}),
+    ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[2]],
+                                          "group_name": "none-joined"}),
+    ("/update_weights_from_distributed", {"names": ["a", "b"], "dtypes": ["float32"], "shapes": [[2], [2]]}),
+    ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["floaty"], "shapes": [[2]]}),
+    ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[-1]]}),
+    ("/destroy_weights_update_group", {"group_name": "never-joined"}),
+    ("/update_weights_from_ipc", {}),
 ]
 
 

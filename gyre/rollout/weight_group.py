@@ -1,0 +1,133 @@
+"""Weights broadcast from a trainer to engines over a process group of their own: SGLang's
+``/init_weights_update_group`` + ``/update_weights_from_distributed``.
+
+For engines that do not share the trainer's GPUs (a standalone pool, a remote SGLang server), the
+trainer opens a small process group with every engine -- rank 0 the trainer, ranks ``1..n`` the
+engines' -- next to, not inside, the job's default group (:func:`open_weight_group`: a TCPStore
+hosted by rank 0 and a gloo or NCCL process group built on it directly).  Each update then names
+the tensors of a bucket over HTTP (names, dtypes, shapes) while the trainer broadcasts them in
+that order; each engine receives and loads them and answers when done
+(:class:`WeightBroadcaster`).  One broadcast reaches every engine at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+DEFAULT_GROUP = "weight_update_group"
+
+
+@dataclass
+class WeightGroup:
+    """One rank's membership of a weight-update group (keep ``store`` referenced while it is used)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    process_group: object
+    store: object
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Broadcast ``tensor`` from rank ``src`` (in place on the others); blocks until done."""
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.process_group.broadcast([tensor], opts).wait()
+
+
+def open_weight_group(master_address: str, master_port: int, rank: int, world_size: int, *,
+                      group_name: str = DEFAULT_GROUP, backend: str = "gloo",
+                      timeout_s: float = 300.0) -> WeightGroup:
+    """Join the weight-update group ``group_name`` as ``rank`` (rank 0 hosts its TCPStore at
+    ``master_address:master_port``).  Blocks until every rank has joined (or ``timeout_s``).
+
+    Raises:
+        ValueError: an unknown backend or a rank outside ``[0, world_size)``.
+        RuntimeError / DistStoreError: the others did not join in time.
+    """
+    import torch.distributed as dist
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be gloo or nccl, not {backend!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside a group of {world_size}")
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout,
+                          wait_for_workers=False)
+    prefixed = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    else:
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    return WeightGroup(rank, world_size, backend, pg, store)
+
+
+class WeightBroadcaster:
+    """The trainer's side: rank 0 of a weight-update group with ``clients``' engines (one rank
+    each, ``rank_offset`` 1, 2, ...).
+
+    Args:
+        clients: engine clients (:class:`gyre.rollout.engine_client.EngineClient`).
+        master_address, master_port: where this process hosts the group's store (reachable by the engines).
+        backend: ``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors).
+        device: where the broadcast tensors are put before sending (``cpu`` for gloo).
+    """
+
+    def __init__(self, clients: Sequence, master_address: str, master_port: int, *, backend: str = "gloo",
+                 group_name: str = DEFAULT_GROUP, device: str = "cpu", timeout_s: float = 300.0):
+        self.clients = list(clients)
+        self.group_name, self.device = group_name, device
+        world = 1 + len(self.clients)
+        pool = ThreadPoolExecutor(max_workers=max(1, len(self.clients)))
+        try:  # the engines join while this process hosts the store and joins as rank 0
+            joins = [pool.submit(c.init_weights_update_group, master_address=master_address, master_port=master_port,
+                                 rank_offset=1 + i, world_size=world, group_name=group_name, backend=backend)
+                     for i, c in enumerate(self.clients)]
+            self.group = open_weight_group(master_address, master_port, 0, world, group_name=group_name,
+                                           backend=backend, timeout_s=timeout_s)
+            for j in joins:
+                j.result()
+        finally:
+            pool.shutdown(wait=False)
+        self._lock = threading.Lock()
+
+    def push(self, buckets: Iterable[Mapping[str, torch.Tensor]], weight_version: str) -> int:
+        """Broadcast ``buckets`` (HF-named tensors) to every engine as ``weight_version``: per
+        bucket one ``/update_weights_from_distributed`` call per engine, all answered before the
+        next bucket; only the last bucket flushes the cache (engines admit nothing in between).
+        Returns the tensors sent.
+
+        Raises:
+            the first engine error (after the bucket's broadcast completed).
+        """
+        items = [list(b.items()) for b in buckets]
+        sent = 0
+        with self._lock, ThreadPoolExecutor(max_workers=max(1, len(self.clients))) as pool:
+            for i, bucket in enumerate(items):
+                names = [n for n, _ in bucket]
+                dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+                shapes = [list(t.shape) for _, t in bucket]
+                calls = [pool.submit(c.update_weights_from_distributed, names=names, dtypes=dtypes, shapes=shapes,
+                                     group_name=self.group_name, weight_version=weight_version,
+                                     flush_cache=i == len(items) - 1) for c in self.clients]
+                for _, t in bucket:
+                    self.group.broadcast(t.detach().to(self.device).contiguous())
+                for c in calls:
+                    c.result()
+                sent += len(bucket)
+        return sent
+
+    def close(self) -> None:
+        """Tell the engines to leave the group (best effort)."""
+        for c in self.clients:
+            try:
+                c.destroy_weights_update_group(group_name=self.group_name)
+            except Exception:  # an engine already gone has nothing to leave
+                pass
