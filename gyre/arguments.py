@@ -337,6 +337,10 @@ def add_megatron_core_args(parser: argparse.ArgumentParser) -> argparse.Argument
                        help="Clip the global gradient L2 norm to this (0: no clipping).")
     group.add_argument("--lr-warmup-iters", type=int, default=0,
                        help="Linear learning-rate warm-up from 0 over this many optimizer updates.")
+    group.add_argument("--attention-kernel", choices=("auto", "dense", "fused"), default="auto",
+                       help="Megatron attention: dense (a [s, s] mask; the CPU path), fused (causal SDPA and "
+                            "FlexAttention block masks for tree-packed micro-steps, no [s, s] mask; GPU only), "
+                            "auto: fused on GPU.")
     group.add_argument("--bf16", action="store_true",
                        help="Train in bfloat16 (--training-backend megatron only; not exercised on CPU).")
     return parser

@@ -177,6 +177,47 @@ class MicroStep:
         allowed[pad_r, pad_c, pad_c] = True
         return allowed
 
+    def ancestor_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """The attention pattern of :meth:`attention_mask` in ``O(s)``: ``(enter, exit)``, ``int64
+        [b, s]``, such that column ``q`` may attend column ``k`` (same row) iff
+        ``enter[k] <= enter[q] <= exit[k]``.
+
+        Columns form a tree per row: a column's parent is the previous column of its segment, and
+        a segment's first column hangs under its parent segment's branching point (``start +
+        parent_offset``); a column sees exactly its ancestors and itself.  ``enter`` is a column's
+        pre-order number in that tree and ``exit`` the largest pre-order number below it (padding
+        columns are roots of their own).  This is what a kernel that never builds the ``[s, s]``
+        mask needs (e.g. a FlexAttention ``mask_mod``).
+        """
+        b, s = self.shape
+        parent = np.full((b, s), -1, dtype=np.int64)
+        for g in range(len(self.segment_start)):
+            r, a, n = int(self.segment_row[g]), int(self.segment_start[g]), int(self.segment_length[g])
+            parent[r, a + 1:a + n] = np.arange(a, a + n - 1)
+            p = int(self.segment_parent[g])
+            if p >= 0:
+                parent[r, a] = int(self.segment_start[p]) + int(self.segment_parent_offset[g])
+        enter = np.zeros((b, s), dtype=np.int64)
+        exit_ = np.zeros((b, s), dtype=np.int64)
+        for r in range(b):
+            children: list[list[int]] = [[] for _ in range(s)]
+            roots = []
+            for c in range(s):
+                (children[parent[r, c]] if parent[r, c] >= 0 else roots).append(c)
+            counter = 0
+            for root in roots:
+                stack = [(root, False)]
+                while stack:
+                    c, done = stack.pop()
+                    if done:
+                        exit_[r, c] = counter - 1
+                        continue
+                    enter[r, c] = counter
+                    counter += 1
+                    stack.append((c, True))
+                    stack.extend((k, False) for k in reversed(children[c]))
+        return enter, exit_
+
 
 @dataclass(slots=True)
 class PackingStats:

@@ -67,6 +67,9 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if args.standalone_engines and not args.standalone_concurrency:
         raise ArgumentError(f"argument --standalone-concurrency: --standalone-engines {args.standalone_engines} "
                             f"needs --standalone-concurrency > 0 (the executions the pool serves at once)")
+    if args.attention_kernel == "fused" and args.backend == "cpu":
+        raise ArgumentError("argument --attention-kernel: fused attention trains on GPU only (FlexAttention has no "
+                            "CPU backward); --backend cpu uses dense")
     if args.rollout_engine != "embedded" and args.backend == "cpu":
         raise ArgumentError("argument --rollout-engine: --backend cpu serves from the embedded engine")
     if args.wandb_project:

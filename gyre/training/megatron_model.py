@@ -137,8 +137,11 @@ def rope_theta(hf_config: Any) -> float:
 
 
 def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None,
-                    post_process: bool | None = None):
+                    post_process: bool | None = None, attention: str = "dense"):
     """Build the Megatron ``GPTModel`` for this pipeline stage.
+
+    ``attention``: ``dense`` (Megatron's ``DotProductAttention`` with a mask) or ``fused``
+    (:class:`gyre.training.attention.FusedCoreAttention`: no dense mask; trains on GPU only).
 
     Returns:
         ``GPTModel`` whose forward ``(input_ids [b, s] int64, position_ids [b, s], attention_mask,
@@ -154,6 +157,12 @@ def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None
     if post_process is None:
         post_process = parallel_state.is_pipeline_last_stage()
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    if attention == "fused":
+        from gyre.training.attention import fused_layer_spec
+
+        spec = fused_layer_spec(spec)
+    elif attention != "dense":
+        raise ValueError(f"attention must be dense or fused, not {attention!r}")
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,

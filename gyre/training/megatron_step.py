@@ -87,8 +87,10 @@ class MegatronPolicy:
     """Target log-probs from a megatron-core ``GPTModel`` (optionally wrapped in DDP).
 
     ``logits(model, batch)`` runs the model (``[b, s, V / TP]`` logits, this rank's vocabulary
-    shard, no labels) with the micro-step's mask (complement of ``attention_allowed``) and RoPE at
-    the micro-step's position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by
+    shard, no labels) with the micro-step's mask (complement of ``attention_allowed``; with
+    :class:`~gyre.training.attention.FusedCoreAttention` in the model, no mask for causal rows and a
+    FlexAttention block mask from the batch's ``tree`` intervals) and RoPE at the micro-step's
+    position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by
     chunk, all-reducing over the TP group when TP > 1 (every TP rank gets the full distribution's
     log-probs and entropy). ``temperature``: as :class:`~gyre.training.hf_step.HFPolicy`; the
     logits are divided by it in place (a ``[b, s, V]`` copy would double the largest tensor of the
@@ -111,11 +113,21 @@ class MegatronPolicy:
         self.rope = _RotaryPositions.install(self.gpt)
         self.chunk_size = chunk_size
         self.with_entropy = with_entropy
+        from gyre.training.attention import FusedCoreAttention
+
+        self.fused = any(isinstance(m, FusedCoreAttention) for m in model.modules())
 
     def logits(self, model: torch.nn.Module, batch: MicroStepBatch) -> torch.Tensor:
         """``[b, s, V]`` logits of ``model`` (the wrapped or bare GPTModel) for ``batch``."""
         allowed = batch.attention_allowed
-        mask = causal_attention_mask(batch.input_ids.shape[1], batch.input_ids.device) if allowed is None else ~allowed
+        if batch.tree is not None:
+            from gyre.training.attention import tree_block_mask
+
+            mask = tree_block_mask(*batch.tree)
+        elif allowed is not None:
+            mask = ~allowed
+        else:  # plain causal: the fused kernel needs no mask at all
+            mask = None if self.fused else causal_attention_mask(batch.input_ids.shape[1], batch.input_ids.device)
         self.rope.positions = batch.position_ids
         try:
             return model(batch.input_ids, batch.position_ids, mask)
@@ -351,7 +363,8 @@ class MegatronTrainStep(TrainStep):
     def _run(self, step_func, micro_steps, forward_only: bool):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        batches = [MicroStepBatch.from_micro_step(ms, self.params[0].device) for ms in micro_steps]
+        batches = [MicroStepBatch.from_micro_step(ms, self.params[0].device, tree_intervals=self.policy.fused)
+                   for ms in micro_steps]
         shapes = [b.input_ids.shape for b in batches]
         return get_forward_backward_func()(
             forward_step_func=step_func, data_iterator=iter(batches), model=[self.model],
@@ -490,11 +503,13 @@ def _tp_partial_grad(name: str, param: torch.nn.Parameter, config) -> bool:
 
 def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveConfig | None = None,
                               adam: AdamConfig | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                              bf16: bool = False, temperature: float = 1.0) -> MegatronTrainStep:
+                              bf16: bool = False, temperature: float = 1.0, attention: str = "dense"
+                              ) -> MegatronTrainStep:
     """Megatron ``GPTModel`` holding ``hf_model``'s weights, DDP, optimizer -> :class:`MegatronTrainStep`.
 
     Call :func:`gyre.training.megatron_model.initialize_megatron_cpu` (or the GPU equivalent)
-    first. Sets ``calculate_per_token_loss=True`` before the DDP wrap.
+    first. Sets ``calculate_per_token_loss=True`` before the DDP wrap.  ``attention``: see
+    :func:`gyre.training.megatron_model.build_gpt_model`.
     """
     from megatron.core import parallel_state as ps
 
@@ -504,7 +519,7 @@ def build_megatron_train_step(hf_model: torch.nn.Module, objective: ObjectiveCon
     # micro-steps differ in shape: stages exchange shapes first (set after __post_init__, whose
     # MoE checks refuse it for a dense model's default token dispatcher)
     tcfg.variable_seq_lengths = ps.get_pipeline_model_parallel_world_size() > 1
-    model = build_gpt_model(cfg, tcfg)
+    model = build_gpt_model(cfg, tcfg, attention=attention)
     load_into_megatron(model, hf_to_megatron(
         hf_model.state_dict(), cfg, ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(),
         ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()))

@@ -143,7 +143,11 @@ class MicroStepBatch:
 
     * ``input_ids``/``position_ids`` -- ``int64 [b, s]``;
     * ``attention_allowed`` -- ``bool [b, 1, s, s]``, True where attention is allowed, or None
-      when plain causal attention is exact (:attr:`~gyre.buffer.packing.MicroStep.is_causal`);
+      when plain causal attention is exact (:attr:`~gyre.buffer.packing.MicroStep.is_causal`) or
+      when ``tree`` stands for it;
+    * ``tree`` -- ``(enter, exit)`` ``int64 [b, s]`` in place of the dense mask
+      (:meth:`~gyre.buffer.packing.MicroStep.ancestor_intervals`; built on request, for fused
+      attention kernels), else None;
     * ``target_index``/``target_ids`` -- ``int64 [N]`` (flat ``row * s + col``, vocab id);
     * ``objective_inputs`` -- :class:`~gyre.rl.objective.ObjectiveInputs`;
     * ``micro_step`` -- the source micro-step.
@@ -156,15 +160,22 @@ class MicroStepBatch:
     target_ids: torch.Tensor
     objective_inputs: ObjectiveInputs
     micro_step: MicroStep
+    tree: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def from_micro_step(cls, ms: MicroStep, device: torch.device | str = "cpu") -> "MicroStepBatch":
-        """Convert (builds the ``[b, 1, s, s]`` mask unless the micro-step is plain causal)."""
+    def from_micro_step(cls, ms: MicroStep, device: torch.device | str = "cpu",
+                        tree_intervals: bool = False) -> "MicroStepBatch":
+        """Convert.  A micro-step that is not plain causal gets the ``[b, 1, s, s]`` mask, or with
+        ``tree_intervals`` its ``O(s)`` ancestor intervals instead."""
         t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=device)  # noqa: E731
+        tree = None
+        if tree_intervals and not ms.is_causal:
+            tree = tuple(t(a, torch.int64) for a in ms.ancestor_intervals())
         return cls(
             input_ids=t(ms.input_ids, torch.int64),
             position_ids=t(ms.position_ids, torch.int64),
-            attention_allowed=None if ms.is_causal else t(ms.attention_mask(), torch.bool)[:, None],
+            attention_allowed=(None if ms.is_causal or tree is not None
+                               else t(ms.attention_mask(), torch.bool)[:, None]),
             target_index=t(ms.target_index, torch.int64),
             target_ids=t(ms.target_ids, torch.int64),
             objective_inputs=ObjectiveInputs(
@@ -176,6 +187,7 @@ class MicroStepBatch:
                 log_ratio_sum=t(ms.log_ratio_sum, torch.float64),
             ),
             micro_step=ms,
+            tree=tree,
         )
 
 
@@ -326,8 +338,8 @@ def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> Tra
     ``GPTModel``, call ``initialize_megatron_cpu`` first), the objective flags
     (:meth:`ObjectiveConfig.from_args`), the optimizer flags (:meth:`AdamConfig.from_args`),
     ``--logprob-chunk-size``, ``--rollout-temperature`` (the trained log-probs are those of the
-    tempered distribution the engine sampled from) and ``--bf16`` (Megatron only; not exercised
-    on CPU).
+    tempered distribution the engine sampled from), ``--bf16`` (Megatron only; not exercised
+    on CPU) and ``--attention-kernel`` (Megatron only; ``auto``: fused where the model is on a GPU).
     """
     objective = ObjectiveConfig.from_args(args)
     adam = AdamConfig.from_args(args)
@@ -338,5 +350,8 @@ def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> Tra
         return HFTrainStep(hf_model, objective, adam, chunk, temperature=temperature)
     from gyre.training.megatron_step import build_megatron_train_step
 
+    kernel = getattr(args, "attention_kernel", "dense")
+    if kernel == "auto":
+        kernel = "fused" if next(hf_model.parameters()).device.type == "cuda" else "dense"
     return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(args.bf16),
-                                     temperature=temperature)
+                                     temperature=temperature, attention=kernel)

@@ -71,6 +71,10 @@ def check_invariants(rows, res, cfg):
             assert ms.num_execution_targets[e] == L[eid]
         # padding columns are not attended by real columns
         allowed = ms.attention_mask()
+        # the O(s) intervals give exactly the dense mask (the fused kernels' mask_mod)
+        enter, exit_ = ms.ancestor_intervals()
+        q_enter = enter[:, :, None]
+        assert np.array_equal((enter[:, None, :] <= q_enter) & (q_enter <= exit_[:, None, :]), allowed)
         pad = ms.segment_ids < 0
         for r in range(b):
             assert not allowed[r][~pad[r]][:, pad[r]].any()

@@ -11,7 +11,8 @@ may be skipped where SGLang is not installed; the exit status is 0 only then).  
 
 Phases:
   a  the Megatron train step on CUDA equals the HF step on CUDA (loss and gradients within 1e-5 in
-     fp32); the same step in bf16 gives finite loss and gradients;
+     fp32), also with the fused attention kernels (no dense mask; gradients within 1e-4); the same
+     step in bf16 gives finite loss and gradients;
   b  2 cells x TP 2 on one GPU (4 ranks, gloo over CUDA tensors): the main job's streaming step
      equals the single-process step (``tests/integration/tp_cells_worker.py --device cuda``);
   c  the training-state hand-over frees >= 90% of the trainer's GPU memory (nvidia-smi) and
@@ -96,6 +97,14 @@ def phase_a() -> dict:
     g_ref = {n: p.grad.detach().cpu() for n, p in ref.model.named_parameters()}
     grad_diff = max(float((grads[n] - g_ref[n]).abs().max()) for n in grads)
     loss_diff = abs(rm.metrics["loss"] - rh.metrics["loss"])
+    fused_grad_diff = fused_loss_diff = None
+    if not EMULATE:  # fused attention (SDPA causal, FlexAttention block masks) trains on GPU only
+        fs = build_megatron_train_step(copy.deepcopy(hf_cpu).cuda(), attention="fused")
+        rf = fs(micro())
+        fg = megatron_to_hf({(0, 0): {n: p.main_grad.detach().float().cpu()
+                                      for n, p in fs.policy.gpt.named_parameters()}}, hf.config)
+        fused_grad_diff = max(float((fg[n] - g_ref[n]).abs().max()) for n in grads)
+        fused_loss_diff = abs(rf.metrics["loss"] - rh.metrics["loss"])
     if EMULATE:  # bf16 Megatron is a GPU path
         rb, finite = None, True
     else:
@@ -104,8 +113,10 @@ def phase_a() -> dict:
         bf_grads = [p.main_grad for p in bf.policy.gpt.parameters()]
         finite = all(bool(torch.isfinite(g).all()) for g in bf_grads) and all(
             v == v and abs(v) != float("inf") for v in (rb.metrics["loss"], rb.metrics["grad_norm"]))
-    ok = loss_diff < 1e-5 and grad_diff < 1e-5 and finite
+    ok = loss_diff < 1e-5 and grad_diff < 1e-5 and finite and (
+        EMULATE or (fused_loss_diff < 1e-5 and fused_grad_diff < 1e-4))
     return {"status": "pass" if ok else "fail", "loss_diff": loss_diff, "grad_max_abs_diff": grad_diff,
+            "fused_attention_loss_diff": fused_loss_diff, "fused_attention_grad_max_abs_diff": fused_grad_diff,
             "grad_norm": rh.metrics["grad_norm"], "bf16_loss": rb.metrics["loss"] if rb else None,
             "bf16_finite": finite, "device": "cpu (emulated)" if EMULATE else torch.cuda.get_device_name(0)}
 
