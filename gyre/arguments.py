@@ -184,6 +184,11 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--max-switch-failures", type=int, default=3,
                        help="A cell whose switch into training fails this many times in a row stays in rollout, "
                             "with every cell above it (the core: the run ends).")
+    group.add_argument("--weight-transport", choices=("mooncake-tcp", "mooncake-rdma"), default="mooncake-tcp",
+                       help="How weight snapshots (and engine-to-engine KV copies) move between nodes: Mooncake "
+                            "over TCP, or over RDMA (the CUDA build of Mooncake on InfiniBand/RoCE).")
+    group.add_argument("--weight-transport-device", default="",
+                       help="RDMA NICs for --weight-transport mooncake-rdma (e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
     group.add_argument("--update-weight-buffer-size", type=_positive_int, default=512 << 20,
                        help="Bytes per bucket when a cell loads the policy into its engine (the model goes over "
                             "in buckets of about this size, gathered from the cell's shards unit by unit).")

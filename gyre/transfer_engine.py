@@ -1,9 +1,9 @@
 """Start-up of a Mooncake Transfer Engine, shared by weight snapshots and KV payloads.
 
 :func:`start_transfer_engine` starts one engine bound to ``host`` over TCP (Mooncake's P2P
-handshake, no metadata server), with the given tensors registered for one-sided reads.  The CPU
-wheel (``mooncake-transfer-engine-non-cuda``) moves bytes over TCP; the CUDA wheel offers the same
-API over RDMA.
+handshake, no metadata server), or over RDMA after :func:`set_transport`, with the given tensors
+registered for one-sided reads.  The CPU wheel (``mooncake-transfer-engine-non-cuda``) is tested
+over TCP; RDMA has not run here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,23 @@ import torch
 
 class TransferEngineError(RuntimeError):
     """Mooncake is not installed, or starting it / registering memory failed."""
+
+
+#: Transport every engine this process starts uses: ``(protocol, device names)``; see
+#: :func:`set_transport` (``--weight-transport``, ``--weight-transport-device``).
+_TRANSPORT = ["tcp", ""]
+
+
+def set_transport(protocol: str, device_names: str = "") -> None:
+    """Make every transfer engine this process starts use ``protocol`` (``tcp`` or ``rdma``) and,
+    for RDMA, the NICs ``device_names`` (e.g. ``mlx5_0,mlx5_1``; empty: Mooncake picks).
+
+    Raises:
+        ValueError: an unknown protocol.
+    """
+    if protocol not in ("tcp", "rdma"):
+        raise ValueError(f"Mooncake protocol must be tcp or rdma, not {protocol!r}")
+    _TRANSPORT[:] = [protocol, device_names]
 
 
 @contextlib.contextmanager
@@ -37,7 +54,8 @@ def native_stderr_captured():
 
 
 def start_transfer_engine(host: str, tensors: Iterable[torch.Tensor] = ()):
-    """A Mooncake transfer engine on ``host`` (TCP) with ``tensors`` registered.  Mooncake's own
+    """A Mooncake transfer engine on ``host`` (the process's transport, :func:`set_transport`;
+    TCP by default) with ``tensors`` registered.  Mooncake's own
     log lines of this start-up appear only in the error when it fails; later it logs errors only
     (``MC_LOG_LEVEL``, default ``ERROR`` here).
 
@@ -52,9 +70,11 @@ def start_transfer_engine(host: str, tensors: Iterable[torch.Tensor] = ()):
             from exc
     with native_stderr_captured() as log:
         engine = TransferEngine()
-        rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+        protocol, devices = _TRANSPORT
+        rc = engine.initialize(host, "P2PHANDSHAKE", protocol, devices)
         if rc != 0:
-            raise TransferEngineError(f"TransferEngine.initialize({host!r}) failed: rc={rc}: {log()[-2000:]}")
+            raise TransferEngineError(f"TransferEngine.initialize({host!r}, {protocol}, {devices!r}) failed: rc={rc}: "
+                                      f"{log()[-2000:]}")
         for t in tensors:
             register(engine, t)
     return engine

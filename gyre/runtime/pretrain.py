@@ -295,6 +295,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     from gyre.training.weight_snapshot import (CoreSnapshotStamps, MooncakeSnapshotClient, MooncakeSnapshotServer,
                                                flat_numel)
 
+    from gyre.transfer_engine import set_transport
+
+    set_transport(args.weight_transport.removeprefix("mooncake-"), args.weight_transport_device)
     device = _init_distributed(args, timedelta(seconds=1800))
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(args.run_dir)
