@@ -345,10 +345,11 @@ class SGLangEngine:
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, host: str = "127.0.0.1", port: int | None = None,
                   env: Mapping[str, str] | None = None, extra_argv: Sequence[str] = (),
-                  **kwargs) -> "SGLangEngine":
-        """Build from Gyre's parsed arguments (``--model-dir``, the ``--sglang-*`` flags and
-        ``--rollout-shared-kv-*``); ``extra_argv`` (e.g. a cell's layout flags) comes after them."""
-        model = args.model_dir
+                  model_path: str | None = None, **kwargs) -> "SGLangEngine":
+        """Build from Gyre's parsed arguments (``--model-dir`` unless ``model_path`` is given, the
+        ``--sglang-*`` flags and ``--rollout-shared-kv-*``); ``extra_argv`` (e.g. a cell's layout
+        flags) comes after them."""
+        model = model_path or args.model_dir
         if model is None:
             from gyre.embedded_model import ensure_tiny_model
 

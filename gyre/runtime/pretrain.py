@@ -255,7 +255,8 @@ def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, ver
     if getattr(args, "sglang_weight_version", None) is None:
         argv += ["--weight-version", str(version)]
     node = lay.shard // gpus.gpus_per_node
-    return SGLangCellEngine.from_args(args, host=host, extra_argv=argv, device=str(device), tp_size=lay.ranks_per_cell,
+    return SGLangCellEngine.from_args(args, host=host, extra_argv=argv, model_path=model_dir, device=str(device),
+                                      tp_size=lay.ranks_per_cell,
                                       log_path=Path(args.run_dir) / f"sglang_cell{lay.cell}_node{node}.log")
 
 
