@@ -74,6 +74,16 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host.copy_(t.detach())
 
 
+def _main_params(optimizer) -> list[torch.Tensor]:
+    """The fp32 main parameters a mixed-precision Megatron optimizer keeps beside the model's
+    (``fp32_from_float16_groups``, of every optimizer a ``ChainedOptimizer`` chains)."""
+    out: list[torch.Tensor] = []
+    for opt in getattr(optimizer, "chained_optimizers", None) or ([optimizer] if optimizer is not None else []):
+        for group in getattr(opt, "fp32_from_float16_groups", None) or []:
+            out.extend(group)
+    return out
+
+
 class TrainingState:
     """Training parameters and optimizer buffers that leave memory while the cell serves rollouts.
 
@@ -82,7 +92,9 @@ class TrainingState:
     ``grad_buffers`` (Megatron DDP's contiguous gradient buffers, which every ``main_grad`` views)
     are not copied: they are zeroed before each step anyway, so offloading frees their storage in
     place (``untyped_storage().resize_(0)``, the views stay attached) and restoring re-allocates it
-    zeroed.  On the CPU default both the copy and the live storage are host memory; a CUDA
+    zeroed.  Mixed-precision optimizers' fp32 main parameters (Megatron's
+    ``fp32_from_float16_groups``, of each chained optimizer) are copied and freed like the
+    parameters.  On the CPU default both the copy and the live storage are host memory; a CUDA
     tensor's copy is in pinned host memory, and offloading empties the CUDA allocator's cache.
     """
 
@@ -94,6 +106,8 @@ class TrainingState:
         self._grad_bytes = [b.untyped_storage().nbytes() for b in self.grad_buffers]
         self._saved: list[torch.Tensor] | None = None
         self._saved_opt: list[tuple[dict, str, torch.Tensor, torch.device]] = []
+        self.main_params = _main_params(optimizer)
+        self._saved_main: list[torch.Tensor] = []
         self.resident = True
 
     def offload(self) -> None:
@@ -109,6 +123,9 @@ class TrainingState:
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         self._saved_opt.append((state, k, _to_host(v), v.device))
                         state[k] = torch.empty(0, dtype=v.dtype, device=v.device)
+        self._saved_main = [_to_host(t) for t in self.main_params]
+        for t in self.main_params:
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
         for b in self.grad_buffers:
             b.untyped_storage().resize_(0)
         self.resident = False
@@ -128,10 +145,12 @@ class TrainingState:
             p.data = saved.to(p.device, non_blocking=True)
         for state, k, v, device in self._saved_opt:
             state[k] = v.to(device, non_blocking=True)
+        for t, saved in zip(self.main_params, self._saved_main):
+            t.data = saved.to(t.device, non_blocking=True)
         for b, nbytes in zip(self.grad_buffers, self._grad_bytes):
             b.untyped_storage().resize_(nbytes)
             b.zero_()
-        self._saved, self._saved_opt = None, []
+        self._saved, self._saved_opt, self._saved_main = None, [], []
         self.resident = True
         if any(p.device.type == "cuda" for p in self.params):
             torch.cuda.synchronize()  # the pinned copies may go once the copies have landed

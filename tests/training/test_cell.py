@@ -72,6 +72,26 @@ def test_training_state_offload_restore_round_trip():
     opt.step()  # the optimizer still works on the restored tensors
 
 
+def test_mixed_precision_main_parameters_are_offloaded_too():
+    """An optimizer holding fp32 main copies of bf16 parameters (as Megatron's does, under
+    ``fp32_from_float16_groups``, possibly chained): they leave memory and come back identical."""
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    main = [p.detach().float().clone() + 0.001 for p in model.parameters()]
+
+    class Chained:
+        chained_optimizers = [type("Mixed", (), {"fp32_from_float16_groups": [main[:1], main[1:]], "state": {}})()]
+        state: dict = {}
+
+    st = TrainingState(model.parameters(), Chained())
+    assert st.main_params == main
+    before = [t.clone() for t in main]
+    st.offload()
+    assert all(t.numel() == 0 for t in main) and all(p.numel() == 0 for p in model.parameters())
+    st.restore()
+    assert all(torch.equal(a, b) and a.dtype == torch.float32 for a, b in zip(main, before))
+    assert TrainingState(model.parameters(), torch.optim.SGD(model.parameters(), lr=0.1)).main_params == []
+
+
 def test_transitions_follow_the_documented_order_and_are_measured():
     log = []
     proxy = FakeProxy()
