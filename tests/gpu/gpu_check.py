@@ -15,8 +15,8 @@ Phases:
      step in bf16 gives finite loss and gradients;
   b  2 cells x TP 2 on one GPU (4 ranks, gloo over CUDA tensors): the main job's streaming step
      equals the single-process step (``tests/integration/tp_cells_worker.py --device cuda``);
-  c  the training-state hand-over frees >= 90% of the trainer's GPU memory (nvidia-smi) and
-     restores it bit-identically; GB/s each way (parameters and optimizer state moved);
+  c  the training-state hand-over (fp32, and bf16 with fp32 main parameters) frees >= 90% of the
+     trainer's GPU memory (nvidia-smi) and restores it bit-identically; GB/s each way;
   d  a weight push by CUDA IPC (flattened buckets) into an embedded engine process on the GPU: the
      engine's log-probs equal the trainer's, 20 pushes with no memory growth;
   e  ``torchrun --nproc-per-node 2 pretrain_gyre.py --backend gpu`` (embedded CUDA engines, gloo)
@@ -136,20 +136,18 @@ def phase_b(tmp: Path) -> dict:
     return {"status": "pass" if ok else "fail", "steps": steps}
 
 
-def phase_c() -> dict:
+def _handover(bf16: bool) -> dict:
+    """Offload and restore the training state of a ~0.5B-parameter Megatron replica (a small one
+    when emulating): GPU memory freed, bit-identical restore, GB/s each way."""
+    import gc
     import hashlib
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from gyre.training.cell import TrainingState
-    from gyre.training.megatron_model import init_process_group_from_env, initialize_megatron_cpu
     from gyre.training.megatron_step import build_megatron_train_step
 
-    if not EMULATE:
-        torch.cuda.set_device(0)
-    init_process_group_from_env("gloo" if EMULATE else "nccl")
-    initialize_megatron_cpu(1, 1, seed=1234, cpu=EMULATE)
     base = _gpu_used_mib()
     size = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2) if EMULATE else dict(
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=8)
@@ -157,44 +155,66 @@ def phase_c() -> dict:
                       max_position_embeddings=4096, tie_word_embeddings=True, **size)
     torch.manual_seed(0)
     hf = Qwen3ForCausalLM(cfg)
-    step = build_megatron_train_step(hf)
+    step = build_megatron_train_step(hf, bf16=bf16)
     del hf
     for p in step.params:  # optimizer state exists after a step: give every parameter a gradient
         p.main_grad.normal_()
     step.optimizer_step(1)
     if not EMULATE:
         torch.cuda.synchronize()
+    state = TrainingState(step.params, step.optimizer, step.grad_buffers())
 
     def digest() -> str:
         h = hashlib.sha256()
-        for p in step.params:
-            h.update(p.detach().cpu().numpy().tobytes())
-        for _, state in step.optimizer.state.items():
-            for k in sorted(state):
-                if isinstance(state[k], torch.Tensor):
-                    h.update(state[k].detach().cpu().numpy().tobytes())
+        for t in [*step.params, *state.main_params]:
+            h.update(t.detach().float().cpu().numpy().tobytes())
+        for _, st in step.optimizer.state.items():
+            for k in sorted(st):
+                if isinstance(st[k], torch.Tensor):
+                    h.update(st[k].detach().float().cpu().numpy().tobytes())
         return h.hexdigest()
 
     before = digest()
-    state = TrainingState(step.params, step.optimizer, step.grad_buffers())
     resident = _gpu_used_mib()
-    nbytes = sum(p.numel() * p.element_size() for p in step.params)
     t0 = time.perf_counter()
     state.offload()
     t_off = time.perf_counter() - t0
     offloaded = _gpu_used_mib()
-    moved = sum(t.numel() * t.element_size() for t in state._saved) + sum(
+    moved = sum(t.numel() * t.element_size() for t in [*state._saved, *state._saved_main]) + sum(
         v.numel() * v.element_size() for _, _, v, _ in state._saved_opt)
     t0 = time.perf_counter()
     state.restore()
     t_on = time.perf_counter() - t0
     freed = (resident - offloaded) / max(1, resident - base)
     same = digest() == before
-    ok = (freed >= 0.9 or EMULATE) and same
-    return {"status": "pass" if ok else "fail", "trainer_mib": resident - base, "freed_fraction": round(freed, 4),
-            "bit_identical": same, "param_gb": round(nbytes / 1e9, 3), "moved_gb": round(moved / 1e9, 3),
-            "offload_s": round(t_off, 3), "restore_s": round(t_on, 3),
-            "offload_gb_per_s": round(moved / 1e9 / t_off, 2), "restore_gb_per_s": round(moved / 1e9 / t_on, 2)}
+    out = {"ok": (freed >= 0.9 or EMULATE) and same, "trainer_mib": resident - base,
+           "freed_fraction": round(freed, 4), "bit_identical": same,
+           "param_gb": round(sum(p.numel() * p.element_size() for p in step.params) / 1e9, 3),
+           "main_param_gb": round(sum(t.numel() * t.element_size() for t in state.main_params) / 1e9, 3),
+           "moved_gb": round(moved / 1e9, 3), "offload_s": round(t_off, 3), "restore_s": round(t_on, 3),
+           "offload_gb_per_s": round(moved / 1e9 / t_off, 2), "restore_gb_per_s": round(moved / 1e9 / t_on, 2)}
+    del step, state
+    gc.collect()
+    if not EMULATE:
+        torch.cuda.empty_cache()
+    return out
+
+
+def phase_c() -> dict:
+    import torch
+
+    from gyre.training.megatron_model import init_process_group_from_env, initialize_megatron_cpu
+
+    if not EMULATE:
+        torch.cuda.set_device(0)
+    init_process_group_from_env("gloo" if EMULATE else "nccl")
+    initialize_megatron_cpu(1, 1, seed=1234, cpu=EMULATE)
+    result = _handover(bf16=False)
+    ok = result.pop("ok")
+    if not EMULATE:  # bf16 with fp32 main parameters (Megatron's bf16 optimizer is GPU-only)
+        result["bf16"] = _handover(bf16=True)
+        ok = ok and result["bf16"].pop("ok")
+    return {"status": "pass" if ok else "fail", **result}
 
 
 def phase_d(tmp: Path) -> dict:
