@@ -485,6 +485,8 @@ class SGLangTensorClient:
         answer = self.client.update_weights_from_tensor(serialized_named_tensors=payloads, load_format=self.load_format,
                                                         weight_version=weight_version, **kw)
         del pairs  # only now may the engine's handles go stale
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.ipc_collect()  # free what the engine has let go of
         return answer
 
     def __getattr__(self, name: str):
