@@ -137,12 +137,18 @@ class RunDirectoryLock:
         self._lock.release()
 
     def is_free(self) -> bool:
-        """Whether no job holds the lock now (takes and drops it)."""
-        if not self.path.parent.exists():
+        """Whether no job holds the lock now.  A shared, non-blocking test: several processes (a
+        job's ranks checking their configuration at once) never see each other as the holder."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
             return True
         try:
-            self.acquire()
-        except RunDirectoryLockedError:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
             return False
-        self.release()
+        finally:
+            os.close(fd)  # drops the shared lock
         return True

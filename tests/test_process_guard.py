@@ -95,6 +95,24 @@ def test_one_job_per_run_directory(tmp_path):
     lock.acquire().release()
 
 
+def test_ranks_checking_the_run_directory_at_once_do_not_see_each_other(tmp_path):
+    """Every rank checks the lock before the job starts; one rank's check must not make another's
+    fail (a check that took the lock itself did, under load)."""
+    import fcntl
+    import os
+
+    lock = RunDirectoryLock(tmp_path / "run")
+    lock.acquire().release()  # the lock file exists, nobody holds it
+    fd = os.open(lock.path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # another rank in the middle of its check
+        assert lock.is_free() and RunDirectoryLock(tmp_path / "run").is_free()
+    finally:
+        os.close(fd)
+    assert RunDirectoryLock(tmp_path / "fresh").is_free()  # no lock file yet
+    assert not (tmp_path / "fresh").exists()  # checking creates nothing
+
+
 def test_a_failing_job_exits_at_once_with_its_children(tmp_path):
     """pretrain_gyre.main on a rank whose job raises: a traceback, exit 1 at once (not after its
     worker threads or harnesses), and the process groups it started die with it."""
