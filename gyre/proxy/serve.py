@@ -8,7 +8,7 @@ execution = its trajectory tree; ``tools/inspect_tree.py`` renders it). The engi
 * the user's own (``--engine-url URL``, repeatable): nothing is started; each URL must answer
   ``GET /health`` at start-up, and the tokenizer comes from ``--model-dir`` or, when that is
   not given, from the ``tokenizer_path`` / ``model_path`` of the first engine's
-  ``GET /get_model_info`` if it is a local directory; or
+  ``GET /model_info`` if it is a local directory; or
 * started here: ``--num-engines`` (default ``--num-cells + --standalone-engines``) embedded CPU
   engines (``gyre.rollout.embedded_server``, in this process on their own threads), or with
   ``--rollout-engine sglang --backend gpu`` SGLang servers
@@ -55,7 +55,7 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--engine-url", action="append", default=None, metavar="URL",
                    help="An engine you run (SGLang's native HTTP API, e.g. http://gpu-node:30000); repeat for "
                         "several. Nothing is started; the tokenizer comes from --model-dir, else from the "
-                        "engine's /get_model_info path when it is a local directory.")
+                        "engine's /model_info path when it is a local directory.")
     e.add_argument("--engine-check-timeout-s", type=float, default=10.0,
                    help="How long each --engine-url may take to answer GET /health at start-up.")
     e.add_argument("--num-engines", type=int, default=None,
@@ -170,7 +170,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def check_engine_urls(urls: Sequence[str], timeout: float = 10.0) -> dict[str, Any]:
-    """``GET /health`` on every URL, then ``GET /get_model_info`` on the first; return that info.
+    """``GET /health`` on every URL, then ``GET /model_info`` (or ``/get_model_info``) on the first;
+    return that info.
 
     Raises:
         RuntimeError: one line naming the URL and what went wrong (no answer, a non-200 status,
@@ -189,13 +190,17 @@ def check_engine_urls(urls: Sequence[str], timeout: float = 10.0) -> dict[str, A
             if r.status_code != 200:
                 raise RuntimeError(f"engine {url} answered GET /health with status {r.status_code}")
             if i == 0:
-                try:
-                    r = c.get(url + "/get_model_info")
-                    body = r.json() if r.status_code == 200 else None
-                except (httpx.HTTPError, ValueError):
-                    body = None
+                body = None
+                for path in ("/model_info", "/get_model_info"):  # the second on SGLang before /model_info
+                    try:
+                        r = c.get(url + path)
+                        body = r.json() if r.status_code == 200 else None
+                    except (httpx.HTTPError, ValueError):
+                        body = None
+                    if isinstance(body, dict):
+                        break
                 if not isinstance(body, dict):
-                    raise RuntimeError(f"engine {url}: GET /get_model_info gave no JSON object")
+                    raise RuntimeError(f"engine {url}: neither GET /model_info nor /get_model_info gave a JSON object")
                 info = body
     return info
 

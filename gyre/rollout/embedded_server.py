@@ -113,8 +113,8 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     ``data: [DONE]``), ``/abort_request``, ``/pause_generation``, ``/continue_generation``,
     ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/flush_cache``,
     ``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weight_version``;
-    ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``,
-    ``/get_weight_version``.  Gyre's own: ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
+    ``GET /health``, ``/health_generate``, ``/model_info`` (also ``/get_model_info``),
+    ``/server_info`` (also ``/get_server_info``), ``/get_weight_version``.  Gyre's own: ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
     payload of the longest prefix held, :mod:`gyre.rollout.kv_transfer`, with ``X-Cached-Tokens``;
     JSON ``cached_tokens: 0`` when none; with ``"transport": "mooncake"`` the payload is staged and
     pinned in ``kv_stage`` and the answer is JSON ``{"cached_tokens", "mooncake": handle}``),
@@ -475,16 +475,18 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
             return _error("health check generation timed out", 503)
         return {"status": "ok"}
 
+    @app.get("/model_info")
     @app.get("/get_model_info")
     async def get_model_info():
         return {"model_path": engine.model_path, "tokenizer_path": engine.tokenizer_path, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": engine.core.version,
                 "served_model_name": cfg.served_model_name or engine.model_path}
 
-    @app.get("/get_weight_version")
+    @app.get("/get_weight_version")  # SGLang before 0.5.10; newer SGLang answers 404 here
     async def get_weight_version():
         return {"weight_version": engine.core.version}
 
+    @app.get("/server_info")
     @app.get("/get_server_info")
     async def get_server_info():
         state = await run(lambda core: {**core.stats(), **engine.runner.describe()})

@@ -6,7 +6,8 @@
 ``release_memory_occupation``, ``resume_memory_occupation``, ``flush_cache``,
 ``update_weights_from_disk``, ``update_weights_from_tensor``, ``update_weight_version``,
 ``get_weight_version``, ``health``, ``health_generate``, ``wait_until_ready``,
-``get_model_info``, ``get_server_info``.  Each method sends one call built in
+``get_model_info``, ``get_server_info`` (``GET /model_info`` and ``/server_info``, where
+SGLang 0.5.10 also reports the ``weight_version``).  Each method sends one call built in
 :mod:`gyre.rollout.engine_messages` (which also defines the results and errors they return
 and raise); the clients only add the transport.  A transport failure raises
 :class:`~gyre.rollout.engine_messages.EngineConnectionError`.
@@ -237,7 +238,7 @@ class EngineClient(_ClientBase):
         return self._do(op_destroy_weights_update_group(group_name))
 
     def get_weight_version(self) -> str:
-        return str(self._do(op_json("GET", "/get_weight_version"))["weight_version"])
+        return str(self.get_model_info()["weight_version"])
 
     # status ---------------------------------------------------------------------
 
@@ -268,10 +269,20 @@ class EngineClient(_ClientBase):
             time.sleep(poll_s)
 
     def get_model_info(self) -> dict:
-        return self._do(op_json("GET", "/get_model_info"))
+        """``GET /model_info`` (``/get_model_info`` on an engine without it)."""
+        return self._info("/model_info", "/get_model_info")
 
     def get_server_info(self) -> dict:
-        return self._do(op_json("GET", "/get_server_info"))
+        """``GET /server_info`` (``/get_server_info`` on an engine without it)."""
+        return self._info("/server_info", "/get_server_info")
+
+    def _info(self, path: str, older: str) -> dict:
+        try:
+            return self._do(op_json("GET", path))
+        except EngineError as exc:
+            if exc.status_code != 404:
+                raise
+            return self._do(op_json("GET", older))
 
 
 _OCTETS = {"content-type": "application/octet-stream"}
@@ -414,7 +425,7 @@ class AsyncEngineClient(_ClientBase):
         return await self._do(op_update_weight_version(new_version, abort_all_requests))
 
     async def get_weight_version(self) -> str:
-        return str((await self._do(op_json("GET", "/get_weight_version")))["weight_version"])
+        return str((await self.get_model_info())["weight_version"])
 
     async def health(self) -> bool:
         try:
@@ -436,10 +447,18 @@ class AsyncEngineClient(_ClientBase):
             await asyncio.sleep(poll_s)
 
     async def get_model_info(self) -> dict:
-        return await self._do(op_json("GET", "/get_model_info"))
+        return await self._info("/model_info", "/get_model_info")
 
     async def get_server_info(self) -> dict:
-        return await self._do(op_json("GET", "/get_server_info"))
+        return await self._info("/server_info", "/get_server_info")
+
+    async def _info(self, path: str, older: str) -> dict:
+        try:
+            return await self._do(op_json("GET", path))
+        except EngineError as exc:
+            if exc.status_code != 404:
+                raise
+            return await self._do(op_json("GET", older))
 
 
 class RolloutEngine(Protocol):

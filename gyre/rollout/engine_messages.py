@@ -150,7 +150,11 @@ class StreamChunk:
 
 
 class StreamNormalizer:
-    """Turns one request's SGLang stream events (cumulative or incremental) into :class:`StreamChunk`."""
+    """Turns one request's SGLang stream events (cumulative or incremental) into :class:`StreamChunk`.
+
+    In incremental mode ``output_ids`` and ``text`` are deltas; ``output_token_logprobs`` may be
+    deltas too (the embedded engine) or cumulative (SGLang, which keeps them whole in every chunk):
+    a list as long as the tokens so far plus the new ones is taken as cumulative."""
 
     def __init__(self, incremental: bool):
         self.incremental = incremental
@@ -169,7 +173,10 @@ class StreamNormalizer:
         raw_lps = meta.get("output_token_logprobs")
         raw_text = d.get("text")
         if self.incremental:
-            new_ids, new_lps = raw_ids, ([float(x[0]) for x in raw_lps] if raw_lps is not None else None)
+            new_ids = raw_ids
+            if raw_lps is not None and lps and len(raw_lps) == len(lps) + len(new_ids):
+                raw_lps = raw_lps[len(lps):]  # SGLang: ids are deltas, log-probs stay cumulative
+            new_lps = [float(x[0]) for x in raw_lps] if raw_lps is not None else None
             new_text = raw_text or ""
             text = text + new_text
         else:

@@ -42,7 +42,7 @@ def test_engine_url_records_a_reference_agent_run(tiny_model_dir, tmp_path):
     save = tmp_path / "records"
     with EmbeddedEngineProcess(str(tiny_model_dir), extra_args=["--weight-version", "7", "--num-threads", "1"],
                                env=ENV) as engine:
-        # no --model-dir: the tokenizer comes from the engine's /get_model_info model_path
+        # no --model-dir: the tokenizer comes from the engine's /model_info model_path
         proc, info = _start_serve(["--engine-url", engine.url, "--port", "0", "--save-dir", str(save),
                                    "--rollout-max-new-tokens", "24", "--log-level", "WARNING"])
         try:

@@ -128,17 +128,22 @@ def _sse(events):
 STOP = {"type": "stop", "matched": 9}
 
 
-@pytest.mark.parametrize("incremental", [False, True])
+@pytest.mark.parametrize("incremental", [False, True, "sglang"])
 def test_stream_normalises_cumulative_and_incremental_events(incremental):
-    if incremental:
+    if incremental == "sglang":  # SGLang's incremental mode: ids are deltas, log-probs stay cumulative
+        events = [result([1], [-0.1]), result([2, 3], [-0.2, -0.3]), result([9], [-0.9], finish=STOP)]
+        whole = [[-0.1, 1, None], [-0.2, 2, None], [-0.3, 3, None], [-0.9, 9, None]]
+        for e, n in zip(events, (1, 3, 4)):
+            e["meta_info"]["output_token_logprobs"] = whole[:n]
+    elif incremental:
         events = [result([1], [-0.1]), result([2, 3], [-0.2, -0.3]), result([9], [-0.9], finish=STOP)]
     else:
         events = [result([1], [-0.1]), result([1, 2, 3], [-0.1, -0.2, -0.3]),
                   result([1, 2, 3, 9], [-0.1, -0.2, -0.3, -0.9], finish=STOP)]
 
     def handler(path, body):
-        if path == "/get_server_info":
-            return httpx.Response(200, json={"incremental_streaming_output": incremental})
+        if path == "/server_info":
+            return httpx.Response(200, json={"incremental_streaming_output": bool(incremental)})
         assert body["stream"] is True
         return httpx.Response(200, text=_sse(events), headers={"content-type": "text/event-stream"})
 
@@ -161,7 +166,7 @@ def test_stream_normalises_cumulative_and_incremental_events(incremental):
 
 def test_stream_error_event_raises():
     def handler(path, body):
-        if path == "/get_server_info":
+        if path == "/server_info":
             return httpx.Response(200, json={})
         return httpx.Response(200, text=_sse([{"error": {"message": "boom"}}]))
 
@@ -181,3 +186,18 @@ def test_async_client_generate_and_health():
 
     r, ok = asyncio.run(main())
     assert r.output_ids == [4] and ok
+
+
+def test_info_calls_use_sglang_0_5_10_paths_and_fall_back_on_older_engines():
+    new = {"/model_info": {"weight_version": "v7", "model_path": "/m"}, "/server_info": {"tp_size": 2}}
+    c, s = client(lambda path, body: httpx.Response(200, json=new[path]) if path in new else httpx.Response(404))
+    assert c.get_weight_version() == "v7" and c.get_server_info() == {"tp_size": 2}
+    assert [p for _, p, _ in s.requests] == ["/model_info", "/server_info"]
+    old = {"/get_model_info": {"weight_version": "v1"}, "/get_server_info": {"tp_size": 1}}
+    c, s = client(lambda path, body: httpx.Response(200, json=old[path]) if path in old
+                  else httpx.Response(404, json={"detail": "Not Found"}))
+    assert c.get_weight_version() == "v1" and c.get_server_info() == {"tp_size": 1}
+    assert [p for _, p, _ in s.requests] == ["/model_info", "/get_model_info", "/server_info", "/get_server_info"]
+    c, _ = client(lambda path, body: httpx.Response(500, json={"error": {"message": "down"}}))
+    with pytest.raises(EngineError, match="down"):
+        c.get_model_info()  # only a 404 means "an older engine"

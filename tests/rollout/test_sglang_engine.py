@@ -99,7 +99,7 @@ FAKE_SERVER = textwrap.dedent("""
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
             body = json.dumps({"weight_version": "default"}).encode()
-            self.send_response(200 if self.path in ("/health", "/get_weight_version") else 404)
+            self.send_response(200 if self.path in ("/health", "/model_info") else 404)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
