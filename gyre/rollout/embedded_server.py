@@ -435,9 +435,13 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(request: Request):
+        from gyre.rollout.weight_group import close_weight_group
+
         name = parse_destroy_weights_update_group(await _read_json(request))
-        if groups.pop(name, None) is None:
+        group = groups.pop(name, None)
+        if group is None:
             raise WeightError(f"no weight-update group {name!r}")
+        close_weight_group(group)
         return {"success": True, "message": f"left {name}"}
 
     async def _unsupported(request: Request):

@@ -2,9 +2,10 @@
 ``/init_weights_update_group`` + ``/update_weights_from_distributed``.
 
 For engines that do not share the trainer's GPUs (a standalone pool, a remote SGLang server), the
-trainer opens a small process group with every engine -- rank 0 the trainer, ranks ``1..n`` the
-engines' -- next to, not inside, the job's default group (:func:`open_weight_group`: a TCPStore
-hosted by rank 0 and a gloo or NCCL process group built on it directly).  Each update then names
+trainer opens a small process group with every engine -- rank 0 the trainer, then each engine's
+TP ranks -- next to, not inside, the job's default group (:func:`open_weight_group`, built as
+SGLang builds its side: a ``tcp://`` rendezvous hosted by rank 0, a store prefixed with the group
+name, torch's process-group constructor).  Each update then names
 the tensors of a bucket over HTTP (names, dtypes, shapes) while the trainer broadcasts them in
 that order; each engine receives and loads them and answers when done
 (:class:`WeightBroadcaster`).  One broadcast reaches every engine at once.
@@ -20,6 +21,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
+_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 DEFAULT_GROUP = "weight_update_group"
 
 
@@ -48,48 +50,84 @@ def open_weight_group(master_address: str, master_port: int, rank: int, world_si
     """Join the weight-update group ``group_name`` as ``rank`` (rank 0 hosts its TCPStore at
     ``master_address:master_port``).  Blocks until every rank has joined (or ``timeout_s``).
 
+    Built the way an SGLang server builds its side of ``/init_weights_update_group``: a
+    ``tcp://`` rendezvous, the store prefixed with ``group_name``, and torch's own process-group
+    constructor with that group name (which prefixes the store keys again, by group and device),
+    so a trainer and SGLang's ranks meet at the same keys.  The group is not the default one and
+    needs none.
+
     Raises:
         ValueError: an unknown backend or a rank outside ``[0, world_size)``.
         RuntimeError / DistStoreError: the others did not join in time.
     """
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be gloo or nccl, not {backend!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside a group of {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout,
-                          wait_for_workers=False)
+    host = f"[{master_address}]" if ":" in master_address else master_address
+    store, _, _ = next(rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
     prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    else:
-        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    options = {"backend_options": None} if _TORCH >= (2, 6) else {"pg_options": None}
+    pg, _ = _new_process_group_helper(world_size, rank, [], dist.Backend(backend), prefixed,
+                                      group_name=group_name, timeout=timeout, **options)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}  # group rank == rank, as new_group records
     return WeightGroup(rank, world_size, backend, pg, store)
 
 
+def close_weight_group(group: WeightGroup) -> None:
+    """Leave ``group`` (destroys its process group; the store goes with the last reference)."""
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group(group.process_group)
+    except (ValueError, RuntimeError):  # already destroyed
+        pass
+
+
+def engine_rank_offsets(tp_sizes: Sequence[int]) -> tuple[list[int], int]:
+    """``(rank_offset of each engine, world size)`` of a weight-update group with the trainer as
+    rank 0: an engine of TP size ``t`` holds ``t`` consecutive ranks (its TP rank ``r`` joins as
+    ``rank_offset + r``, as SGLang does)."""
+    offsets, nxt = [], 1
+    for t in tp_sizes:
+        if int(t) < 1:
+            raise ValueError(f"an engine's TP size must be >= 1, not {t}")
+        offsets.append(nxt)
+        nxt += int(t)
+    return offsets, nxt
+
+
 class WeightBroadcaster:
-    """The trainer's side: rank 0 of a weight-update group with ``clients``' engines (one rank
-    each, ``rank_offset`` 1, 2, ...).
+    """The trainer's side: rank 0 of a weight-update group with ``clients``' engines (an engine
+    of TP size ``t`` holds ``t`` ranks, :func:`engine_rank_offsets`).
 
     Args:
         clients: engine clients (:class:`gyre.rollout.engine_client.EngineClient`).
         master_address, master_port: where this process hosts the group's store (reachable by the engines).
         backend: ``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors).
         device: where the broadcast tensors are put before sending (``cpu`` for gloo).
+        tp_sizes: each engine's TP size (default 1 each).
     """
 
     def __init__(self, clients: Sequence, master_address: str, master_port: int, *, backend: str = "gloo",
-                 group_name: str = DEFAULT_GROUP, device: str = "cpu", timeout_s: float = 300.0):
+                 group_name: str = DEFAULT_GROUP, device: str = "cpu", timeout_s: float = 300.0,
+                 tp_sizes: Sequence[int] | None = None):
         self.clients = list(clients)
         self.group_name, self.device = group_name, device
-        world = 1 + len(self.clients)
+        tp_sizes = [1] * len(self.clients) if tp_sizes is None else list(tp_sizes)
+        if len(tp_sizes) != len(self.clients):
+            raise ValueError(f"{len(tp_sizes)} TP sizes for {len(self.clients)} engines")
+        offsets, world = engine_rank_offsets(tp_sizes)
         pool = ThreadPoolExecutor(max_workers=max(1, len(self.clients)))
         try:  # the engines join while this process hosts the store and joins as rank 0
             joins = [pool.submit(c.init_weights_update_group, master_address=master_address, master_port=master_port,
-                                 rank_offset=1 + i, world_size=world, group_name=group_name, backend=backend)
-                     for i, c in enumerate(self.clients)]
+                                 rank_offset=off, world_size=world, group_name=group_name, backend=backend)
+                     for c, off in zip(self.clients, offsets)]
             self.group = open_weight_group(master_address, master_port, 0, world, group_name=group_name,
                                            backend=backend, timeout_s=timeout_s)
             for j in joins:
@@ -125,9 +163,10 @@ class WeightBroadcaster:
         return sent
 
     def close(self) -> None:
-        """Tell the engines to leave the group (best effort)."""
+        """Tell the engines to leave the group (best effort), then leave it."""
         for c in self.clients:
             try:
                 c.destroy_weights_update_group(group_name=self.group_name)
             except Exception:  # an engine already gone has nothing to leave
                 pass
+        close_weight_group(self.group)

@@ -1,7 +1,7 @@
 """Weights broadcast from a trainer to engines over a weight-update group (SGLang's
 ``/init_weights_update_group`` + ``/update_weights_from_distributed``), on gloo: one broadcast
-reaches an engine process and an in-process engine, which then serve exactly what an engine loaded
-by value serves."""
+reaches two engine processes, which then serve exactly what an engine loaded by value serves; engines
+of several TP ranks take consecutive ranks, each receiving every broadcast."""
 
 import sys
 
@@ -22,7 +22,9 @@ def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
 
     proc = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
                         startup_timeout=120, log_path=tmp_path / "engine.log").start()
-    local = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    # a second process, not an in-process engine: like SGLang's ranks, each group member is its own process
+    local = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
+                         startup_timeout=120, log_path=tmp_path / "engine2.log").start()
     ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     try:
         clients = [EngineClient(proc.url, timeout=120), EngineClient(local.url, timeout=120)]
@@ -46,6 +48,7 @@ def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
             sender.push([{"model.norm.weight": torch.ones(3)}], "bad")
         assert [c.get_weight_version() for c in clients] == ["v5", "v5"]
         sender.close()
+        assert sender.group.process_group not in torch.distributed.distributed_c10d._world.pg_map
         with pytest.raises(EngineError, match="no weight-update group"):
             clients[1].update_weights_from_distributed(names=["model.norm.weight"], dtypes=["float32"],
                                                        shapes=[[1]], weight_version="x")
@@ -81,3 +84,62 @@ def test_joining_a_group_nobody_hosts_fails_with_a_clear_error(tiny_model_dir):
         assert EngineClient(server.url).health()
     finally:
         server.stop()
+
+
+def test_engine_rank_offsets_follow_tp_sizes():
+    from gyre.rollout.weight_group import engine_rank_offsets
+
+    assert engine_rank_offsets([1, 1, 1]) == ([1, 2, 3], 4)
+    assert engine_rank_offsets([2, 1, 4]) == ([1, 3, 4], 8)
+    assert engine_rank_offsets([]) == ([], 1)
+    with pytest.raises(ValueError, match=">= 1"):
+        engine_rank_offsets([2, 0])
+
+
+def _engine_rank(port, rank, world, out):
+    from gyre.rollout.weight_group import open_weight_group
+
+    g = open_weight_group("127.0.0.1", port, rank, world, group_name="wg", timeout_s=60)
+    t = torch.zeros(3)
+    g.broadcast(t)
+    out.put((rank, t.tolist()))
+
+
+class _TPEngine:
+    """An engine of ``tp`` ranks as SGLang runs one: each TP rank a process joining at ``rank_offset + r``."""
+
+    def __init__(self, tp, ctx, out):
+        self.tp, self.ctx, self.out, self.procs, self.seen = tp, ctx, out, [], None
+
+    def init_weights_update_group(self, *, master_address, master_port, rank_offset, world_size, group_name, backend):
+        self.seen = (rank_offset, world_size)
+        self.procs = [self.ctx.Process(target=_engine_rank, args=(master_port, rank_offset + r, world_size, self.out))
+                      for r in range(self.tp)]
+        for p in self.procs:
+            p.start()
+        return {"success": True}
+
+
+def test_engines_of_several_tp_ranks_each_receive_the_broadcast():
+    import multiprocessing as mp
+
+    from gyre.rollout.weight_group import WeightBroadcaster
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    engines = [_TPEngine(2, ctx, out), _TPEngine(1, ctx, out)]
+    sender = WeightBroadcaster(engines, "127.0.0.1", free_port(), group_name="wg", tp_sizes=[2, 1], timeout_s=60)
+    try:
+        assert [e.seen for e in engines] == [(1, 4), (3, 4)]
+        sender.group.broadcast(torch.tensor([1.0, 2.0, 3.0]))
+        got = sorted(out.get(timeout=60) for _ in range(3))
+        assert got == [(1, [1.0, 2.0, 3.0]), (2, [1.0, 2.0, 3.0]), (3, [1.0, 2.0, 3.0])]
+    finally:
+        for e in engines:
+            for p in e.procs:
+                p.join(30)
+        from gyre.rollout.weight_group import close_weight_group
+
+        close_weight_group(sender.group)
+    with pytest.raises(ValueError, match="2 TP sizes for 1 engines"):
+        WeightBroadcaster(engines[:1], "127.0.0.1", free_port(), tp_sizes=[2, 1])
