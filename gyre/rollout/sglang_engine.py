@@ -247,7 +247,9 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
                                        ) -> list[str]:
     """SGLang's ``serialized_named_tensors`` (``MultiprocessingSerializer``, one per TP rank).
 
-    GPU environment only: the tensors must live on this node's GPUs.
+    GPU environment only: the tensors must live on this node's GPUs.  SGLang's patch of torch's
+    tensor reductions is applied first (as SGLang's own senders do), so each handle names its GPU
+    by UUID and the server's ranks find it whatever their ``CUDA_VISIBLE_DEVICES``.
 
     Raises:
         ImportError: SGLang is not installed.
@@ -256,6 +258,12 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
         from sglang.srt.utils import MultiprocessingSerializer
     except ImportError:
         from sglang.srt.utils.common import MultiprocessingSerializer  # newer layout
+    try:
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    except ImportError:  # an SGLang without the patch: device indices as torch writes them
+        pass
+    else:
+        monkey_patch_torch_reductions()
     pairs = list(named.items()) if isinstance(named, Mapping) else list(named)
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 

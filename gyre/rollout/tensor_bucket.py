@@ -9,8 +9,10 @@ tensor plus each tensor's name, shape, dtype and byte range), pickles it with
 for a CPU one), and sends one such payload per engine TP rank (:func:`engine_rank_payloads`).
 The engine opens the handle and copies from it (:func:`load_payload`), so the sender must keep
 the flat tensor alive until the engine has replied (:class:`FlatBucket` is what it keeps).
-SGLang's own ``load_format="flattened_bucket"`` follows the same plan; the embedded engine
-accepts this module's payloads under that name.
+The embedded engine accepts these payloads under ``load_format="flattened_bucket"``.  SGLang
+uses the same name for a different layout (its own metadata class inside the pickle), so these
+payloads are for the embedded engine only: an SGLang server gets SGLang's default payload, a list
+of ``(name, tensor)`` pairs per TP rank (:func:`gyre.rollout.sglang_engine.serialize_named_tensors_for_sglang`).
 
 Opening a payload unpickles it, so :func:`load_payload` only resolves the few torch globals a
 tensor handle needs (anything else is refused); an engine endpoint taking payloads must still only

@@ -6,7 +6,8 @@ requests still running on it are aborted and transparently retried by the proxy 
 destination (which recomputes the whole context, unless the proxy copies the KV first:
 ``--rollout-kv-migration``); the engine
 pauses generation in ``abort`` mode (a request that reached it after the proxy's abort is aborted
-too, and later ones wait; SGLang releases memory only when idle), releases all of its memory --
+too, and later ones wait), flushes its prefix cache until that succeeds (SGLang flushes, and may
+release memory, only when nothing runs or waits), releases all of its memory --
 weights, KV cache and CUDA graphs (``release_memory_occupation``, :data:`ENGINE_MEMORY_TAGS`) --
 and the training parameters and optimizer buffers are restored.
 
@@ -31,6 +32,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 import torch
 
+from gyre.rollout.engine_messages import EngineError
 from gyre.rollout.weights import push_weight_buckets
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class EngineControl(Protocol):
     def release_memory_occupation(self, tags=None) -> dict: ...
 
     def resume_memory_occupation(self, tags=None) -> dict: ...
+
+    def flush_cache(self) -> None: ...
 
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict: ...
 
@@ -196,6 +200,7 @@ class CellRoles:
         self.role = "rollout"
         self.transitions: list[Transition] = []
         self.release_attempts = 3
+        self.idle_timeout_s = 30.0
 
     def _emit(self, tr: Transition) -> Transition:
         self.transitions.append(tr)
@@ -225,6 +230,7 @@ class CellRoles:
         for attempt in range(1, self.release_attempts + 1):
             try:  # pausing in abort mode leaves nothing running, so the release cannot meet a request
                 self.engine.pause_generation("abort")
+                self._wait_until_idle()
                 self.engine.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
                 break
             except Exception as exc:
@@ -242,6 +248,20 @@ class CellRoles:
         self.role = "training"
         return self._emit(Transition(self.cell, "rollout->training", wall, t3 - t0, len(moved), aborted,
                                      phases_s={"reroute_abort": t1 - t0, "release": t2 - t1, "restore": t3 - t2}))
+
+    def _wait_until_idle(self) -> None:
+        """Flush the engine's prefix cache until it succeeds: SGLang flushes only when nothing is
+        running or waiting (400 otherwise), and its release asserts that same idleness, killing
+        the server when it does not hold; an engine still busy after ``idle_timeout_s`` raises."""
+        deadline = time.monotonic() + self.idle_timeout_s
+        while True:
+            try:
+                self.engine.flush_cache()
+                return
+            except EngineError as exc:
+                if exc.status_code != 400 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def to_rollout(self, version: str, named_weights: Mapping[str, torch.Tensor] | Iterable[Mapping]) -> Transition:
         """Training -> rollout, serving ``named_weights`` (HF names; a mapping, or buckets of them

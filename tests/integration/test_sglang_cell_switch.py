@@ -82,13 +82,14 @@ def test_sglang_call_order_and_no_call_lost(tmp_path, tiny_model_dir):
         stop.set()
         th.join(120)
         assert not th.is_alive()
-        one_cycle = [("pause_generation", ("abort",)), ("release_memory_occupation", ("weights", "kv_cache", "cuda_graph")),
+        one_cycle = [("pause_generation", ("abort",)), ("flush_cache", ()),
+                     ("release_memory_occupation", ("weights", "kv_cache", "cuda_graph")),
                      ("resume_memory_occupation", ("weights",))]
         for i in range(3):
-            assert engine.log[6 * i:6 * i + 6] == one_cycle + [
+            assert engine.log[7 * i:7 * i + 7] == one_cycle + [
                 ("update_weights_from_tensor", str(i + 1)), ("resume_memory_occupation", ("kv_cache", "cuda_graph")),
                 ("continue_generation", ())]
-        assert len(engine.log) == 18
+        assert len(engine.log) == 21
         assert cell_engine.client().get_weight_version() == "3"
         proxy.close_execution(ex.execution_id)
         records = store.read_records(ex.execution_id)

@@ -46,6 +46,9 @@ class FakeEngine:
         self.log.append(("resume", tuple(tags)))
         return {"success": True}
 
+    def flush_cache(self):
+        pass
+
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version, **kw):
         if self.update_failures:
             self.update_failures -= 1
@@ -132,6 +135,44 @@ def test_a_release_that_fails_is_retried_then_reported(monkeypatch):
         failing.to_train(None)
     assert failing.role == "rollout" and not failing.transitions
     assert log == [("pause", "abort")] * 3 + [("continue",)]  # it serves rollouts again
+
+
+class BusyEngine(FakeEngine):
+    """Answers /flush_cache with SGLang's 400 while ``busy`` requests are still running or waiting."""
+
+    def __init__(self, log, busy):
+        super().__init__(log)
+        self.busy = busy
+
+    def flush_cache(self):
+        from gyre.rollout.engine_messages import EngineError
+
+        if self.busy:
+            self.busy -= 1
+            self.log.append(("flush", 400))
+            raise EngineError(400, "Cache not flushed: running or waiting requests")
+        self.log.append(("flush", 200))
+
+
+def test_memory_is_released_only_once_the_engine_flushes_its_cache(monkeypatch):
+    monkeypatch.setattr("gyre.training.cell.time.sleep", lambda s: None)
+    log = []
+    CellRoles(1, "engine-1", BusyEngine(log, busy=2), None).to_train(None)
+    assert log == [("pause", "abort"), ("flush", 400), ("flush", 400), ("flush", 200),
+                   ("release", ("weights", "kv_cache", "cuda_graph"))]
+    log, now = [], [0.0]
+
+    def monotonic():
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr("gyre.training.cell.time.monotonic", monotonic)
+    stuck = CellRoles(2, "engine-2", BusyEngine(log, busy=10 ** 6), None)
+    stuck.idle_timeout_s = 3.0
+    with pytest.raises(SwitchFailedError, match="HTTP 400: Cache not flushed"):
+        stuck.to_train(None)
+    assert ("release", ("weights", "kv_cache", "cuda_graph")) not in log and log[-1] == ("continue",)
+    assert stuck.role == "rollout" and log.count(("pause", "abort")) == 3
 
 
 def test_a_failed_return_to_rollout_rolls_back_to_training():
