@@ -465,8 +465,60 @@ class SGLangEngine:
         self.stop()
 
 
-class SGLangTensorClient:
-    """An engine client whose tensor weight updates are made for an engine on this node's GPU.
+class _SGLangPushOrder:
+    """Bucketed weight loads in the order an SGLang server needs (the cell clients below)."""
+
+    client: Any
+
+    def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict:
+        raise NotImplementedError
+
+    def push_weight_buckets(self, buckets, weight_version: str, *, live: bool = True) -> int:
+        """Load ``buckets`` as :func:`gyre.rollout.weights.push_weight_buckets` asks.
+
+        Live (the engine serves rollouts): pause in place (no forward pass runs; running requests
+        keep their state and are neither aborted nor retracted), load every bucket with
+        ``flush_cache=False`` (SGLang flushes only when idle and asserts that a flush asked for
+        with an update succeeded), flush the prefix cache if the engine is idle (else its entries
+        from the previous weights stay, like the running requests' own KV), continue.  Not live
+        (a role switch: generation paused, nothing running): the buckets in order, the last
+        flushing.  ``buckets`` is consumed to its end even when a call fails; a live push always
+        continues generation.  Returns the tensors loaded.
+
+        Raises:
+            ValueError: there was no bucket.
+        """
+        from gyre.rollout.engine_messages import EngineError
+        from gyre.rollout.weights import load_buckets_in_order
+
+        if not live:
+            return load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
+        it = iter(buckets)
+        loaded, count = 0, 0
+        self.client.pause_generation("in_place")
+        try:
+            for bucket in it:
+                self.update_weights_from_tensor(bucket, weight_version=weight_version, flush_cache=False)
+                loaded, count = loaded + len(bucket), count + 1
+            if not count:
+                raise ValueError("no weights to push")
+            try:
+                self.client.flush_cache()
+            except EngineError as exc:
+                if exc.status_code != 400:  # 400: requests are held in place, nothing to flush now
+                    raise
+            return loaded
+        finally:
+            for _ in it:  # keep the other ranks' collectives matched
+                pass
+            self.client.continue_generation()
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
+class SGLangTensorClient(_SGLangPushOrder):
+    """An engine client whose tensor weight updates are made for an engine on this node's GPUs.
 
     ``update_weights_from_tensor(named_tensors, ...)`` moves the tensors to ``device`` (the cell's
     GPU, which the colocated SGLang server can open by CUDA IPC), serializes them once per engine
@@ -497,17 +549,57 @@ class SGLangTensorClient:
             torch.cuda.ipc_collect()  # free what the engine has let go of
         return answer
 
-    def __getattr__(self, name: str):
-        return getattr(self.client, name)
+
+class SGLangGroupClient(_SGLangPushOrder):
+    """An engine client whose tensor weight updates are broadcast to every TP rank of the engine
+    over a weight-update group (SGLang's ``/init_weights_update_group`` +
+    ``/update_weights_from_distributed``, :class:`gyre.rollout.weight_group.WeightBroadcaster`):
+    for a server spanning several nodes, whose ranks cannot open a CUDA IPC handle made on
+    another node.  The group is opened at the first update, on gloo (host tensors sent, each
+    rank receiving into its GPU; no NCCL rank shares a GPU with an engine rank), with this
+    process as rank 0 at ``master_address``.  Every other call goes to ``client`` unchanged.
+    """
+
+    def __init__(self, client, tp_size: int, master_address: str, *, group_name: str = "gyre_cell_weights",
+                 timeout_s: float = 600.0):
+        self.client, self.tp_size, self.master_address = client, tp_size, master_address
+        self.group_name, self.timeout_s = group_name, timeout_s
+        self.broadcaster = None
+
+    def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, flush_cache: bool = True,
+                                   **kw) -> dict:
+        if named_tensors is None:
+            return self.client.update_weights_from_tensor(weight_version=weight_version, flush_cache=flush_cache, **kw)
+        if kw:
+            raise TypeError(f"a broadcast weight update takes no {sorted(kw)}")
+        from gyre.rollout.weight_group import WeightBroadcaster
+
+        if self.broadcaster is None:
+            self.broadcaster = WeightBroadcaster([self.client], self.master_address, free_port(self.master_address),
+                                                 backend="gloo", group_name=self.group_name, device="cpu",
+                                                 timeout_s=self.timeout_s, tp_sizes=[self.tp_size])
+        named = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        self.broadcaster.push_bucket(named, weight_version, flush_cache=flush_cache)
+        return {"success": True}
+
+    def close(self) -> None:
+        """Leave the weight-update group (the engine is told to leave too)."""
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
 
 
 class SGLangCellEngine(SGLangEngine):
-    """The SGLang server of one cell: its clients push weights from the cell's GPU
-    (:class:`SGLangTensorClient`, one payload per engine TP rank, ``tp_size`` = the cell's GPUs)."""
+    """The SGLang server of one cell (``tp_size`` = the cell's GPUs).  Inside one node its clients
+    push weights from the cell's GPU (:class:`SGLangTensorClient`, one CUDA IPC payload per engine
+    TP rank); over ``nnodes`` > 1 nodes they broadcast them to every engine rank
+    (:class:`SGLangGroupClient`, with this host as the group's rank 0)."""
 
-    def __init__(self, model_path, *, device: str, tp_size: int, **kwargs):
+    def __init__(self, model_path, *, device: str, tp_size: int, nnodes: int = 1, **kwargs):
         super().__init__(model_path, **kwargs)
-        self.device, self.tp_size = device, tp_size
+        self.device, self.tp_size, self.nnodes = device, tp_size, nnodes
 
     def client(self, timeout: float | None = 600.0):
+        if self.nnodes > 1:
+            return SGLangGroupClient(super().client(timeout), self.tp_size, self.host)
         return SGLangTensorClient(super().client(timeout), self.device, self.tp_size)

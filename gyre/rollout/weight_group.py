@@ -145,22 +145,30 @@ class WeightBroadcaster:
         Raises:
             the first engine error (after the bucket's broadcast completed).
         """
-        items = [list(b.items()) for b in buckets]
-        sent = 0
+        items = list(buckets)
+        return sum(self.push_bucket(b, weight_version, flush_cache=i == len(items) - 1) for i, b in enumerate(items))
+
+    def push_bucket(self, bucket: Mapping[str, torch.Tensor], weight_version: str, *, flush_cache: bool) -> int:
+        """Broadcast one bucket: each engine is told the names, dtypes and shapes
+        (``/update_weights_from_distributed``) while the tensors go out in that order; returns
+        once every engine has answered.  Returns the tensors sent.
+
+        Raises:
+            the first engine error (after the broadcast completed).
+        """
+        pairs = list(bucket.items())
+        names = [n for n, _ in pairs]
+        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in pairs]
+        shapes = [list(t.shape) for _, t in pairs]
         with self._lock, ThreadPoolExecutor(max_workers=max(1, len(self.clients))) as pool:
-            for i, bucket in enumerate(items):
-                names = [n for n, _ in bucket]
-                dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
-                shapes = [list(t.shape) for _, t in bucket]
-                calls = [pool.submit(c.update_weights_from_distributed, names=names, dtypes=dtypes, shapes=shapes,
-                                     group_name=self.group_name, weight_version=weight_version,
-                                     flush_cache=i == len(items) - 1) for c in self.clients]
-                for _, t in bucket:
-                    self.group.broadcast(t.detach().to(self.device).contiguous())
-                for c in calls:
-                    c.result()
-                sent += len(bucket)
-        return sent
+            calls = [pool.submit(c.update_weights_from_distributed, names=names, dtypes=dtypes, shapes=shapes,
+                                 group_name=self.group_name, weight_version=weight_version, flush_cache=flush_cache)
+                     for c in self.clients]
+            for _, t in pairs:
+                self.group.broadcast(t.detach().to(self.device).contiguous())
+            for c in calls:
+                c.result()
+        return len(pairs)
 
     def close(self) -> None:
         """Tell the engines to leave the group (best effort), then leave it."""

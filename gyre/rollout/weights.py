@@ -112,16 +112,32 @@ def bucket_named_tensors(named: Mapping[str, "torch.Tensor"] | Iterable[tuple[st
     return [b for b in buckets if b]
 
 
-def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]], weight_version: str) -> int:
+def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]], weight_version: str, *,
+                        live: bool = True) -> int:
     """Load ``buckets`` (HF-named tensors) into one engine as version ``weight_version``: every
-    bucket but the last with ``flush_cache=False`` (the engine admits nothing meanwhile), the last
-    flushing the cache and setting the version.  ``buckets`` is consumed to its end even when an
-    update fails (a collective may be producing it).  Returns the tensors loaded.
+    bucket but the last with ``flush_cache=False`` (the embedded engine admits nothing meanwhile),
+    the last flushing the cache and setting the version.  ``buckets`` is consumed to its end even
+    when an update fails (a collective may be producing it).  Returns the tensors loaded.
+
+    A client with a ``push_weight_buckets`` method of its own (an SGLang cell's,
+    :class:`gyre.rollout.sglang_engine.SGLangTensorClient`) orders the calls itself; ``live`` tells
+    it whether the engine is serving (a rollout cell's update) or paused with its KV cache released
+    (a role switch).
 
     Raises:
         ValueError: there was no bucket.
         the client's error of a failed update (after ``buckets`` was exhausted).
     """
+    own = getattr(client, "push_weight_buckets", None)
+    if own is not None:
+        return own(buckets, weight_version, live=live)
+    return load_buckets_in_order(client.update_weights_from_tensor, buckets, weight_version)
+
+
+def load_buckets_in_order(update, buckets: Iterable[Mapping[str, "torch.Tensor"]], weight_version: str) -> int:
+    """``update(bucket, weight_version=..., flush_cache=...)`` for each bucket, only the last one
+    flushing; ``buckets`` is consumed to its end even when an update fails.  Returns the tensors
+    loaded (see :func:`push_weight_buckets`)."""
     it = iter(buckets)
     loaded = 0
     try:
@@ -129,10 +145,10 @@ def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]],
         if pending is None:
             raise ValueError("no weights to push")
         for bucket in it:
-            client.update_weights_from_tensor(pending, weight_version=weight_version, flush_cache=False)
+            update(pending, weight_version=weight_version, flush_cache=False)
             loaded += len(pending)
             pending = bucket
-        client.update_weights_from_tensor(pending, weight_version=weight_version, flush_cache=True)
+        update(pending, weight_version=weight_version, flush_cache=True)
         return loaded + len(pending)
     finally:
         for _ in it:  # keep the other ranks' collectives matched

@@ -256,7 +256,7 @@ def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, ver
         argv += ["--weight-version", str(version)]
     node = lay.shard // gpus.gpus_per_node
     return SGLangCellEngine.from_args(args, host=host, extra_argv=argv, model_path=model_dir, device=str(device),
-                                      tp_size=lay.ranks_per_cell,
+                                      tp_size=lay.ranks_per_cell, nnodes=gpus.nodes_per_cell,
                                       log_path=Path(args.run_dir) / f"sglang_cell{lay.cell}_node{node}.log")
 
 

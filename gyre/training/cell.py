@@ -285,7 +285,7 @@ class CellRoles:
             if isinstance(named_weights, Mapping):
                 self.engine.update_weights_from_tensor(named_weights, weight_version=str(version))
             else:  # buckets
-                push_weight_buckets(self.engine, named_weights, str(version))
+                push_weight_buckets(self.engine, named_weights, str(version), live=False)
             t.append(self.clock())
             if self.training is not None:
                 self.training.offload()

@@ -172,3 +172,77 @@ def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
     with pytest.raises(SystemExit) as ei:
         parse_args(["--rollout-shared-kv-store", "10.0.0.1"])
     assert ei.value.code == 2
+
+
+def _scripted_sglang(flush_status=200, fail_update_at=None):
+    """An SGLang cell's client over a scripted server: records ``(path, body)`` of each call."""
+    import httpx
+    import torch
+
+    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.sglang_engine import SGLangTensorClient
+
+    calls = []
+
+    def handler(request):
+        body = json.loads(request.content) if request.content else None
+        calls.append((request.url.path, body))
+        if request.url.path == "/flush_cache":
+            return httpx.Response(flush_status, text="Cache flushed." if flush_status == 200 else "Cache not flushed.")
+        if request.url.path == "/update_weights_from_tensor" and fail_update_at == sum(
+                p == "/update_weights_from_tensor" for p, _ in calls):
+            return httpx.Response(400, json={"success": False, "message": "shape mismatch"})
+        return httpx.Response(200, json={"success": True, "message": "ok"})
+
+    inner = EngineClient("http://sglang", transport=httpx.MockTransport(handler))
+    client = SGLangTensorClient(inner, "cpu", 2, serialize=lambda pairs, tp: [",".join(n for n, _ in pairs)] * tp)
+    buckets = [{"a": torch.ones(2), "b": torch.ones(1)}, {"c": torch.zeros(3)}]
+    return client, buckets, calls
+
+
+def _brief(calls):
+    return [(p, b.get("mode")) if p == "/pause_generation" else
+            (p, b["serialized_named_tensors"], b["flush_cache"], b["weight_version"]) if p == "/update_weights_from_tensor"
+            else (p,) for p, b in calls]
+
+
+def test_a_live_push_to_an_sglang_cell_pauses_in_place_and_never_asks_sglang_to_flush_while_busy():
+    """SGLang's scheduler asserts that a flush requested with a weight update succeeded, and flushes
+    only when idle: a live push pauses in place (nothing aborted or retracted), loads every bucket
+    without flushing, flushes on its own if it can (a 400 means requests are held in place), continues."""
+    from gyre.rollout.weights import push_weight_buckets
+
+    for flush_status in (200, 400):
+        client, buckets, calls = _scripted_sglang(flush_status)
+        assert push_weight_buckets(client, iter(buckets), "5") == 3
+        assert _brief(calls) == [("/pause_generation", "in_place"),
+                                 ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
+                                 ("/update_weights_from_tensor", ["c", "c"], False, "5"),
+                                 ("/flush_cache",), ("/continue_generation",)]
+    # a role switch's load (generation paused, nothing running, so SGLang can flush): the last bucket flushes
+    client, buckets, calls = _scripted_sglang()
+    assert push_weight_buckets(client, iter(buckets), "6", live=False) == 3
+    assert [c[0] for c in _brief(calls)] == ["/update_weights_from_tensor"] * 2
+    assert [c[2] for c in _brief(calls)] == [False, True]
+
+
+def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
+    from gyre.rollout.engine_messages import EngineError
+    from gyre.rollout.weights import push_weight_buckets
+
+    client, buckets, calls = _scripted_sglang(fail_update_at=1)
+    drained = []
+
+    def produce():  # the other ranks' collectives produce these: all must be consumed
+        for b in buckets:
+            drained.append(sorted(b))
+            yield b
+
+    with pytest.raises(EngineError, match="shape mismatch"):
+        push_weight_buckets(client, produce(), "7")
+    assert drained == [["a", "b"], ["c"]]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/update_weights_from_tensor", "/continue_generation"]
+    client, _, calls = _scripted_sglang()
+    with pytest.raises(ValueError, match="no weights"):
+        push_weight_buckets(client, iter([]), "8")
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/continue_generation"]

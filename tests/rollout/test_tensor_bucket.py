@@ -125,7 +125,6 @@ def test_the_sglang_cell_client_sends_one_payload_per_engine_rank(tiny_model_dir
     from gyre.rollout.engine_client import EngineClient
     from gyre.rollout.model_runner import read_weights
     from gyre.rollout.sglang_engine import SGLangTensorClient
-    from gyre.rollout.weights import push_weight_buckets
 
     sent = []
 
@@ -142,7 +141,8 @@ def test_the_sglang_cell_client_sends_one_payload_per_engine_rank(tiny_model_dir
         new = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in read_weights(tiny_model_dir).items()}
         names = sorted(new)
         buckets = [{n: new[n] for n in names[i:i + 5]} for i in range(0, len(names), 5)]
-        assert push_weight_buckets(client, iter(buckets), "7") == len(names)
+        for i, b in enumerate(buckets):  # the embedded engine's bucket order (an SGLang server's: test_sglang_engine)
+            client.update_weights_from_tensor(b, weight_version="7", flush_cache=i == len(buckets) - 1)
         assert [s[0] for s in sent] == [4] * len(buckets) and [s[1] for s in sent] == [sorted(b) for b in buckets]
         assert all(s[2] == {"cpu"} for s in sent)
         EngineClient(ref.url, timeout=120).update_weights_from_tensor(new, weight_version="7")

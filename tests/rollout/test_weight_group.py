@@ -143,3 +143,41 @@ def test_engines_of_several_tp_ranks_each_receive_the_broadcast():
         close_weight_group(sender.group)
     with pytest.raises(ValueError, match="2 TP sizes for 1 engines"):
         WeightBroadcaster(engines[:1], "127.0.0.1", free_port(), tp_sizes=[2, 1])
+
+
+def test_a_multi_node_cells_client_broadcasts_its_buckets_to_the_engine(tmp_path, tiny_model_dir):
+    """The client of a cell spanning nodes (no CUDA IPC across nodes): a role switch's bucketed load
+    goes over a weight-update group it opens itself; the engine then serves what an engine loaded by
+    value serves, and the cell's engine launcher hands this client out for ``nnodes`` > 1."""
+    from gyre.rollout.config import EngineConfig
+    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.model_runner import read_weights
+    from gyre.rollout.sglang_engine import SGLangCellEngine, SGLangGroupClient, SGLangTensorClient
+    from gyre.rollout.weights import push_weight_buckets
+
+    launcher = [sys.executable, "-m", "gyre.rollout.serve"]
+    cell = SGLangCellEngine(tiny_model_dir, device="cpu", tp_size=1, nnodes=2, launcher=launcher,
+                            startup_timeout=120, log_path=tmp_path / "engine.log").start()
+    ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    try:
+        client = cell.client(timeout=120)
+        assert isinstance(client, SGLangGroupClient) and client.tp_size == 1
+        assert isinstance(SGLangCellEngine(tiny_model_dir, device="cpu", tp_size=4, port=1).client(), SGLangTensorClient)
+        g = torch.Generator().manual_seed(9)
+        new = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in read_weights(tiny_model_dir).items()}
+        names = sorted(new)
+        buckets = [{n: new[n] for n in names[i:i + 6]} for i in range(0, len(names), 6)]
+        client.pause_generation("abort")  # as a role switch leaves it
+        assert push_weight_buckets(client, iter(buckets), "11", live=False) == len(names)
+        client.continue_generation()
+        EngineClient(ref.url, timeout=120).update_weights_from_tensor(new, weight_version="11")
+        greedy = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+        got = client.generate([3, 1, 4, 1, 5], greedy)
+        assert got.weight_version == "11"
+        assert got.output_ids == EngineClient(ref.url, timeout=120).generate([3, 1, 4, 1, 5], greedy).output_ids
+        client.close()
+        assert client.broadcaster is None
+    finally:
+        cell.stop()
+        ref.stop()
