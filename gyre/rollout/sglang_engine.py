@@ -269,7 +269,7 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
 
 
 def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdma", device: str = "",
-                           segment_bytes: int = 4 << 30) -> tuple[list[str], dict[str, str]]:
+                           segment_bytes: int = 4 << 30, host_cache_gb: int = 16) -> tuple[list[str], dict[str, str]]:
     """SGLang flags and environment for a hierarchical cache backed by a shared Mooncake store.
 
     Args:
@@ -277,11 +277,15 @@ def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdm
         local_host: this server's address (Mooncake peers reach its segment there).
         protocol: ``rdma`` or ``tcp``; ``device``: RDMA NIC names (``"mlx5_0,mlx5_1"``; empty: auto).
         segment_bytes: host memory this server contributes to the shared store.
+        host_cache_gb: SGLang's host KV pool (``--hicache-size``; SGLang's default, twice the GPU
+            pool in pinned host memory, exceeds a node's memory with one server per GPU).
 
     Returns:
         ``(argv, env)``: ``--enable-hierarchical-cache --hicache-storage-backend mooncake`` with a
-        page-first layout written through to the store, and the ``MOONCAKE_*`` variables SGLang's
-        Mooncake backend reads (peers found by P2P handshake, no metadata server).
+        page-first layout written through to the store, a host pool of ``host_cache_gb``, prefetch
+        from the store bounded by SGLang's timeout policy, and the ``MOONCAKE_*`` variables SGLang's
+        Mooncake backend reads (peers found by P2P handshake, no metadata server).  Flags given
+        explicitly (``--sglang-hicache-size`` ...) win over these (:func:`merge_server_argv`).
 
     Raises:
         ValueError: ``master`` is not ``host:port`` or ``protocol`` unknown.
@@ -292,7 +296,8 @@ def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdm
     if protocol not in ("rdma", "tcp"):
         raise ValueError(f"shared KV store protocol must be rdma or tcp, not {protocol!r}")
     argv = ["--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-write-policy",
-            "write_through", "--hicache-mem-layout", "page_first", "--page-size", "64"]
+            "write_through", "--hicache-mem-layout", "page_first", "--hicache-size", str(int(host_cache_gb)),
+            "--hicache-storage-prefetch-policy", "timeout", "--page-size", "64"]
     env = {"MOONCAKE_MASTER": master, "MOONCAKE_PROTOCOL": protocol, "MOONCAKE_DEVICE": device,
            "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE", "MOONCAKE_LOCAL_HOSTNAME": local_host,
            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(int(segment_bytes))}

@@ -163,7 +163,8 @@ def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
     assert cmd[cmd.index("--port") + 1:] == [
         "30000", "--page-size", "32",  # the user's flag wins over the store's default of 64
         "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-write-policy",
-        "write_through", "--hicache-mem-layout", "page_first"]
+        "write_through", "--hicache-mem-layout", "page_first", "--hicache-size", "16",
+        "--hicache-storage-prefetch-policy", "timeout"]
     assert eng.env == {"CUDA_VISIBLE_DEVICES": "3", "MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_PROTOCOL": "rdma",
                        "MOONCAKE_DEVICE": "mlx5_0", "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE",
                        "MOONCAKE_LOCAL_HOSTNAME": "10.0.0.7", "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(4 << 30)}
