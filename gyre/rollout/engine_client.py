@@ -140,9 +140,11 @@ class EngineClient(_ClientBase):
     # control --------------------------------------------------------------------
 
     def abort(self, rid: str) -> bool:
-        """Abort request ``rid`` (all its samples); the request then answers with
-        ``finish_reason.type == "abort"`` and its partial output.  Returns ``False`` when the
-        embedded engine does not know ``rid`` (finished or never seen); SGLang always says ``True``."""
+        """Abort request ``rid``; the request then answers with ``finish_reason.type == "abort"``
+        and its partial output.  On the embedded engine this reaches all ``n`` samples of the
+        request; SGLang gives each of ``n > 1`` samples an id of its own, so there it reaches none
+        of them (:meth:`abort_all` does).  Returns ``False`` when the embedded engine does not know
+        ``rid`` (finished or never seen); SGLang always says ``True``."""
         return self._do(op_abort(rid, False))
 
     def abort_all(self) -> None:

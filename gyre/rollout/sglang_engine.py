@@ -106,7 +106,7 @@ class _PrefixingParser:
     """Stands in for an ``ArgumentParser`` while SGLang's ``add_cli_args`` registers flags:
     prefixes every long option with ``--sglang-``, forces ``default=None``, records the kind,
     gives a flag without help the help ``SGLang --<flag>.``, skips :data:`MANAGED_FLAGS` and flags
-    already present."""
+    already present under any of their names (``--tensor-parallel-size`` is ``--tp-size``)."""
 
     def __init__(self, target, existing: set[str]):
         self.target = target
@@ -117,8 +117,9 @@ class _PrefixingParser:
         if not longs:
             return None
         name = kwargs.get("dest") or longs[0][2:].replace("-", "_")
-        if name in MANAGED_FLAGS or PREFIX + name in self.existing:
-            return None
+        aliases = {name, *(f[2:].replace("-", "_") for f in longs)}
+        if any(n in MANAGED_FLAGS or PREFIX + n in self.existing for n in aliases):
+            return None  # set by Gyre, or registered already under another of its names
         action = kwargs.get("action")
         if action == "store_true":
             kind = "store_true"

@@ -53,6 +53,8 @@ class FakeServerArgs:
         parser.add_argument("--model-path", "--model", type=str, required=True)
         parser.add_argument("--port", type=int, default=30000)
         parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)   # curated already
+        parser.add_argument("--data-parallel-size", "--dp-size", type=int, default=1)     # SGLang's order: alias last
+        parser.add_argument("--pipeline-parallel-size", "--pp-size", type=int, default=1)
         parser.add_argument("--served-model-name", type=str, default=None)
         parser.add_argument("--enable-metrics", action="store_true")
         parser.add_argument("--no-warmup", dest="warmup", action="store_false")
@@ -68,6 +70,10 @@ def test_full_server_args_are_registered_with_prefix_like_slime():
     add_sglang_arguments(parser, server_args_cls=FakeServerArgs)
     opts = {o for a in parser._actions for o in a.option_strings}
     assert "--sglang-model-path" not in opts and "--sglang-port" not in opts          # Gyre sets these
+    # an SGLang flag whose alias Gyre already registered is not registered again under its other name
+    # (a cell's layout check reads --sglang-dp-size; --sglang-data-parallel-size must not slip past it)
+    assert not {"--sglang-data-parallel-size", "--sglang-pipeline-parallel-size",
+                "--sglang-tensor-parallel-size"} & opts
     assert {"--sglang-served-model-name", "--sglang-no-warmup", "--sglang-cuda-graph-bs",
             "--sglang-max-loras-per-batch", "--sglang-load-format"} <= opts
     a = parser.parse_args([])
