@@ -61,6 +61,16 @@ def _host_port(text: str) -> str:
     return text
 
 
+def _ratio_above_one(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not v > 1:
+        raise argparse.ArgumentTypeError(f"must be > 1, got {text}")
+    return v
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -149,6 +159,10 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                        help="RDMA NICs for the shared KV store (e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
     group.add_argument("--rollout-shared-kv-segment-gb", type=_positive_int, default=4,
                        help="Host memory (GiB) each SGLang server gives the shared KV store.")
+    group.add_argument("--rollout-shared-kv-host-ratio", type=_ratio_above_one, default=1.2,
+                       help="Host KV pool of each SGLang server as a multiple of its GPU KV pool (SGLang's "
+                            "hicache ratio; it must exceed 1, and SGLang's own default of 2 in pinned host memory "
+                            "rarely fits a node running one server per GPU).")
     group.add_argument("--rollout-max-context-tokens", type=_positive_int, default=None,
                        help="Prompt + output limit per model call (longer prompts get 400 'prompt is too long'; "
                             "output is cut to the room left). Default: the model's max_position_embeddings, "

@@ -270,7 +270,7 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
 
 
 def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdma", device: str = "",
-                           segment_bytes: int = 4 << 30, host_cache_gb: int = 16) -> tuple[list[str], dict[str, str]]:
+                           segment_bytes: int = 4 << 30, host_ratio: float = 1.2) -> tuple[list[str], dict[str, str]]:
     """SGLang flags and environment for a hierarchical cache backed by a shared Mooncake store.
 
     Args:
@@ -278,12 +278,13 @@ def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdm
         local_host: this server's address (Mooncake peers reach its segment there).
         protocol: ``rdma`` or ``tcp``; ``device``: RDMA NIC names (``"mlx5_0,mlx5_1"``; empty: auto).
         segment_bytes: host memory this server contributes to the shared store.
-        host_cache_gb: SGLang's host KV pool (``--hicache-size``; SGLang's default, twice the GPU
-            pool in pinned host memory, exceeds a node's memory with one server per GPU).
+        host_ratio: SGLang's host KV pool as a multiple of the GPU pool (``--hicache-ratio``,
+            per rank; SGLang needs it above 1, and its default of 2 in pinned host memory rarely
+            fits a node with one server per GPU).
 
     Returns:
         ``(argv, env)``: ``--enable-hierarchical-cache --hicache-storage-backend mooncake`` with a
-        page-first layout written through to the store, a host pool of ``host_cache_gb``, prefetch
+        page-first layout written through to the store, a host pool of ``host_ratio``, prefetch
         from the store bounded by SGLang's timeout policy, and the ``MOONCAKE_*`` variables SGLang's
         Mooncake backend reads (peers found by P2P handshake, no metadata server).  Flags given
         explicitly (``--sglang-hicache-size`` ...) win over these (:func:`merge_server_argv`).
@@ -297,7 +298,7 @@ def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdm
     if protocol not in ("rdma", "tcp"):
         raise ValueError(f"shared KV store protocol must be rdma or tcp, not {protocol!r}")
     argv = ["--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-write-policy",
-            "write_through", "--hicache-mem-layout", "page_first", "--hicache-size", str(int(host_cache_gb)),
+            "write_through", "--hicache-mem-layout", "page_first", "--hicache-ratio", str(host_ratio),
             "--hicache-storage-prefetch-policy", "timeout", "--page-size", "64"]
     env = {"MOONCAKE_MASTER": master, "MOONCAKE_PROTOCOL": protocol, "MOONCAKE_DEVICE": device,
            "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE", "MOONCAKE_LOCAL_HOSTNAME": local_host,
@@ -319,6 +320,20 @@ def merge_server_argv(argv: Sequence[str], defaults: Sequence[str]) -> list[str]
     return out
 
 
+#: Variables torchrun gives its workers; a server launched by one must not inherit them (with
+#: ``TORCHELASTIC_USE_AGENT_STORE`` torch's ``tcp://`` rendezvous hosts no store, so SGLang's own
+#: process-group set-up would wait for one forever).
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def server_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) without torchrun's worker variables (:data:`TORCHRUN_ENV`
+    and every ``TORCHELASTIC_*``)."""
+    base = os.environ if env is None else env
+    return {k: v for k, v in base.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A currently free TCP port on ``host``."""
     import socket
@@ -336,7 +351,8 @@ class SGLangEngine:
         host, port: where it listens (``port=None``: a free port).
         server_argv: SGLang flags (e.g. from :func:`sglang_server_argv`).
         launcher: command prefix (default ``[python, "-m", "sglang.launch_server"]``).
-        env: environment (e.g. ``CUDA_VISIBLE_DEVICES``); default inherits.
+        env: environment (e.g. ``CUDA_VISIBLE_DEVICES``); default inherits.  Either way torchrun's
+            worker variables are left out (:func:`server_environment`).
         log_path: file for the server's stdout/stderr (default: a temp file).
         startup_timeout: seconds to wait for ``/health``.
     """
@@ -373,7 +389,8 @@ class SGLangEngine:
         if store:
             extra_argv, extra_env = shared_kv_store_launch(
                 store, host, protocol=args.rollout_shared_kv_protocol, device=args.rollout_shared_kv_device,
-                segment_bytes=args.rollout_shared_kv_segment_gb << 30)
+                segment_bytes=args.rollout_shared_kv_segment_gb << 30,
+                host_ratio=getattr(args, "rollout_shared_kv_host_ratio", 1.2))
             argv = merge_server_argv(argv, extra_argv)
             env = {**(env if env is not None else os.environ), **extra_env}
         return cls(model, host=host, port=port, server_argv=argv, env=env, **kwargs)
@@ -408,7 +425,7 @@ class SGLangEngine:
             os.close(fd)
             self.log_path = Path(name)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=server_environment(self.env),
                                      start_new_session=True)
         track_process_group(self.proc.pid)
         if not wait_healthy:

@@ -50,27 +50,28 @@ def open_weight_group(master_address: str, master_port: int, rank: int, world_si
     """Join the weight-update group ``group_name`` as ``rank`` (rank 0 hosts its TCPStore at
     ``master_address:master_port``).  Blocks until every rank has joined (or ``timeout_s``).
 
-    Built the way an SGLang server builds its side of ``/init_weights_update_group``: a
-    ``tcp://`` rendezvous, the store prefixed with ``group_name``, and torch's own process-group
-    constructor with that group name (which prefixes the store keys again, by group and device),
-    so a trainer and SGLang's ranks meet at the same keys.  The group is not the default one and
-    needs none.
+    Built the way an SGLang server builds its side of ``/init_weights_update_group``: the TCPStore
+    of a ``tcp://`` rendezvous, the store prefixed with ``group_name``, and torch's own
+    process-group constructor with that group name (which prefixes the store keys again, by group
+    and device), so a trainer and SGLang's ranks meet at the same keys.  The group is not the
+    default one and needs none; one process can be in a given group once.
 
     Raises:
         ValueError: an unknown backend or a rank outside ``[0, world_size)``.
         RuntimeError / DistStoreError: the others did not join in time.
     """
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
+    from torch.distributed.distributed_c10d import _new_process_group_helper, _world
 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be gloo or nccl, not {backend!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside a group of {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    host = f"[{master_address}]" if ":" in master_address else master_address
-    store, _, _ = next(rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    # the store a tcp:// rendezvous makes, built here: torch's rendezvous hosts no store under
+    # torchrun (TORCHELASTIC_USE_AGENT_STORE), and rank 0 of this group must host it
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout,
+                          wait_for_workers=False, multi_tenant=True)
     prefixed = dist.PrefixStore(group_name, store)
     options = {"backend_options": None} if _TORCH >= (2, 6) else {"pg_options": None}
     pg, _ = _new_process_group_helper(world_size, rank, [], dist.Backend(backend), prefixed,

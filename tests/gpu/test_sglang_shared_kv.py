@@ -23,7 +23,8 @@ pytestmark = [
 
 ARGS = ["--mem-fraction-static", "0.2", "--disable-cuda-graph", "--skip-server-warmup", "--dtype", "bfloat16",
         "--attention-backend", "triton", "--max-running-requests", "8",
-        "--hicache-size", "4", "--hicache-storage-prefetch-policy", "wait_complete"]  # the prefix is read before it runs
+        "--max-total-tokens", "65536",  # a small GPU KV pool, so the host pool (1.2x) is small too
+        "--hicache-storage-prefetch-policy", "wait_complete"]  # the prefix is read before it runs
 
 
 def _free_port() -> int:

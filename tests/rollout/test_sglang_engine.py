@@ -92,7 +92,7 @@ def test_full_server_args_are_registered_with_prefix_like_slime():
 
 
 FAKE_SERVER = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
     argv = sys.argv[1:]
     if "--crash" in argv:
@@ -101,6 +101,7 @@ FAKE_SERVER = textwrap.dedent("""
     port = int(argv[argv.index("--port") + 1])
     record = argv[argv.index("--record") + 1]
     open(record, "w").write(json.dumps(argv))
+    open(record + ".env", "w").write(json.dumps(sorted(os.environ)))
 
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -118,7 +119,10 @@ FAKE_SERVER = textwrap.dedent("""
 """)
 
 
-def test_engine_launches_waits_for_health_and_stops(tmp_path):
+def test_engine_launches_waits_for_health_and_stops(tmp_path, monkeypatch):
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "3", "MASTER_PORT": "29500",
+                 "GYRE_KEEP_ME": "1"}.items():  # launched from a torchrun worker
+        monkeypatch.setenv(k, v)
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE_SERVER)
     record = tmp_path / "argv.json"
@@ -131,6 +135,8 @@ def test_engine_launches_waits_for_health_and_stops(tmp_path):
         with eng.client() as c:
             assert c.health() and c.get_weight_version() == "default"
         assert json.loads(record.read_text())[-4:] == ["--tp-size", "2", "--record", str(record)]
+        seen = set(json.loads((tmp_path / "argv.json.env").read_text()))
+        assert "GYRE_KEEP_ME" in seen and not {"TORCHELASTIC_USE_AGENT_STORE", "RANK", "MASTER_PORT"} & seen
     assert eng.proc.poll() is not None
 
 
@@ -169,16 +175,25 @@ def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
     assert cmd[cmd.index("--port") + 1:] == [
         "30000", "--page-size", "32",  # the user's flag wins over the store's default of 64
         "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-write-policy",
-        "write_through", "--hicache-mem-layout", "page_first", "--hicache-size", "16",
+        "write_through", "--hicache-mem-layout", "page_first", "--hicache-ratio", "1.2",
         "--hicache-storage-prefetch-policy", "timeout"]
     assert eng.env == {"CUDA_VISIBLE_DEVICES": "3", "MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_PROTOCOL": "rdma",
                        "MOONCAKE_DEVICE": "mlx5_0", "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE",
                        "MOONCAKE_LOCAL_HOSTNAME": "10.0.0.7", "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(4 << 30)}
     plain = SGLangEngine.from_args(parse_args(["--model-dir", str(tiny_model_dir)]), port=30000)
     assert "--enable-hierarchical-cache" not in plain.command() and plain.env is None
-    with pytest.raises(SystemExit) as ei:
-        parse_args(["--rollout-shared-kv-store", "10.0.0.1"])
-    assert ei.value.code == 2
+    for bad in (["--rollout-shared-kv-store", "10.0.0.1"], ["--rollout-shared-kv-host-ratio", "1"]):
+        with pytest.raises(SystemExit) as ei:
+            parse_args(bad)
+        assert ei.value.code == 2
+    a = parse_args(["--model-dir", str(tiny_model_dir), "--rollout-shared-kv-store", "10.0.0.1:1",
+                    "--rollout-shared-kv-host-ratio", "1.5", "--sglang-extra-args", "--hicache-ratio 3"])
+    cmd = SGLangEngine.from_args(a, port=1).command()
+    assert cmd.count("--hicache-ratio") == 1 and cmd[cmd.index("--hicache-ratio") + 1] == "3"  # the user's wins
+    a = parse_args(["--model-dir", str(tiny_model_dir), "--rollout-shared-kv-store", "10.0.0.1:1",
+                    "--rollout-shared-kv-host-ratio", "1.5"])
+    cmd = SGLangEngine.from_args(a, port=1).command()
+    assert cmd[cmd.index("--hicache-ratio") + 1] == "1.5"
 
 
 def _scripted_sglang(flush_status=200, fail_update_at=None):

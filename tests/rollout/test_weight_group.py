@@ -120,8 +120,11 @@ class _TPEngine:
         return {"success": True}
 
 
-def test_engines_of_several_tp_ranks_each_receive_the_broadcast():
+def test_engines_of_several_tp_ranks_each_receive_the_broadcast(monkeypatch):
     import multiprocessing as mp
+
+    # as under torchrun, where torch's tcp:// rendezvous would host no store: the group must still form
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
 
     from gyre.rollout.weight_group import WeightBroadcaster
 
