@@ -270,6 +270,16 @@ class EngineClient(_ClientBase):
                 raise TimeoutError(f"engine at {self.base_url} not ready after {timeout:.0f} s")
             time.sleep(poll_s)
 
+    def clear_hicache_storage(self) -> dict:
+        """Empty the storage tier of SGLang's hierarchical cache (``POST
+        /hicache/storage-backend/clear``, ``/clear_hicache_storage_backend`` on an SGLang without it)."""
+        try:
+            return self._do(op_json("POST", "/hicache/storage-backend/clear"))
+        except EngineError as exc:
+            if exc.status_code != 404:
+                raise
+            return self._do(op_json("POST", "/clear_hicache_storage_backend"))
+
     def get_model_info(self) -> dict:
         """``GET /model_info`` (``/get_model_info`` on an engine without it)."""
         return self._info("/model_info", "/get_model_info")

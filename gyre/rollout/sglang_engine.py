@@ -492,9 +492,16 @@ class _SGLangPushOrder:
     """Bucketed weight loads in the order an SGLang server needs (the cell clients below)."""
 
     client: Any
+    #: The server's hierarchical cache writes to a shared store (``--rollout-shared-kv-store``):
+    #: its keys are token hashes with no weight version, so every load empties it.
+    clear_shared_store: bool = False
 
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict:
         raise NotImplementedError
+
+    def _after_load(self) -> None:
+        if self.clear_shared_store:
+            self.client.clear_hicache_storage()
 
     def push_weight_buckets(self, buckets, weight_version: str, *, live: bool = True) -> int:
         """Load ``buckets`` as :func:`gyre.rollout.weights.push_weight_buckets` asks.
@@ -506,7 +513,9 @@ class _SGLangPushOrder:
         from the previous weights stay, like the running requests' own KV), continue.  Not live
         (a role switch: generation paused, nothing running): the buckets in order, the last
         flushing.  ``buckets`` is consumed to its end even when a call fails; a live push always
-        continues generation.  Returns the tensors loaded.
+        continues generation.  With :attr:`clear_shared_store` the shared KV store is emptied
+        after the load (KV written by a cell not yet updated may still reach it, until that cell's
+        own load empties it again).  Returns the tensors loaded.
 
         Raises:
             ValueError: there was no bucket.
@@ -515,7 +524,9 @@ class _SGLangPushOrder:
         from gyre.rollout.weights import load_buckets_in_order
 
         if not live:
-            return load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
+            loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
+            self._after_load()
+            return loaded
         it = iter(buckets)
         loaded, count = 0, 0
         self.client.pause_generation("in_place")
@@ -530,6 +541,7 @@ class _SGLangPushOrder:
             except EngineError as exc:
                 if exc.status_code != 400:  # 400: requests are held in place, nothing to flush now
                     raise
+            self._after_load()
             return loaded
         finally:
             for _ in it:  # keep the other ranks' collectives matched
@@ -624,5 +636,8 @@ class SGLangCellEngine(SGLangEngine):
 
     def client(self, timeout: float | None = 600.0):
         if self.nnodes > 1:
-            return SGLangGroupClient(super().client(timeout), self.tp_size, self.host)
-        return SGLangTensorClient(super().client(timeout), self.device, self.tp_size)
+            c = SGLangGroupClient(super().client(timeout), self.tp_size, self.host)
+        else:
+            c = SGLangTensorClient(super().client(timeout), self.device, self.tp_size)
+        c.clear_shared_store = "--hicache-storage-backend" in self.server_argv
+        return c

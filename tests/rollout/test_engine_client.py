@@ -201,3 +201,12 @@ def test_info_calls_use_sglang_0_5_10_paths_and_fall_back_on_older_engines():
     c, _ = client(lambda path, body: httpx.Response(500, json={"error": {"message": "down"}}))
     with pytest.raises(EngineError, match="down"):
         c.get_model_info()  # only a 404 means "an older engine"
+
+
+def test_clearing_the_hicache_store_uses_the_new_path_then_the_old_one():
+    c, s = client(lambda path, body: httpx.Response(200, text="cleared"))
+    c.clear_hicache_storage()
+    assert [p for _, p, _ in s.requests] == ["/hicache/storage-backend/clear"]
+    c, s = client(lambda path, body: httpx.Response(404) if path.startswith("/hicache") else httpx.Response(200))
+    c.clear_hicache_storage()
+    assert [p for _, p, _ in s.requests] == ["/hicache/storage-backend/clear", "/clear_hicache_storage_backend"]

@@ -268,3 +268,22 @@ def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
     with pytest.raises(ValueError, match="no weights"):
         push_weight_buckets(client, iter([]), "8")
     assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/continue_generation"]
+
+
+def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():
+    """The shared store's keys carry no weight version: KV of the previous weights must not be served."""
+    from gyre.rollout.sglang_engine import SGLangCellEngine
+    from gyre.rollout.weights import push_weight_buckets
+
+    for live in (True, False):
+        client, buckets, calls = _scripted_sglang()
+        client.clear_shared_store = True
+        push_weight_buckets(client, iter(buckets), "9", live=live)
+        paths = [c[0] for c in _brief(calls)]
+        assert paths.count("/hicache/storage-backend/clear") == 1
+        assert paths.index("/hicache/storage-backend/clear") > max(
+            i for i, p in enumerate(paths) if p == "/update_weights_from_tensor")
+    shared = SGLangCellEngine("/m", device="cpu", tp_size=1, port=1,
+                              server_argv=["--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake"])
+    assert shared.client().clear_shared_store
+    assert not SGLangCellEngine("/m", device="cpu", tp_size=1, port=1).client().clear_shared_store
