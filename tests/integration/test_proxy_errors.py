@@ -157,27 +157,33 @@ def test_engine_4xx_is_the_clients_4xx_at_once_never_retried(setup, api, stream)
 def test_rerouted_min_tokens_request_finishes(setup):
     openai = pytest.importorskip("openai")
     srv, _, save = setup
-    ex = srv.register_execution(engine_id="engine-0")
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=ex.api_key, max_retries=0, timeout=30)
-    t0 = time.monotonic()
-    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], stream=True,
-                                            max_tokens=60, stream_options={"include_usage": True},
-                                            extra_body={"min_tokens": 56, "temperature": 1.0})
-    rerouted = False
-    for k, chunk in enumerate(stream):
-        if k == 4 and not rerouted:
-            rerouted = True
-            assert len(srv.router.inflight("engine-0")) == 1
-            srv.set_route(ex.execution_id, "engine-1")
-            assert srv.abort_engine("engine-0") == 1
-        usage = chunk.usage
-    assert rerouted and 56 <= usage.completion_tokens <= 60
-    assert time.monotonic() - t0 < 20
-    info = srv.tree(ex.execution_id).record_info(0)
-    attempts = info.metadata["attempts"]
-    assert [a["outcome"] for a in attempts][0] == "abort" and attempts[-1]["engine_id"] == "engine-1"
-    assert len(attempts) == 2 and 0 < attempts[0]["tokens"] < 56
-    assert sum(a["tokens"] for a in attempts) == info.num_output_tokens == usage.completion_tokens
+    first_attempt_tokens = []
+    for _ in range(5):  # the engine may outrun the reader to min_tokens before the reroute: then again
+        ex = srv.register_execution(engine_id="engine-0")
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=ex.api_key, max_retries=0, timeout=30)
+        t0 = time.monotonic()
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], stream=True,
+                                                max_tokens=60, stream_options={"include_usage": True},
+                                                extra_body={"min_tokens": 56, "temperature": 1.0})
+        rerouted = False
+        for k, chunk in enumerate(stream):
+            if k == 4 and not rerouted:
+                rerouted = True
+                assert len(srv.router.inflight("engine-0")) == 1
+                srv.set_route(ex.execution_id, "engine-1")
+                assert srv.abort_engine("engine-0") == 1
+            usage = chunk.usage
+        assert rerouted and 56 <= usage.completion_tokens <= 60
+        assert time.monotonic() - t0 < 20
+        info = srv.tree(ex.execution_id).record_info(0)
+        attempts = info.metadata["attempts"]
+        assert [a["outcome"] for a in attempts][0] == "abort" and attempts[-1]["engine_id"] == "engine-1"
+        assert len(attempts) == 2 and 0 < attempts[0]["tokens"]
+        assert sum(a["tokens"] for a in attempts) == info.num_output_tokens == usage.completion_tokens
+        first_attempt_tokens.append(attempts[0]["tokens"])
+        if attempts[0]["tokens"] < 56:  # the retry had to honour the rest of min_tokens
+            break
+    assert first_attempt_tokens[-1] < 56, first_attempt_tokens
 
 
 def _undecodable() -> dict[str, tuple[bytes, str]]:
