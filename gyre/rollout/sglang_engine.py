@@ -137,8 +137,7 @@ class _PrefixingParser:
         option = longs[0]
         if not kw.get("help") or kw["help"] == argparse.SUPPRESS:
             kw["help"] = f"SGLang {option}."
-        gyre_flag = "--sglang-" + option[2:]
-        self.target.add_argument(gyre_flag, dest=PREFIX + name, default=None, **kw)
+        self.target.add_argument(*("--sglang-" + f[2:] for f in longs), dest=PREFIX + name, default=None, **kw)
         self.existing.add(PREFIX + name)
         FLAG_SPECS[PREFIX + name] = SGLangFlag(option, kind)
         return None

@@ -56,6 +56,7 @@ class FakeServerArgs:
         parser.add_argument("--data-parallel-size", "--dp-size", type=int, default=1)     # SGLang's order: alias last
         parser.add_argument("--pipeline-parallel-size", "--pp-size", type=int, default=1)
         parser.add_argument("--served-model-name", type=str, default=None)
+        parser.add_argument("--attention-context-parallel-size", "--attn-cp-size", type=int, default=1)
         parser.add_argument("--enable-metrics", action="store_true")
         parser.add_argument("--no-warmup", dest="warmup", action="store_false")
         parser.add_argument("--cuda-graph-bs", type=int, nargs="+")
@@ -86,6 +87,9 @@ def test_full_server_args_are_registered_with_prefix_like_slime():
                                      "--load-format", "pt"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--sglang-load-format", "bogus"])
+    # a flag with several names takes each of them, and goes back to SGLang under its first
+    assert sglang_server_argv(parser.parse_args(["--sglang-attn-cp-size", "2"])) == [
+        "--attention-context-parallel-size", "2"]
     helps = {o: a.help for a in parser._actions for o in a.option_strings}
     assert helps["--sglang-served-model-name"] == "SGLang --served-model-name."  # SGLang gave none
     assert all(h and h.strip() for h in helps.values())
