@@ -163,7 +163,7 @@ def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None
         spec = fused_layer_spec(spec)
     elif attention != "dense":
         raise ValueError(f"attention must be dense or fused, not {attention!r}")
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=hf_config.vocab_size,
@@ -175,6 +175,13 @@ def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None
         position_embedding_type="rope",
         rotary_base=int(rope_theta(hf_config)),
     )
+    if config.bf16:  # every parameter in bf16, the norms too, as Megatron-LM's Float16Module makes them
+        model = model.to(dtype=torch.bfloat16)
+    if not config.use_cpu_initialization:
+        # Megatron makes its parallel layers on the current GPU, but the local spec's norms are plain
+        # torch modules made on the CPU (Megatron-LM's own set-up moves the whole model likewise)
+        model = model.to(torch.cuda.current_device())
+    return model
 
 
 def wrap_ddp(model, config, overlap_grad_reduce: bool = False):
