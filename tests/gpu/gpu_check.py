@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -45,9 +47,9 @@ EMULATE = os.environ.get("GYRE_GPU_CHECK_EMULATE") == "1"
 DEV = "cpu" if EMULATE else "cuda"
 
 #: phase -> (what, seconds allowed)
-PHASES = {"a": ("megatron_step_equals_hf_step", 110), "b": ("cells_tp2_on_one_gpu", 90),
-          "c": ("training_state_offload", 60), "d": ("cuda_ipc_weight_push", 50),
-          "e": ("main_job_backend_gpu", 110), "f": ("sglang", 100)}  # 520 s in all at most
+PHASES = {"a": ("megatron_step_equals_hf_step", 150), "b": ("cells_tp2_on_one_gpu", 80),
+          "c": ("training_state_offload", 90), "d": ("cuda_ipc_weight_push", 50),
+          "e": ("main_job_backend_gpu", 110), "f": ("sglang", 50)}  # 530 s in all at most
 #: SGLang's phase (f, last) may also use what (a)-(e) left of this many seconds (it starts 3 servers).
 TOTAL_S = 530
 
@@ -59,12 +61,21 @@ def _limit(name: str) -> int:
 
 
 def _gpu_used_mib() -> int:
-    """Memory in use on GPU 0 by every process (nvidia-smi), MiB (0 when emulating)."""
+    """Memory in use on this process's GPU 0 by every process, MiB, as nvidia-smi reports it (the
+    device's index taken from ``CUDA_VISIBLE_DEVICES``); the driver's own count
+    (``torch.cuda.mem_get_info``) where nvidia-smi does not answer; 0 when emulating."""
     if EMULATE:
         return 0
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.strip().splitlines()[0])
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", first],
+                             capture_output=True, text=True, check=True, timeout=20).stdout
+        return int(out.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        import torch
+
+        free, total = torch.cuda.mem_get_info(0)
+        return (total - free) >> 20
 
 
 def _micro_steps(hf, seed: int):
@@ -105,28 +116,37 @@ def phase_a() -> dict:
     g_ref = {n: p.grad.detach().cpu() for n, p in ref.model.named_parameters()}
     grad_diff = max(float((grads[n] - g_ref[n]).abs().max()) for n in grads)
     loss_diff = abs(rm.metrics["loss"] - rh.metrics["loss"])
-    fused_grad_diff = fused_loss_diff = None
+    out = {"loss_diff": loss_diff, "grad_max_abs_diff": grad_diff, "grad_norm": rh.metrics["grad_norm"],
+           "device": "cpu (emulated)" if EMULATE else torch.cuda.get_device_name(0),
+           "c_compiler": shutil.which("cc") or shutil.which("gcc")}  # triton compiles FlexAttention with it
+    ok = loss_diff < 1e-5 and grad_diff < 1e-5
     if not EMULATE:  # fused attention (SDPA causal, FlexAttention block masks) trains on GPU only
-        fs = build_megatron_train_step(copy.deepcopy(hf_cpu).cuda(), attention="fused")
-        rf = fs(micro())
-        fg = megatron_to_hf({(0, 0): {n: p.main_grad.detach().float().cpu()
-                                      for n, p in fs.policy.gpt.named_parameters()}}, hf.config)
-        fused_grad_diff = max(float((fg[n] - g_ref[n]).abs().max()) for n in grads)
-        fused_loss_diff = abs(rf.metrics["loss"] - rh.metrics["loss"])
-    if EMULATE:  # bf16 Megatron is a GPU path
-        rb, finite = None, True
-    else:
-        bf = build_megatron_train_step(copy.deepcopy(hf_cpu).cuda(), bf16=True)
-        rb = bf(micro())
-        bf_grads = [p.main_grad for p in bf.policy.gpt.parameters()]
-        finite = all(bool(torch.isfinite(g).all()) for g in bf_grads) and all(
-            v == v and abs(v) != float("inf") for v in (rb.metrics["loss"], rb.metrics["grad_norm"]))
-    ok = loss_diff < 1e-5 and grad_diff < 1e-5 and finite and (
-        EMULATE or (fused_loss_diff < 1e-5 and fused_grad_diff < 1e-4))
-    return {"status": "pass" if ok else "fail", "loss_diff": loss_diff, "grad_max_abs_diff": grad_diff,
-            "fused_attention_loss_diff": fused_loss_diff, "fused_attention_grad_max_abs_diff": fused_grad_diff,
-            "grad_norm": rh.metrics["grad_norm"], "bf16_loss": rb.metrics["loss"] if rb else None,
-            "bf16_finite": finite, "device": "cpu (emulated)" if EMULATE else torch.cuda.get_device_name(0)}
+        try:  # reported on its own: a failure here keeps the dense result above
+            t0 = time.monotonic()
+            fs = build_megatron_train_step(copy.deepcopy(hf_cpu).cuda(), attention="fused")
+            rf = fs(micro())
+            fg = megatron_to_hf({(0, 0): {n: p.main_grad.detach().float().cpu()
+                                          for n, p in fs.policy.gpt.named_parameters()}}, hf.config)
+            out["fused_attention_grad_max_abs_diff"] = max(float((fg[n] - g_ref[n]).abs().max()) for n in grads)
+            out["fused_attention_loss_diff"] = abs(rf.metrics["loss"] - rh.metrics["loss"])
+            out["fused_attention_s"] = round(time.monotonic() - t0, 1)
+            ok = ok and out["fused_attention_loss_diff"] < 1e-5 and out["fused_attention_grad_max_abs_diff"] < 1e-4
+        except Exception as exc:
+            out["fused_attention_error"] = f"{type(exc).__name__}: {exc}"[-1500:]
+            ok = False
+    if not EMULATE:  # bf16 Megatron is a GPU path
+        try:
+            bf = build_megatron_train_step(copy.deepcopy(hf_cpu).cuda(), bf16=True)
+            rb = bf(micro())
+            bf_grads = [p.main_grad for p in bf.policy.gpt.parameters()]
+            finite = all(bool(torch.isfinite(g).all()) for g in bf_grads) and all(
+                v == v and abs(v) != float("inf") for v in (rb.metrics["loss"], rb.metrics["grad_norm"]))
+            out.update(bf16_loss=rb.metrics["loss"], bf16_finite=finite)
+            ok = ok and finite
+        except Exception as exc:
+            out["bf16_error"] = f"{type(exc).__name__}: {exc}"[-1500:]
+            ok = False
+    return {"status": "pass" if ok else "fail", **out}
 
 
 def phase_b(tmp: Path) -> dict:
@@ -148,7 +168,6 @@ def _handover(bf16: bool) -> dict:
     """Offload and restore the training state of a ~0.5B-parameter Megatron replica (a small one
     when emulating): GPU memory freed, bit-identical restore, GB/s each way."""
     import gc
-    import hashlib
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -172,17 +191,14 @@ def _handover(bf16: bool) -> dict:
         torch.cuda.synchronize()
     state = TrainingState(step.params, step.optimizer, step.grad_buffers())
 
-    def digest() -> str:
-        h = hashlib.sha256()
-        for t in [*step.params, *state.main_params]:
-            h.update(t.detach().float().cpu().numpy().tobytes())
+    def snapshot() -> list:
+        """Host copies of every parameter, fp32 main parameter and optimizer state tensor."""
+        ts = [*step.params, *state.main_params]
         for _, st in step.optimizer.state.items():
-            for k in sorted(st):
-                if isinstance(st[k], torch.Tensor):
-                    h.update(st[k].detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()
+            ts += [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
+        return [t.detach().to("cpu", copy=True) for t in ts]
 
-    before = digest()
+    before = snapshot()
     resident = _gpu_used_mib()
     t0 = time.perf_counter()
     state.offload()
@@ -194,7 +210,9 @@ def _handover(bf16: bool) -> dict:
     state.restore()
     t_on = time.perf_counter() - t0
     freed = (resident - offloaded) / max(1, resident - base)
-    same = digest() == before
+    after = snapshot()
+    same = len(after) == len(before) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(after, before))
+    del before, after
     out = {"ok": (freed >= 0.9 or EMULATE) and same, "trainer_mib": resident - base,
            "freed_fraction": round(freed, 4), "bit_identical": same,
            "param_gb": round(sum(p.numel() * p.element_size() for p in step.params) / 1e9, 3),
@@ -296,6 +314,57 @@ def phase_f(tmp: Path) -> dict:
     return {"status": "pass" if r.returncode == 0 else "fail", "pytest_tail": r.stdout[-1500:]}
 
 
+#: What the phases import; a missing one fails the check at once (``preflight``).
+PREFLIGHT_IMPORTS = ("numpy", "transformers", "fastapi", "uvicorn", "httpx", "pytest", "megatron.core.models.gpt",
+                     "gyre.runtime.pretrain", "gyre.rollout.embedded_server", "gyre.transfer_engine")
+
+
+def preflight() -> dict:
+    """Import what the phases need, in a fresh process (seconds): the modules that fail, the
+    Mooncake engine's availability, and whether a C compiler exists (triton needs one)."""
+    code = ("import importlib, json, sys\n"
+            f"mods = {list(PREFLIGHT_IMPORTS)!r}\n"
+            "bad = {}\n"
+            "for m in mods:\n"
+            "    try:\n        importlib.import_module(m)\n"
+            "    except Exception as exc:\n        bad[m] = f'{type(exc).__name__}: {exc}'[:300]\n"
+            "try:\n    import mooncake.engine; mc = True\n"
+            "except Exception as exc:\n    mc = f'{type(exc).__name__}: {exc}'[:300]\n"
+            "print(json.dumps({'failed_imports': bad, 'mooncake': mc}))\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        found = json.loads(r.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        found = {"failed_imports": {"(preflight)": f"{type(exc).__name__}: {exc}"}, "mooncake": None}
+    found["c_compiler"] = shutil.which("cc") or shutil.which("gcc")
+    found["ok"] = not found["failed_imports"]
+    return found
+
+
+def _run_phase_process(name: str, tmp: Path, limit: int) -> dict:
+    """Phase ``name`` in its own process group, killed whole after ``limit`` seconds (its result
+    kept if it had printed one)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--one", name, "--tmp", str(tmp)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, GYRE_GPU_CHECK_PHASE_S=str(limit)))
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+    lines = [x for x in (out or "").splitlines() if x.startswith("GYRE_PHASE_RESULT ")]
+    if lines:
+        return json.loads(lines[-1].split(" ", 1)[1])
+    if timed_out:
+        return {"status": "fail", "error": f"timed out after {limit} s", "stderr_tail": (err or "")[-2000:]}
+    return {"status": "fail", "error": f"exit {proc.returncode}: {(err or '')[-2500:]}"}
+
+
 def run_phase(name: str, tmp: Path) -> dict:
     fn = globals()[f"phase_{name}"]
     return fn(tmp) if "tmp" in fn.__code__.co_varnames[:fn.__code__.co_argcount] else fn()
@@ -319,8 +388,9 @@ def main() -> int:
             import traceback
 
             result = {"status": "fail", "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2500:]}
-        print("GYRE_PHASE_RESULT " + json.dumps(result))
-        return 0
+        print("GYRE_PHASE_RESULT " + json.dumps(result), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # the result is out: a hang at exit (a process group's threads) must not lose it
     import tempfile
 
     import torch
@@ -329,7 +399,12 @@ def main() -> int:
     report = {"emulated_on_cpu": a.emulate_on_cpu, "torch": torch.__version__, "cuda": torch.version.cuda,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "phases": {}}
     started = time.monotonic()
-    for name in a.phases.split(","):
+    report["preflight"] = preflight()
+    if not report["preflight"]["ok"]:  # every phase would fail the same way: stop before spending GPU time
+        report["phases"] = {f"{n}_{PHASES[n][0]}": {"status": "fail", "error": "preflight failed"}
+                            for n in a.phases.split(",")}
+        a.phases = ""
+    for name in filter(None, a.phases.split(",")):
         what, limit = PHASES[name][0], _limit(name)
         if name == "f":  # the last phase: what the others left, if that is more
             limit = max(limit, int(_limit("f") / PHASES["f"][1] * TOTAL_S - (time.monotonic() - started)))
@@ -337,15 +412,7 @@ def main() -> int:
         if not torch.cuda.is_available() and not a.emulate_on_cpu:
             result = {"status": "skip", "reason": "no CUDA device"}
         else:
-            try:
-                r = subprocess.run([sys.executable, __file__, "--one", name, "--tmp", str(tmp)], capture_output=True,
-                                   text=True, timeout=limit, cwd=ROOT,
-                                   env=dict(os.environ, GYRE_GPU_CHECK_PHASE_S=str(limit)))
-                lines = [x for x in r.stdout.splitlines() if x.startswith("GYRE_PHASE_RESULT ")]
-                result = json.loads(lines[-1].split(" ", 1)[1]) if lines else {
-                    "status": "fail", "error": f"exit {r.returncode}: {r.stderr[-2500:]}"}
-            except subprocess.TimeoutExpired:
-                result = {"status": "fail", "error": f"timed out after {limit} s"}
+            result = _run_phase_process(name, tmp, limit)
         result["seconds"] = round(time.monotonic() - t0, 1)
         report["phases"][f"{name}_{what}"] = result
         print(f"gpu_check: {name} {what}: {result['status']} ({result['seconds']} s)", file=sys.stderr, flush=True)

@@ -20,12 +20,16 @@ for dir in "$ROOT"/.gpu_wheels/*/; do
 done
 debs=("$ROOT"/.gpu_wheels/*/*.deb)
 if (( ${#debs[@]} )) && ! ldconfig -p 2>/dev/null | grep 'libibverbs\.so\.1' >/dev/null; then
-  for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$VENV/sysroot"; done  # libibverbs for Mooncake's TCP build
+  if command -v dpkg-deb >/dev/null; then
+    for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$VENV/sysroot"; done  # libibverbs for Mooncake's TCP build
+  else
+    echo "gpu_check: no libibverbs and no dpkg-deb to unpack it: Mooncake's TCP build will not load" >&2
+  fi
 fi
-if [[ -d "$VENV/sysroot/usr/lib/x86_64-linux-gnu" ]]; then
-  export LD_LIBRARY_PATH="$VENV/sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+for lib in "$VENV/sysroot/usr/lib/x86_64-linux-gnu" "$VENV/sysroot/lib/x86_64-linux-gnu"; do  # libnl is under /lib
+  if [[ -d "$lib" ]]; then export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+done
 [[ "${GPU_CHECK_INSTALL_ONLY:-0}" == 1 ]] && { echo "gpu_check: installed"; exit 0; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" PYTHONWARNINGS=ignore
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" PYTHONWARNINGS=ignore GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}"
 exec "$VENV/bin/python" tests/gpu/gpu_check.py --out "${OUT:-.}/gpu_check.json" "$@"

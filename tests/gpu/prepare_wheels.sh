@@ -2,21 +2,38 @@
 # Download (here, where PyPI is reachable) the wheels the GPU check installs on a GPU machine
 # without internet access: Python 3.12, x86_64, torch preinstalled there.  Two folders, each under
 # 64 MiB so that each can travel with one command: .gpu_wheels/core (transformers, megatron-core,
-# the HTTP stack, ...) and .gpu_wheels/mooncake (Mooncake's TCP build, for weight snapshots).
+# the HTTP stack, pytest and everything they import, resolved by pip for CPython 3.12) and
+# .gpu_wheels/mooncake (Mooncake's TCP build, for weight snapshots, with the Debian libraries it links).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"
-get() {  # folder, packages...
+PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+          --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64
+          --platform any)
+get() {  # folder, pinned packages... (no dependencies: the list is complete)
   local dir="$ROOT/.gpu_wheels/$1"; shift
   mkdir -p "$dir"
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_24_x86_64 --platform any -d "$dir" "$@"
+  "$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$dir" "$@"
   du -sh "$dir"
 }
-get core transformers==5.24.0 tokenizers==0.23.3 safetensors megatron-core==0.16.1 huggingface-hub \
-  fastapi starlette pydantic pydantic-core typing-inspection annotated-types uvicorn click h11 httpx httpcore \
-  anyio idna certifi sniffio sse-starlette pyyaml regex tqdm packaging filelock dashscope simpy
+# What the check imports, resolved as a whole for CPython 3.12; torch and what comes with it
+# (CUDA libraries, triton, sympy, networkx, mpmath, setuptools) are the machine's own.
+REPORT="$(mktemp)"
+trap 'rm -f "$REPORT"' EXIT
+"$PY" -m pip install -q --dry-run --ignore-installed --report "$REPORT" "${PLATFORM[@]}" --target "$(mktemp -d)" \
+  transformers==5.24.0 tokenizers==0.23.3 safetensors megatron-core==0.16.1 numpy pyyaml filelock==4.3.1 jinja2 \
+  fastapi uvicorn httpx sse-starlette simpy tqdm pytest 2>/dev/null
+mapfile -t CORE < <("$PY" - "$REPORT" <<'PY'
+import json, re, sys
+skip = re.compile(r"^(torch|triton|nvidia-.*|sympy|networkx|mpmath|setuptools)$")
+for item in json.load(open(sys.argv[1]))["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if not skip.match(name.lower().replace("_", "-")):
+        print(f"{name}=={version}")
+PY
+)
+# dashscope only carries the offline Qwen tokenizer file: without its dependencies, as on CPU
+get core "${CORE[@]}" dashscope==2.0.2
 get mooncake mooncake-transfer-engine-non-cuda==0.3.13.post1
 # Mooncake's TCP build links libibverbs (Debian packages; unpacked, not installed, on the GPU machine)
 if command -v apt-get >/dev/null; then

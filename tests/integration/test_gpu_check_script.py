@@ -42,3 +42,19 @@ def test_the_phases_code_runs_emulated_on_cpu(tmp_path):
     assert c["moved_gb"] > c["param_gb"] and c["offload_gb_per_s"] > 0 and c["restore_gb_per_s"] > 0
     assert d["status"] == "pass" and d["pushes"] == 20 and d["logprob_max_abs_diff"] < 1e-4
     assert e["status"] == "pass" and e["steps"] == 2 and e["role_changes"] > 0
+
+
+def test_a_missing_import_stops_the_check_before_any_phase(tmp_path):
+    """The preflight imports what the phases need; one that fails (here ``uvicorn``, shadowed by a
+    module that raises) fails every phase at once instead of spending device time on each."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "uvicorn.py").write_text("raise ImportError('uvicorn is not installed here')\n")
+    out = tmp_path / "gpu_check.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--emulate-on-cpu"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(shadow)})
+    report = json.loads(out.read_text())
+    assert r.returncode == 1 and report["passed"] is False
+    assert report["preflight"]["ok"] is False
+    assert "uvicorn is not installed here" in report["preflight"]["failed_imports"]["uvicorn"]
+    assert {p["status"] for p in report["phases"].values()} == {"fail"} and len(report["phases"]) == 6
