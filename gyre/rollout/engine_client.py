@@ -273,28 +273,24 @@ class EngineClient(_ClientBase):
     def clear_hicache_storage(self) -> dict:
         """Empty the storage tier of SGLang's hierarchical cache (``POST
         /hicache/storage-backend/clear``, ``/clear_hicache_storage_backend`` on an SGLang without it)."""
-        try:
-            return self._do(op_json("POST", "/hicache/storage-backend/clear"))
-        except EngineError as exc:
-            if exc.status_code != 404:
-                raise
-            return self._do(op_json("POST", "/clear_hicache_storage_backend"))
+        return self._json_or_older("POST", "/hicache/storage-backend/clear", "/clear_hicache_storage_backend")
 
     def get_model_info(self) -> dict:
         """``GET /model_info`` (``/get_model_info`` on an engine without it)."""
-        return self._info("/model_info", "/get_model_info")
+        return self._json_or_older("GET", "/model_info", "/get_model_info")
 
     def get_server_info(self) -> dict:
         """``GET /server_info`` (``/get_server_info`` on an engine without it)."""
-        return self._info("/server_info", "/get_server_info")
+        return self._json_or_older("GET", "/server_info", "/get_server_info")
 
-    def _info(self, path: str, older: str) -> dict:
+    def _json_or_older(self, method: str, path: str, older: str) -> dict:
+        """``path``, or ``older`` when the engine answers 404 (an SGLang from before ``path``)."""
         try:
-            return self._do(op_json("GET", path))
+            return self._do(op_json(method, path))
         except EngineError as exc:
             if exc.status_code != 404:
                 raise
-            return self._do(op_json("GET", older))
+            return self._do(op_json(method, older))
 
 
 _OCTETS = {"content-type": "application/octet-stream"}
@@ -459,18 +455,19 @@ class AsyncEngineClient(_ClientBase):
             await asyncio.sleep(poll_s)
 
     async def get_model_info(self) -> dict:
-        return await self._info("/model_info", "/get_model_info")
+        return await self._json_or_older("GET", "/model_info", "/get_model_info")
 
     async def get_server_info(self) -> dict:
-        return await self._info("/server_info", "/get_server_info")
+        return await self._json_or_older("GET", "/server_info", "/get_server_info")
 
-    async def _info(self, path: str, older: str) -> dict:
+    async def _json_or_older(self, method: str, path: str, older: str) -> dict:
+        """As :meth:`EngineClient._json_or_older`."""
         try:
-            return await self._do(op_json("GET", path))
+            return await self._do(op_json(method, path))
         except EngineError as exc:
             if exc.status_code != 404:
                 raise
-            return await self._do(op_json("GET", older))
+            return await self._do(op_json(method, older))
 
 
 class RolloutEngine(Protocol):

@@ -286,7 +286,7 @@ def shared_kv_store_launch(master: str, local_host: str, *, protocol: str = "rdm
         page-first layout written through to the store, a host pool of ``host_ratio``, prefetch
         from the store bounded by SGLang's timeout policy, and the ``MOONCAKE_*`` variables SGLang's
         Mooncake backend reads (peers found by P2P handshake, no metadata server).  Flags given
-        explicitly (``--sglang-hicache-size`` ...) win over these (:func:`merge_server_argv`).
+        explicitly (``--sglang-*``, ``--sglang-extra-args``) win over these (:func:`merge_server_argv`).
 
     Raises:
         ValueError: ``master`` is not ``host:port`` or ``protocol`` unknown.
@@ -389,7 +389,7 @@ class SGLangEngine:
             extra_argv, extra_env = shared_kv_store_launch(
                 store, host, protocol=args.rollout_shared_kv_protocol, device=args.rollout_shared_kv_device,
                 segment_bytes=args.rollout_shared_kv_segment_gb << 30,
-                host_ratio=getattr(args, "rollout_shared_kv_host_ratio", 1.2))
+                host_ratio=args.rollout_shared_kv_host_ratio)
             argv = merge_server_argv(argv, extra_argv)
             env = {**(env if env is not None else os.environ), **extra_env}
         return cls(model, host=host, port=port, server_argv=argv, env=env, **kwargs)
@@ -526,15 +526,9 @@ class _SGLangPushOrder:
             loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
             self._after_load()
             return loaded
-        it = iter(buckets)
-        loaded, count = 0, 0
         self.client.pause_generation("in_place")
         try:
-            for bucket in it:
-                self.update_weights_from_tensor(bucket, weight_version=weight_version, flush_cache=False)
-                loaded, count = loaded + len(bucket), count + 1
-            if not count:
-                raise ValueError("no weights to push")
+            loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version, flush_last=False)
             try:
                 self.client.flush_cache()
             except EngineError as exc:
@@ -543,8 +537,6 @@ class _SGLangPushOrder:
             self._after_load()
             return loaded
         finally:
-            for _ in it:  # keep the other ranks' collectives matched
-                pass
             self.client.continue_generation()
 
     def __getattr__(self, name: str):

@@ -21,7 +21,6 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 DEFAULT_GROUP = "weight_update_group"
 
 
@@ -73,9 +72,8 @@ def open_weight_group(master_address: str, master_port: int, rank: int, world_si
     store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout,
                           wait_for_workers=False, multi_tenant=True)
     prefixed = dist.PrefixStore(group_name, store)
-    options = {"backend_options": None} if _TORCH >= (2, 6) else {"pg_options": None}
     pg, _ = _new_process_group_helper(world_size, rank, [], dist.Backend(backend), prefixed,
-                                      group_name=group_name, timeout=timeout, **options)
+                                      group_name=group_name, timeout=timeout)
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}  # group rank == rank, as new_group records
     return WeightGroup(rank, world_size, backend, pg, store)
 
@@ -144,10 +142,12 @@ class WeightBroadcaster:
         Returns the tensors sent.
 
         Raises:
+            ValueError: there was no bucket.
             the first engine error (after the bucket's broadcast completed).
         """
-        items = list(buckets)
-        return sum(self.push_bucket(b, weight_version, flush_cache=i == len(items) - 1) for i, b in enumerate(items))
+        from gyre.rollout.weights import load_buckets_in_order
+
+        return load_buckets_in_order(self.push_bucket, buckets, weight_version)
 
     def push_bucket(self, bucket: Mapping[str, torch.Tensor], weight_version: str, *, flush_cache: bool) -> int:
         """Broadcast one bucket: each engine is told the names, dtypes and shapes

@@ -134,10 +134,15 @@ def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]],
     return load_buckets_in_order(client.update_weights_from_tensor, buckets, weight_version)
 
 
-def load_buckets_in_order(update, buckets: Iterable[Mapping[str, "torch.Tensor"]], weight_version: str) -> int:
+def load_buckets_in_order(update, buckets: Iterable[Mapping[str, "torch.Tensor"]], weight_version: str, *,
+                          flush_last: bool = True) -> int:
     """``update(bucket, weight_version=..., flush_cache=...)`` for each bucket, only the last one
-    flushing; ``buckets`` is consumed to its end even when an update fails.  Returns the tensors
-    loaded (see :func:`push_weight_buckets`)."""
+    flushing (none with ``flush_last=False``); ``buckets`` is consumed to its end even when an
+    update fails.  Returns the tensors loaded (see :func:`push_weight_buckets`).
+
+    Raises:
+        ValueError: there was no bucket.
+    """
     it = iter(buckets)
     loaded = 0
     try:
@@ -148,7 +153,7 @@ def load_buckets_in_order(update, buckets: Iterable[Mapping[str, "torch.Tensor"]
             update(pending, weight_version=weight_version, flush_cache=False)
             loaded += len(pending)
             pending = bucket
-        update(pending, weight_version=weight_version, flush_cache=True)
+        update(pending, weight_version=weight_version, flush_cache=flush_last)
         return loaded + len(pending)
     finally:
         for _ in it:  # keep the other ranks' collectives matched
