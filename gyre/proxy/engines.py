@@ -53,7 +53,8 @@ RETRYABLE_4XX = frozenset({408, 429, 499})
 
 def is_rejection(exc: BaseException) -> bool:
     """Whether a client exception is the engine refusing the request (a 4xx other than
-    :data:`RETRYABLE_4XX`; the client's ``EngineError.status_code``)."""
+    :data:`RETRYABLE_4XX`; the client's ``EngineError.status_code``, or an SGLang abort's
+    ``FinishReason.status_code``)."""
     status = getattr(exc, "status_code", None)
     return isinstance(status, int) and 400 <= status < 500 and status not in RETRYABLE_4XX
 
@@ -116,11 +117,13 @@ class ClientEngine:
                 ids = list(ch.delta_output_ids or [])
                 lps = list(ch.delta_logprobs) if ch.delta_logprobs is not None else [0.0] * len(ids)
                 fr = ch.finish_reason.type if ch.finish_reason is not None else None
+                if fr == "abort" and is_rejection(ch.finish_reason):  # e.g. SGLang's too-long prompt
+                    raise EngineRejected(ch.finish_reason.status_code, ch.finish_reason.message or "request refused")
                 yield EngineChunk(ids, lps, fr, parse_version(ch.weight_version))
                 if fr is not None:
                     return
         except Exception as exc:  # the client's EngineError/EngineConnectionError, httpx errors
-            if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            if isinstance(exc, (asyncio.CancelledError, GeneratorExit, EngineRejected)):
                 raise
             if is_rejection(exc):
                 raise EngineRejected(exc.status_code, str(getattr(exc, "message", exc))) from exc

@@ -50,6 +50,27 @@ from gyre.rollout.engine_messages import (
     sample_count,
 )
 
+def flush_when_idle(engine, timeout_s: float = 30.0, poll_s: float = 0.05) -> int:
+    """Call ``engine.flush_cache()`` until it succeeds; return the tries it took.  SGLang flushes
+    only when nothing is running or waiting (HTTP 400 otherwise), so after a ``pause_generation``
+    in ``abort`` mode this returns once the aborted requests have left the scheduler.
+
+    Raises:
+        EngineError: an answer other than 400, or still 400 after ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            engine.flush_cache()
+            return tries
+        except EngineError as exc:
+            if exc.status_code != 400 or time.monotonic() > deadline:
+                raise
+        time.sleep(poll_s)
+
+
 _LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
 
 

@@ -54,20 +54,25 @@ class FinishReason:
     """SGLang finish reason: ``type`` in ``stop`` | ``length`` | ``abort``.
 
     ``matched``: the stop token id (int) or stop string; ``length``: output tokens at the cap;
-    ``message``: abort reason.
+    ``message``: abort reason; ``status_code``: the HTTP status SGLang gives an abort that is the
+    request's own fault (400 for a prompt longer than the context or the KV pool), ``None`` for an
+    abort asked for by a client or a pause.
     """
 
     type: str
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    status_code: int | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "FinishReason | None":
         if d is None:
             return None
+        status = d.get("status_code")
         return cls(type=str(d.get("type")), matched=d.get("matched"), length=d.get("length"),
-                   message=d.get("message"))
+                   message=d.get("message"),
+                   status_code=status if isinstance(status, int) and not isinstance(status, bool) else None)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
@@ -77,6 +82,8 @@ class FinishReason:
             out["length"] = self.length
         elif self.type == "abort":
             out["message"] = self.message
+            if self.status_code is not None:
+                out["status_code"] = self.status_code
         return out
 
 

@@ -247,9 +247,12 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
                                        ) -> list[str]:
     """SGLang's ``serialized_named_tensors`` (``MultiprocessingSerializer``, one per TP rank).
 
-    GPU environment only: the tensors must live on this node's GPUs.  SGLang's patch of torch's
-    tensor reductions is applied first (as SGLang's own senders do), so each handle names its GPU
-    by UUID and the server's ranks find it whatever their ``CUDA_VISIBLE_DEVICES``.
+    GPU tensors travel as CUDA IPC handles: SGLang's patch of torch's tensor reductions is applied
+    first (as SGLang's own senders do), so each handle names its GPU by UUID and the server's ranks
+    find it whatever their ``CUDA_VISIBLE_DEVICES``.  Host tensors (an SGLang server on the CPU)
+    travel as shared-memory files: torch's ``file_system`` sharing strategy is set first, since a
+    file descriptor passed the default way cannot be opened by the server's scheduler process.
+    The sender must keep the tensors alive until the server has answered.
 
     Raises:
         ImportError: SGLang is not installed.
@@ -265,6 +268,10 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
     else:
         monkey_patch_torch_reductions()
     pairs = list(named.items()) if isinstance(named, Mapping) else list(named)
+    if any(getattr(t, "device", None) is not None and t.device.type == "cpu" for _, t in pairs):
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_sharing_strategy("file_system")
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 
 
@@ -494,6 +501,8 @@ class _SGLangPushOrder:
     #: The server's hierarchical cache writes to a shared store (``--rollout-shared-kv-store``):
     #: its keys are token hashes with no weight version, so every load empties it.
     clear_shared_store: bool = False
+    #: How long a live push waits for the aborted requests to leave the engine.
+    idle_timeout_s: float = 30.0
 
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict:
         raise NotImplementedError
@@ -505,38 +514,37 @@ class _SGLangPushOrder:
     def push_weight_buckets(self, buckets, weight_version: str, *, live: bool = True) -> int:
         """Load ``buckets`` as :func:`gyre.rollout.weights.push_weight_buckets` asks.
 
-        Live (the engine serves rollouts): pause in place (no forward pass runs; running requests
-        keep their state and are neither aborted nor retracted), load every bucket with
-        ``flush_cache=False`` (SGLang flushes only when idle and asserts that a flush asked for
-        with an update succeeded), flush the prefix cache if the engine is idle (else its entries
-        from the previous weights stay, like the running requests' own KV), continue.  Not live
-        (a role switch: generation paused, nothing running): the buckets in order, the last
-        flushing.  ``buckets`` is consumed to its end even when a call fails; a live push always
-        continues generation.  With :attr:`clear_shared_store` the shared KV store is emptied
-        after the load (KV written by a cell not yet updated may still reach it, until that cell's
-        own load empties it again).  Returns the tensors loaded.
+        Live (the engine serves rollouts): pause in ``abort`` mode (every running request ends
+        with an abort and its partial output, which the proxy retries; new requests wait), flush
+        the prefix cache until it succeeds (:func:`~gyre.rollout.engine_client.flush_when_idle`:
+        SGLang flushes only when idle), load every bucket, the last one flushing again, and
+        continue.  So no prefix computed under the old weights survives the push, and each of a
+        request's attempts ran on one version.  Not live (a role switch: generation paused,
+        nothing running): the buckets in order, the last flushing.  ``buckets`` is consumed to its
+        end even when a call fails; a live push always continues generation.  With
+        :attr:`clear_shared_store` the shared KV store is emptied after the load (KV written by a
+        cell not yet updated may still reach it, until that cell's own load empties it again).
+        Returns the tensors loaded.
 
         Raises:
             ValueError: there was no bucket.
         """
-        from gyre.rollout.engine_messages import EngineError
+        from gyre.rollout.engine_client import flush_when_idle
         from gyre.rollout.weights import load_buckets_in_order
 
         if not live:
             loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
             self._after_load()
             return loaded
-        self.client.pause_generation("in_place")
         try:
-            loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version, flush_last=False)
-            try:
-                self.client.flush_cache()
-            except EngineError as exc:
-                if exc.status_code != 400:  # 400: requests are held in place, nothing to flush now
-                    raise
+            self.client.pause_generation("abort")
+            flush_when_idle(self.client, self.idle_timeout_s)
+            loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
             self._after_load()
             return loaded
         finally:
+            for _ in buckets:  # keep the other ranks' collectives matched after an early failure
+                pass
             self.client.continue_generation()
 
     def __getattr__(self, name: str):

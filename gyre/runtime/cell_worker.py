@@ -25,7 +25,7 @@ from gyre.runtime import pipeline
 from gyre.runtime.cell_group import CellGroup
 from gyre.runtime.config import CellConfig
 from gyre.training import control as ctl
-from gyre.training.cell import ENGINE_MEMORY_TAGS, CellRoles, SwitchFailedError, TrainingState
+from gyre.training.cell import CellRoles, SwitchFailedError, TrainingState
 from gyre.training.streaming import MicroStepStream
 from gyre.training.weight_snapshot import (MooncakeSnapshotClient, MooncakeSnapshotServer, SnapshotError,
                                            copy_flat_to_params)
@@ -130,8 +130,8 @@ class CellWorker:
         self.engine = engine.start()
         self.client = self.engine.client(timeout=600.0)
         self.roles = CellRoles(cell, f"engine-{cell}", self.client, None, self.training)
-        if initial_role == "training":
-            self.client.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
+        if initial_role == "training":  # paused and idle first: SGLang's release asserts idleness
+            self.roles.release_engine()
             self.roles.role = "training"
         self.handlers = {ctl.SwitchToTraining: self.switch_to_training, ctl.SwitchToRollout: self.switch_to_rollout,
                          ctl.JoinStep: self.join_step, ctl.LoadWeights: self.load_weights,

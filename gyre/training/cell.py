@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 import torch
 
-from gyre.rollout.engine_messages import EngineError
+from gyre.rollout.engine_client import flush_when_idle
 from gyre.rollout.weights import push_weight_buckets
 
 logger = logging.getLogger(__name__)
@@ -229,9 +229,7 @@ class CellRoles:
         t1 = self.clock()
         for attempt in range(1, self.release_attempts + 1):
             try:  # pausing in abort mode leaves nothing running, so the release cannot meet a request
-                self.engine.pause_generation("abort")
-                self._wait_until_idle()
-                self.engine.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
+                self.release_engine()
                 break
             except Exception as exc:
                 if attempt == self.release_attempts:
@@ -250,18 +248,16 @@ class CellRoles:
                                      phases_s={"reroute_abort": t1 - t0, "release": t2 - t1, "restore": t3 - t2}))
 
     def _wait_until_idle(self) -> None:
-        """Flush the engine's prefix cache until it succeeds: SGLang flushes only when nothing is
-        running or waiting (400 otherwise), and its release asserts that same idleness, killing
-        the server when it does not hold; an engine still busy after ``idle_timeout_s`` raises."""
-        deadline = time.monotonic() + self.idle_timeout_s
-        while True:
-            try:
-                self.engine.flush_cache()
-                return
-            except EngineError as exc:
-                if exc.status_code != 400 or time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
+        """Flush the engine's prefix cache until it succeeds (:func:`flush_when_idle`): SGLang's
+        release asserts the same idleness and kills the server when it does not hold."""
+        flush_when_idle(self.engine, self.idle_timeout_s)
+
+    def release_engine(self) -> None:
+        """Pause in ``abort`` mode, wait until the engine is idle, release all of its memory (a cell
+        that starts as a trainer; :meth:`to_train` does the same with retries).  The role is the caller's."""
+        self.engine.pause_generation("abort")
+        self._wait_until_idle()
+        self.engine.release_memory_occupation(list(ENGINE_MEMORY_TAGS))
 
     def to_rollout(self, version: str, named_weights: Mapping[str, torch.Tensor] | Iterable[Mapping]) -> Transition:
         """Training -> rollout, serving ``named_weights`` (HF names; a mapping, or buckets of them

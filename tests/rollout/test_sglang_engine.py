@@ -200,8 +200,9 @@ def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
     assert cmd[cmd.index("--hicache-ratio") + 1] == "1.5"
 
 
-def _scripted_sglang(flush_status=200, fail_update_at=None):
-    """An SGLang cell's client over a scripted server: records ``(path, body)`` of each call."""
+def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0):
+    """An SGLang cell's client over a scripted server: records ``(path, body)`` of each call; its
+    first ``busy_flushes`` flushes answer 400 (requests still leaving), then ``flush_status``."""
     import httpx
     import torch
 
@@ -214,6 +215,8 @@ def _scripted_sglang(flush_status=200, fail_update_at=None):
         body = json.loads(request.content) if request.content else None
         calls.append((request.url.path, body))
         if request.url.path == "/flush_cache":
+            if sum(p == "/flush_cache" for p, _ in calls) <= busy_flushes:
+                return httpx.Response(400, text="Cache not flushed.")
             return httpx.Response(flush_status, text="Cache flushed." if flush_status == 200 else "Cache not flushed.")
         if request.url.path == "/update_weights_from_tensor" and fail_update_at == sum(
                 p == "/update_weights_from_tensor" for p, _ in calls):
@@ -232,19 +235,25 @@ def _brief(calls):
             else (p,) for p, b in calls]
 
 
-def test_a_live_push_to_an_sglang_cell_pauses_in_place_and_never_asks_sglang_to_flush_while_busy():
-    """SGLang's scheduler asserts that a flush requested with a weight update succeeded, and flushes
-    only when idle: a live push pauses in place (nothing aborted or retracted), loads every bucket
-    without flushing, flushes on its own if it can (a 400 means requests are held in place), continues."""
+def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
+    """A live push pauses in abort mode (the proxy retries the aborted requests), flushes until SGLang
+    says it is idle (400 while aborted requests are still leaving), loads the buckets with the last
+    one flushing (no prefix of the old weights survives), continues."""
     from gyre.rollout.weights import push_weight_buckets
 
-    for flush_status in (200, 400):
-        client, buckets, calls = _scripted_sglang(flush_status)
-        assert push_weight_buckets(client, iter(buckets), "5") == 3
-        assert _brief(calls) == [("/pause_generation", "in_place"),
-                                 ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
-                                 ("/update_weights_from_tensor", ["c", "c"], False, "5"),
-                                 ("/flush_cache",), ("/continue_generation",)]
+    client, buckets, calls = _scripted_sglang(busy_flushes=2)
+    assert push_weight_buckets(client, iter(buckets), "5") == 3
+    assert _brief(calls) == [("/pause_generation", "abort"), ("/flush_cache",), ("/flush_cache",), ("/flush_cache",),
+                             ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
+                             ("/update_weights_from_tensor", ["c", "c"], True, "5"),
+                             ("/continue_generation",)]
+    # never idle: the push gives up, the buckets are drained, generation continues
+    client, buckets, calls = _scripted_sglang(flush_status=400)
+    client.idle_timeout_s = 0.2
+    with pytest.raises(Exception, match="400"):
+        push_weight_buckets(client, iter(buckets), "5")
+    paths = [c[0] for c in _brief(calls)]
+    assert "/update_weights_from_tensor" not in paths and paths[-1] == "/continue_generation"
     # a role switch's load (generation paused, nothing running, so SGLang can flush): the last bucket flushes
     client, buckets, calls = _scripted_sglang()
     assert push_weight_buckets(client, iter(buckets), "6", live=False) == 3
@@ -267,11 +276,12 @@ def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
     with pytest.raises(EngineError, match="shape mismatch"):
         push_weight_buckets(client, produce(), "7")
     assert drained == [["a", "b"], ["c"]]
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/update_weights_from_tensor", "/continue_generation"]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/update_weights_from_tensor",
+                                             "/continue_generation"]
     client, _, calls = _scripted_sglang()
     with pytest.raises(ValueError, match="no weights"):
         push_weight_buckets(client, iter([]), "8")
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/continue_generation"]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/continue_generation"]
 
 
 def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():

@@ -1,0 +1,83 @@
+"""The SGLang tier: Gyre's calls against a real SGLang server on this CPU.
+
+These tests run in the SGLang environment that ``tools/setup_sglang.sh`` installs (its Python has
+SGLang, the torch SGLang pins and Gyre): ``bash tools/test_sglang.sh``.  Anywhere else (the CPU
+``.venv``) every test here is skipped with one reason.  The ``sglang_server`` fixture starts one
+server per session on the embedded tiny Qwen3 (``--device cpu --dtype float32``) through the
+environment's ``bin/sglang-server`` launcher, on a free port of 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+LAUNCHER = Path(sys.prefix) / "bin" / "sglang-server"
+
+
+def sglang_version() -> str | None:
+    """The SGLang version of this interpreter's environment, ``None`` without SGLang or its launcher."""
+    import importlib.metadata as md
+
+    try:
+        version = md.version("sglang")
+    except md.PackageNotFoundError:
+        return None
+    return version if LAUNCHER.exists() else None
+
+
+SKIP_REASON = ("the SGLang tier runs in the SGLang environment (bash tools/test_sglang.sh); "
+               "this interpreter has no SGLang with Gyre's launcher")
+
+
+def pytest_collection_modifyitems(config, items):
+    if sglang_version() is not None:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(skip)
+
+
+#: Server flags of every test server: a small KV pool keeps start-up and memory low on 2 cores.
+BASE_ARGV = ["--max-total-tokens", "4096", "--context-length", "1024", "--mem-fraction-static", "0.5",
+             "--log-level", "warning", "--skip-server-warmup"]
+
+
+def start_server(model_dir, tmp_dir: Path, name: str, extra_argv=(), **kwargs):
+    """A started :class:`gyre.rollout.sglang_engine.SGLangEngine` on ``model_dir`` logging to
+    ``tmp_dir/<name>.log``."""
+    from gyre.rollout.sglang_engine import SGLangEngine
+
+    eng = SGLangEngine(model_dir, launcher=[str(LAUNCHER)], server_argv=[*BASE_ARGV, *extra_argv],
+                       log_path=tmp_dir / f"{name}.log", startup_timeout=300, **kwargs)
+    return eng.start()
+
+
+def assert_clean_log(eng) -> None:
+    """The server's log has no assertion, unpickling error or traceback."""
+    text = Path(eng.log_path).read_text(errors="replace")
+    for bad in ("AssertionError", "UnpicklingError", "Traceback", "AuthenticationError"):
+        assert bad not in text, f"{bad} in {eng.log_path}:\n{text[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def sglang_model_dir():
+    from gyre.embedded_model import ensure_tiny_model
+
+    return ensure_tiny_model("qwen")
+
+
+@pytest.fixture(scope="session")
+def sglang_server(sglang_model_dir, tmp_path_factory):
+    """One real SGLang server for the session (stopped at its end; its log must stay clean)."""
+    eng = start_server(sglang_model_dir, tmp_path_factory.mktemp("sglang"), "server")
+    try:
+        yield eng
+    finally:
+        eng.stop(timeout=30)
+    assert_clean_log(eng)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Install a real SGLang server for this CPU machine, once per machine, outside the checkout
+# (idempotent; a no-op in ~1 s when it is already there).
+#   - its own virtual environment: ${GYRE_SGLANG_HOME:-~/.cache/gyre}/sglang-<version>
+#     (SGLang pins its own torch and transformers, so it never shares the CPU .venv)
+#   - Gyre's own package into it (editable, no dependencies beyond requirements-sglang-env.txt),
+#     so a job whose trainer and SGLang share one torch runs from this environment
+#   - a CPU loader shim: sgl_kernel loads a CUDA kernel library that needs libcuda.so.1; with a
+#     module named common_ops on the path its loader falls back to it and SGLang's torch-native
+#     CPU code runs instead
+#   - bin/sglang-server: `python -m sglang.launch_server --device cpu --dtype float32` with the
+#     environment SGLang needs on a CPU (SGLANG_USE_CPU_ENGINE=1, HF_HUB_OFFLINE=1, the shim)
+# Usage: bash tools/setup_sglang.sh [VERSION]   (default: the newest version Gyre runs here)
+# Prints the environment's directory as its last line. GYRE_SGLANG_VERSION picks the version too.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VERSION="${1:-${GYRE_SGLANG_VERSION:-0.5.23}}"
+HOME_DIR="${GYRE_SGLANG_HOME:-$HOME/.cache/gyre}"
+ENV_DIR="$HOME_DIR/sglang-$VERSION"
+PY="$ENV_DIR/bin/python"
+say() { echo "[gyre setup_sglang] $*" >&2; }
+
+case "$VERSION" in
+  0.5.10.post1|0.5.23) ;;
+  *) say "error: SGLang $VERSION is not one Gyre knows how to run here (0.5.23, 0.5.10.post1)"; exit 2 ;;
+esac
+
+STAMP="$ENV_DIR/.gyre-sglang-stamp"
+WANT="$(cat "$ROOT/tools/setup_sglang.sh" "$ROOT/requirements-sglang-env.txt" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && [ -x "$ENV_DIR/bin/sglang-server" ]; then
+  echo "$ENV_DIR"; exit 0
+fi
+
+mkdir -p "$HOME_DIR"
+exec 9>"$HOME_DIR/.sglang-$VERSION.lock"
+flock 9   # two checkouts installing the same version wait for each other
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && [ -x "$ENV_DIR/bin/sglang-server" ]; then
+  echo "$ENV_DIR"; exit 0
+fi
+
+BASE="$(command -v python3.11 || command -v python3)"
+if [ ! -x "$PY" ]; then
+  say "creating $ENV_DIR with $BASE"
+  "$BASE" -m venv "$ENV_DIR"
+fi
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('sglang') != '$VERSION')" 2>/dev/null; then
+  say "installing sglang==$VERSION and the torch it pins (several GB, minutes; once per machine)"
+  "${PIP[@]}" install "sglang==$VERSION" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+fi
+say "installing Gyre's extra requirements into the SGLang environment"
+"${PIP[@]}" install -r "$ROOT/requirements-sglang-env.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+"${PIP[@]}" install --no-deps dashscope==2.0.2 2>&1 | grep -v '^WARNING: Location' >&2 || true
+
+mkdir -p "$ENV_DIR/cpu_shim"
+cat > "$ENV_DIR/cpu_shim/common_ops.py" <<'PYEOF'
+# CPU shim: sgl_kernel's loader imports `common_ops` when its CUDA library cannot load (no
+# libcuda.so.1 on a CPU machine). Empty on purpose: SGLang's torch-native CPU path needs none of it.
+PYEOF
+
+cat > "$ENV_DIR/bin/sglang-server" <<SHEOF
+#!/usr/bin/env bash
+# An SGLang server on the CPU (written by Gyre's tools/setup_sglang.sh). Arguments go to
+# sglang.launch_server after --device cpu --dtype float32 (a later --dtype wins).
+export SGLANG_USE_CPU_ENGINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH="$ENV_DIR/cpu_shim\${PYTHONPATH:+:\$PYTHONPATH}"
+exec "$PY" -m sglang.launch_server --device cpu --dtype float32 "\$@"
+SHEOF
+chmod +x "$ENV_DIR/bin/sglang-server"
+
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$ROOT" > "$SITE/gyre-checkout.pth"
+PYTHONPATH="$ENV_DIR/cpu_shim" SGLANG_USE_CPU_ENGINE=1 "$PY" -W ignore -c \
+  "import sglang, torch, sglang.srt.entrypoints.http_server; print('sglang', sglang.__version__, 'torch', torch.__version__)" >&2 \
+  || { say "error: SGLang $VERSION does not import in $ENV_DIR"; exit 1; }
+echo "$WANT" > "$STAMP"
+echo "$ENV_DIR"
