@@ -8,6 +8,8 @@
 #   - a CPU loader shim: sgl_kernel loads a CUDA kernel library that needs libcuda.so.1; with a
 #     module named common_ops on the path its loader falls back to it and SGLang's torch-native
 #     CPU code runs instead
+#     and a sitecustomize that makes torch.cuda.synchronize a no-op where there is no CUDA device
+#     (SGLang 0.5.23 calls it unconditionally when it releases memory)
 #   - bin/sglang-server: `python -m sglang.launch_server --device cpu --dtype float32` with the
 #     environment SGLang needs on a CPU (SGLANG_USE_CPU_ENGINE=1, HF_HUB_OFFLINE=1, the shim)
 # Usage: bash tools/setup_sglang.sh [VERSION]   (default: the newest version Gyre runs here)
@@ -44,18 +46,28 @@ if [ ! -x "$PY" ]; then
   "$BASE" -m venv "$ENV_DIR"
 fi
 PIP=("$PY" -m pip --disable-pip-version-check -q)
-if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('sglang') != '$VERSION')" 2>/dev/null; then
-  say "installing sglang==$VERSION and the torch it pins (several GB, minutes; once per machine)"
-  "${PIP[@]}" install "sglang==$VERSION" 2>&1 | grep -v '^WARNING: Location' >&2 || true
-fi
-say "installing Gyre's extra requirements into the SGLang environment"
-"${PIP[@]}" install -r "$ROOT/requirements-sglang-env.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+# one resolver call: SGLang's own pins (torch, transformers, openai, ...) win over Gyre's extras
+say "installing sglang==$VERSION, the torch it pins and Gyre's extras (several GB the first time, minutes)"
+"${PIP[@]}" install "sglang==$VERSION" -r "$ROOT/requirements-sglang-env.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
 "${PIP[@]}" install --no-deps dashscope==2.0.2 2>&1 | grep -v '^WARNING: Location' >&2 || true
 
 mkdir -p "$ENV_DIR/cpu_shim"
 cat > "$ENV_DIR/cpu_shim/common_ops.py" <<'PYEOF'
 # CPU shim: sgl_kernel's loader imports `common_ops` when its CUDA library cannot load (no
 # libcuda.so.1 on a CPU machine). Empty on purpose: SGLang's torch-native CPU path needs none of it.
+PYEOF
+
+cat > "$ENV_DIR/cpu_shim/sitecustomize.py" <<'PYEOF'
+# CPU shim, imported by every Python process of the server (PYTHONPATH): SGLang 0.5.23's
+# release_memory_occupation calls torch.cuda.synchronize() unconditionally, which raises without an
+# NVIDIA driver and kills the scheduler. With no CUDA device there is nothing to synchronize.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.cuda.synchronize = lambda device=None: None
+except Exception:  # never stop the interpreter from starting
+    pass
 PYEOF
 
 cat > "$ENV_DIR/bin/sglang-server" <<SHEOF

@@ -257,6 +257,15 @@ class EngineClient(_ClientBase):
         return self._do(op_update_weights_from_distributed(names, dtypes, shapes, group_name, weight_version,
                                                            abort_all_requests, flush_cache))
 
+    def begin_weight_update(self) -> dict:
+        """``POST /begin_weight_update``: open a weight-update session (SGLang 0.5.23 and newer
+        load weights only inside one; :mod:`gyre.rollout.sglang_protocol`)."""
+        return self._do(op_json("POST", "/begin_weight_update", {}))
+
+    def end_weight_update(self) -> dict:
+        """``POST /end_weight_update``: close the session :meth:`begin_weight_update` opened."""
+        return self._do(op_json("POST", "/end_weight_update", {}))
+
     def destroy_weights_update_group(self, *, group_name: str = "weight_update_group") -> dict:
         return self._do(op_destroy_weights_update_group(group_name))
 

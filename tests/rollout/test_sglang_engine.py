@@ -200,7 +200,7 @@ def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
     assert cmd[cmd.index("--hicache-ratio") + 1] == "1.5"
 
 
-def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0):
+def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0, version=None):
     """An SGLang cell's client over a scripted server: records ``(path, body)`` of each call; its
     first ``busy_flushes`` flushes answer 400 (requests still leaving), then ``flush_status``."""
     import httpx
@@ -214,6 +214,8 @@ def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0):
     def handler(request):
         body = json.loads(request.content) if request.content else None
         calls.append((request.url.path, body))
+        if request.url.path == "/server_info":
+            return httpx.Response(200, json={"version": version} if version else {})
         if request.url.path == "/flush_cache":
             if sum(p == "/flush_cache" for p, _ in calls) <= busy_flushes:
                 return httpx.Response(400, text="Cache not flushed.")
@@ -244,7 +246,7 @@ def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
     client, buckets, calls = _scripted_sglang(busy_flushes=2)
     assert push_weight_buckets(client, iter(buckets), "5") == 3
     assert _brief(calls) == [("/pause_generation", "abort"), ("/flush_cache",), ("/flush_cache",), ("/flush_cache",),
-                             ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
+                             ("/server_info",), ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
                              ("/update_weights_from_tensor", ["c", "c"], True, "5"),
                              ("/continue_generation",)]
     # never idle: the push gives up, the buckets are drained, generation continues
@@ -257,8 +259,32 @@ def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
     # a role switch's load (generation paused, nothing running, so SGLang can flush): the last bucket flushes
     client, buckets, calls = _scripted_sglang()
     assert push_weight_buckets(client, iter(buckets), "6", live=False) == 3
-    assert [c[0] for c in _brief(calls)] == ["/update_weights_from_tensor"] * 2
-    assert [c[2] for c in _brief(calls)] == [False, True]
+    loads = [c for c in _brief(calls) if c[0] != "/server_info"]
+    assert [c[0] for c in loads] == ["/update_weights_from_tensor"] * 2
+    assert [c[2] for c in loads] == [False, True]
+
+
+def test_sglang_0_5_23_loads_weights_inside_one_weight_update_session():
+    """From SGLang 0.5.23 a weight load outside /begin_weight_update ... /end_weight_update answers 400
+    (and the distributed one would leave the broadcast hanging): the version from /server_info
+    decides, a push's buckets share one session, and a single load opens its own."""
+    import torch
+
+    from gyre.rollout.weights import push_weight_buckets
+
+    for version, sessions in (("0.5.23", True), ("0.5.10.post1", False), (None, False)):
+        client, buckets, calls = _scripted_sglang(version=version)
+        assert push_weight_buckets(client, iter(buckets), "5") == 3
+        paths = [c[0] for c in calls]
+        assert paths[:3] == ["/pause_generation", "/flush_cache", "/server_info"]
+        want = ["/update_weights_from_tensor"] * 2
+        if sessions:
+            want = ["/begin_weight_update", *want, "/end_weight_update"]
+        assert paths[3:] == [*want, "/continue_generation"], (version, paths)
+        calls.clear()
+        client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="6")
+        assert [c[0] for c in calls] == (["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
+                                         if sessions else ["/update_weights_from_tensor"])
 
 
 def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
@@ -276,12 +302,12 @@ def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
     with pytest.raises(EngineError, match="shape mismatch"):
         push_weight_buckets(client, produce(), "7")
     assert drained == [["a", "b"], ["c"]]
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/update_weights_from_tensor",
-                                             "/continue_generation"]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/server_info",
+                                             "/update_weights_from_tensor", "/continue_generation"]
     client, _, calls = _scripted_sglang()
     with pytest.raises(ValueError, match="no weights"):
         push_weight_buckets(client, iter([]), "8")
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/continue_generation"]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/server_info", "/continue_generation"]
 
 
 def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():

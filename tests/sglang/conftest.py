@@ -58,11 +58,18 @@ def start_server(model_dir, tmp_dir: Path, name: str, extra_argv=(), **kwargs):
     return eng.start()
 
 
+#: What a server that failed writes in its log: an assert (SGLang's idle checks), a payload it could
+#: not unpickle or open, a scheduler exception.
+LOG_FAILURES = ("AssertionError", "UnpicklingError", "AuthenticationError", "hit an exception",
+                "Exception in run_scheduler_process", "SIGQUIT")
+
+
 def assert_clean_log(eng) -> None:
-    """The server's log has no assertion, unpickling error or traceback."""
+    """The server's log has none of :data:`LOG_FAILURES` and started once (no restart)."""
     text = Path(eng.log_path).read_text(errors="replace")
-    for bad in ("AssertionError", "UnpicklingError", "Traceback", "AuthenticationError"):
+    for bad in LOG_FAILURES:
         assert bad not in text, f"{bad} in {eng.log_path}:\n{text[-3000:]}"
+    assert text.count("Uvicorn running on") <= 1, f"the server restarted: {eng.log_path}"
 
 
 @pytest.fixture(scope="session")

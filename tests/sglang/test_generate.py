@@ -1,0 +1,120 @@
+"""Generation against a real SGLang server: behaviour log-probs, streaming, abort by rid, a prompt
+too long for the server, and shutdown with parallel samples in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.sglang.conftest import start_server
+
+
+def _hf_logprobs(model_dir, prompt: list[int], output: list[int]) -> list[float]:
+    """Log-probs of ``output`` after ``prompt`` from a transformers forward of the same tokens (fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def test_behaviour_logprobs_equal_an_hf_forward(sglang_server, sglang_model_dir):
+    prompt = list(range(100, 140))
+    with sglang_server.client() as c:
+        greedy = c.generate(prompt, {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True},
+                            return_logprob=True)
+        sampled = c.generate(prompt, {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True},
+                             return_logprob=True)
+    diffs = []
+    for res in (greedy, sampled):
+        assert res.completion_tokens == 24 and len(res.output_logprobs) == 24
+        ref = _hf_logprobs(sglang_model_dir, prompt, res.output_ids)
+        diffs.append(max(abs(a - b) for a, b in zip(res.output_logprobs, ref)))
+    print(f"behaviour log-prob vs HF forward: max |diff| greedy {diffs[0]:.2e}, sampled {diffs[1]:.2e} (48 tokens)")
+    assert max(diffs) <= 1e-3
+
+
+def test_streaming_gives_the_tokens_and_logprobs_of_a_plain_call(sglang_server):
+    prompt = list(range(200, 230))
+    params = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+    with sglang_server.client() as c:
+        plain = c.generate(prompt, params, return_logprob=True)
+        ids, lps, chunks, finish = [], [], 0, None
+        for ch in c.stream(prompt, params, return_logprob=True):
+            ids += ch.delta_output_ids
+            lps += ch.delta_logprobs or []
+            chunks += 1
+            finish = ch.finish_reason or finish
+    assert ids == plain.output_ids and chunks >= 2 and finish.type == "length"
+    assert max(abs(a - b) for a, b in zip(lps, plain.output_logprobs)) < 1e-4
+
+
+def test_abort_by_rid_ends_a_running_request_with_its_partial_output(sglang_server):
+    box = {}
+
+    def run():
+        with sglang_server.client() as c:
+            box["res"] = c.generate(list(range(10, 30)), {"max_new_tokens": 900, "ignore_eos": True},
+                                    rid="gyre-abort-1", return_logprob=True)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(1.5)
+    with sglang_server.client() as c:
+        c.abort("gyre-abort-1")
+    t.join(60)
+    res = box["res"]
+    assert res.aborted and 0 < res.completion_tokens < 900
+    assert len(res.output_logprobs) == len(res.output_ids) == res.completion_tokens
+    assert res.finish_reason.status_code is None  # a client's abort is not the request's fault
+
+
+def test_a_too_long_prompt_is_a_rejection_not_a_retry(sglang_server):
+    """SGLang ends a prompt longer than its context with an abort carrying status_code 400: the proxy's
+    engine adapter raises EngineRejected at once (the router would otherwise retry it until its timeout)."""
+    from gyre.proxy.engines import ClientEngine, EngineRejected
+    from gyre.rollout.engine_client import AsyncEngineClient
+
+    async def go():
+        async with AsyncEngineClient(sglang_server.url) as ac:
+            eng = ClientEngine(ac, "engine-0")
+            t0 = time.monotonic()
+            with pytest.raises(EngineRejected) as ei:
+                async for _ in eng.generate_stream(list(range(5, 1500)), {"max_new_tokens": 4}, "gyre-long-1"):
+                    pass
+            return ei.value, time.monotonic() - t0
+
+    exc, took = asyncio.run(go())
+    assert 400 <= exc.status < 500 and took < 5, (exc, took)
+    print(f"too-long prompt: HTTP {exc.status} in {took:.2f} s: {exc.message[:120]}")
+
+
+def test_shutdown_with_parallel_samples_in_flight_ends_within_30s(sglang_model_dir, tmp_path):
+    """SGLang's SIGTERM waits for requests it never finishes after an n > 1 generate; stop() ends it."""
+    eng = start_server(sglang_model_dir, tmp_path, "n2")
+    started = threading.Event()
+
+    def run():
+        with eng.client(timeout=120) as c:
+            started.set()
+            try:
+                c.generate(list(range(10, 20)), {"max_new_tokens": 600, "ignore_eos": True, "n": 2})
+            except Exception:
+                pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    started.wait(10)
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    eng.stop()
+    took = time.monotonic() - t0
+    print(f"stop with n=2 in flight: {took:.1f} s, exit status {eng.proc.returncode}")
+    assert eng.proc.poll() is not None and took < 30
