@@ -6,8 +6,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ENV_DIR="$(bash "$ROOT/tools/setup_sglang.sh" | tail -n 1)"
-bash "$ROOT/tools/setup.sh" >/dev/null   # the embedded tiny model is built with the CPU environment
-"$ROOT/.venv/bin/python" -c 'from gyre.embedded_model import ensure_tiny_model; ensure_tiny_model("qwen")'
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
-exec "$ENV_DIR/bin/python" -m pytest tests/sglang -p no:cacheprovider "$@"
+exec "$ENV_DIR/bin/python" -m pytest tests/sglang -p no:cacheprovider --tb=short "$@"

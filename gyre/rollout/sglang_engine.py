@@ -313,6 +313,14 @@ def server_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in base.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
 
 
+def cpu_server_launcher() -> Path | None:
+    """``bin/sglang-server`` of the SGLang environment this interpreter runs in (written by
+    ``tools/setup_sglang.sh``: ``sglang.launch_server --device cpu --dtype float32`` with the
+    environment SGLang needs on a CPU), ``None`` outside one."""
+    path = Path(sys.prefix) / "bin" / "sglang-server"
+    return path if path.is_file() else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A currently free TCP port on ``host``."""
     import socket

@@ -22,8 +22,9 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
     first (as SGLang's own senders do), so each handle names its GPU by UUID and the server's ranks
     find it whatever their ``CUDA_VISIBLE_DEVICES``.  Host tensors (an SGLang server on the CPU)
     travel as shared-memory files: torch's ``file_system`` sharing strategy is set first, since a
-    file descriptor passed the default way cannot be opened by the server's scheduler process.
-    The sender must keep the tensors alive until the server has answered.
+    file descriptor passed the default way cannot be opened by the server's scheduler process, and
+    SGLang's patch is not applied (it rewrites every tensor's reduction as a CUDA one and fails on a
+    host tensor).  The sender must keep the tensors alive until the server has answered.
 
     Raises:
         ImportError: SGLang is not installed.
@@ -32,17 +33,21 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
         from sglang.srt.utils import MultiprocessingSerializer
     except ImportError:
         from sglang.srt.utils.common import MultiprocessingSerializer  # newer layout
-    try:
-        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
-    except ImportError:  # an SGLang without the patch: device indices as torch writes them
-        pass
-    else:
-        monkey_patch_torch_reductions()
     pairs = list(named.items()) if isinstance(named, Mapping) else list(named)
-    if any(getattr(t, "device", None) is not None and t.device.type == "cpu" for _, t in pairs):
+    on_host = [getattr(t, "device", None) is not None and t.device.type == "cpu" for _, t in pairs]
+    if any(on_host):
+        if not all(on_host):
+            raise ValueError("a weight bucket for SGLang mixes host and GPU tensors")
         import torch.multiprocessing
 
         torch.multiprocessing.set_sharing_strategy("file_system")
+    else:
+        try:
+            from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+        except ImportError:  # an SGLang without the patch: device indices as torch writes them
+            pass
+        else:
+            monkey_patch_torch_reductions()
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 
 

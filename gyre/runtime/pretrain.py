@@ -70,8 +70,14 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if args.attention_kernel == "fused" and args.backend == "cpu":
         raise ArgumentError("argument --attention-kernel: fused attention trains on GPU only (FlexAttention has no "
                             "CPU backward); --backend cpu uses dense")
-    if args.rollout_engine != "embedded" and args.backend == "cpu":
-        raise ArgumentError("argument --rollout-engine: --backend cpu serves from the embedded engine")
+    if args.rollout_engine == "sglang" and args.backend == "cpu":
+        from gyre.rollout.sglang_engine import cpu_server_launcher
+
+        if cpu_server_launcher() is None:
+            raise ArgumentError("argument --rollout-engine: SGLang cells on the CPU run from the SGLang environment "
+                                "(bash tools/setup_sglang.sh; then its bin/python or bin/torchrun)")
+        if per_cell > 1:
+            raise ArgumentError("argument --tensor-model-parallel-size: SGLang cells on the CPU are cells of one rank")
     if args.wandb_project:
         try:
             import wandb  # noqa: F401
@@ -260,6 +266,20 @@ def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, ver
                                       log_path=Path(args.run_dir) / f"sglang_cell{lay.cell}_node{node}.log")
 
 
+def _sglang_cpu_cell_engine(args, cell: int, host: str, model_dir: str, version: int):
+    """The SGLang server of a cell of one rank on the CPU, not started: the SGLang environment's
+    launcher (``--device cpu --dtype float32``), its scheduler sleeping when idle (it polls
+    otherwise, a core's worth of CPU per server)."""
+    from gyre.rollout.sglang_engine import SGLangCellEngine, cpu_server_launcher
+
+    argv = ["--sleep-on-idle", "--random-seed", str(args.seed + 1000 * cell)]
+    if getattr(args, "sglang_weight_version", None) is None:
+        argv += ["--weight-version", str(version)]
+    return SGLangCellEngine.from_args(args, host=host, extra_argv=argv, model_path=model_dir, device="cpu",
+                                      tp_size=1, launcher=[str(cpu_server_launcher())],
+                                      log_path=Path(args.run_dir) / f"sglang_cell{cell}.log")
+
+
 def _store(rank: int, world: int, host: str):
     """The run's TCPStore: rank 0 hosts it, reached at ``host`` (its :func:`gyre.network.node_address`).
     Returns ``(store, connect)``; ``connect()`` opens another client -- one per thread that blocks
@@ -345,8 +365,12 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     del model  # the Megatron replica holds converted copies; the HF replica keeps its own reference
     if ckpt is not None and cell == 0:
         train_step.optimizer.load_state_dict(torch.load(optimizer_file(ckpt, shard), weights_only=True))
-    sglang = _sglang_cell_engine(args, cell_group, device, host, model_dir, start_step) \
-        if args.rollout_engine == "sglang" else None
+    if args.rollout_engine != "sglang":
+        sglang = None
+    elif device.type == "cpu":
+        sglang = _sglang_cpu_cell_engine(args, cell, host, model_dir, start_step)
+    else:
+        sglang = _sglang_cell_engine(args, cell_group, device, host, model_dir, start_step)
     worker = CellWorker(CellConfig.from_args(args), cell, connect() if rank == 0 else store, groups, model_dir,
                         train_step, start_version=start_step, initial_role=initial, host=host, cell_group=cell_group,
                         device=str(device), engine=sglang if shard == 0 else None)

@@ -9,7 +9,6 @@ environment's ``bin/sglang-server`` launcher, on a free port of 127.0.0.1.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
 
 #: Server flags of every test server: a small KV pool keeps start-up and memory low on 2 cores.
 BASE_ARGV = ["--max-total-tokens", "4096", "--context-length", "1024", "--mem-fraction-static", "0.5",
-             "--log-level", "warning", "--skip-server-warmup"]
+             "--log-level", "warning", "--skip-server-warmup", "--sleep-on-idle"]
 
 
 def start_server(model_dir, tmp_dir: Path, name: str, extra_argv=(), **kwargs):
@@ -81,10 +80,23 @@ def sglang_model_dir():
 
 @pytest.fixture(scope="session")
 def sglang_server(sglang_model_dir, tmp_path_factory):
-    """One real SGLang server for the session (stopped at its end; its log must stay clean)."""
+    """A real SGLang server for the session whose weights never change (stopped at its end; its
+    log must stay clean)."""
     eng = start_server(sglang_model_dir, tmp_path_factory.mktemp("sglang"), "server")
     try:
         yield eng
     finally:
-        eng.stop(timeout=30)
+        eng.stop()
+    assert_clean_log(eng)
+
+
+@pytest.fixture(scope="session")
+def cell_server(sglang_model_dir, tmp_path_factory):
+    """A second real SGLang server for the session, the one a cell drives: weight pushes, role
+    switches, memory release (its weights change; its log must stay clean)."""
+    eng = start_server(sglang_model_dir, tmp_path_factory.mktemp("sglang-cell"), "cell", ["--weight-version", "0"])
+    try:
+        yield eng
+    finally:
+        eng.stop()
     assert_clean_log(eng)

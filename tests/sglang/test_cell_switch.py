@@ -6,14 +6,14 @@ the weights come back with each switch's version, and the server never trips its
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
-import pytest
 
-from tests.sglang.conftest import assert_clean_log, start_server
+from tests.sglang.conftest import assert_clean_log
 
 
-def test_three_switch_cycles_through_the_proxy(sglang_server, sglang_model_dir, tmp_path):
+def test_three_switch_cycles_through_the_proxy(sglang_server, cell_server, sglang_model_dir, tmp_path):
     from gyre.embedded_model import load_hf_model, load_tokenizer
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
@@ -23,7 +23,7 @@ def test_three_switch_cycles_through_the_proxy(sglang_server, sglang_model_dir, 
     from gyre.training.cell import CellRoles, TrainingState
     from gyre.trajectory.store import TrajectoryStore
 
-    cell_engine = start_server(sglang_model_dir, tmp_path, "cell", ["--weight-version", "0"])
+    cell_engine = cell_server
     store = TrajectoryStore(tmp_path / "records", fsync_every=0)
     proxy = ProxyServer(ChatRenderer(load_tokenizer(sglang_model_dir)), store=store,
                         config=ProxyConfig(max_context_tokens=900, retry_timeout_s=120))
@@ -60,7 +60,9 @@ def test_three_switch_cycles_through_the_proxy(sglang_server, sglang_model_dir, 
             assert cell_engine.proc.poll() is None
             cell.to_rollout(str(i + 1), named)
             proxy.set_route(ex.execution_id, "engine-1")
+            deadline = time.monotonic() + 120
             while calls["ok"] < 2 * (i + 1):  # the client is served between switches
+                assert not calls["other"] and time.monotonic() < deadline, (calls, cell.transitions)
                 th.join(0.05)
         stop.set()
         th.join(120)
@@ -76,39 +78,28 @@ def test_three_switch_cycles_through_the_proxy(sglang_server, sglang_model_dir, 
     finally:
         stop.set()
         proxy.stop()
-        cell_engine.stop()
-    assert_clean_log(cell_engine)
 
 
-def test_a_cell_that_starts_as_a_trainer_releases_only_when_idle(sglang_model_dir, tmp_path):
+def test_a_cell_that_starts_as_a_trainer_releases_only_when_idle(cell_server):
     """A request already waiting when the cell starts training (here: queued behind a retract pause)
     would trip SGLang's idle assert on release; the cell pauses in abort mode and waits first."""
     from gyre.training.cell import CellRoles
 
-    eng = start_server(sglang_model_dir, tmp_path, "trainer")
-    try:
-        box = {}
+    box = {}
 
-        def run():
-            with eng.client() as c:
-                box["res"] = c.generate(list(range(10, 50)), {"max_new_tokens": 400, "ignore_eos": True})
+    def run():
+        with cell_server.client() as c:
+            box["res"] = c.generate(list(range(10, 50)), {"max_new_tokens": 400, "ignore_eos": True})
 
-        t = threading.Thread(target=run)
-        t.start()
-        with eng.client() as c:
-            import time
-
-            time.sleep(1.0)
-            c.pause_generation("retract")  # the request now waits in SGLang's queue
-            roles = CellRoles(0, "engine-0", c, None, None)
-            roles.release_engine()
+    t = threading.Thread(target=run)
+    t.start()
+    with cell_server.client() as c:
+        time.sleep(1.0)
+        c.pause_generation("retract")  # the request now waits in SGLang's queue
+        CellRoles(0, "engine-0", c, None, None).release_engine()
         t.join(60)
-        assert box["res"].aborted
-        assert eng.proc.poll() is None
-        with eng.client() as c:
-            c.resume_memory_occupation(None)
-            c.continue_generation()
-            assert c.generate([1, 2, 3], {"max_new_tokens": 2}).completion_tokens == 2
-    finally:
-        eng.stop()
-    assert_clean_log(eng)
+        assert box["res"].aborted and cell_server.proc.poll() is None
+        c.resume_memory_occupation(None)
+        c.continue_generation()
+        assert c.generate([1, 2, 3], {"max_new_tokens": 2}).completion_tokens == 2
+    assert_clean_log(cell_server)

@@ -12,20 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.sglang.conftest import assert_clean_log, start_server
-
 PROMPT = list(range(300, 460))  # 160 tokens: several pages of prefix to reuse
-
-
-@pytest.fixture(scope="module")
-def weight_server(sglang_model_dir, tmp_path_factory):
-    eng = start_server(sglang_model_dir, tmp_path_factory.mktemp("sglang-weights"), "weights",
-                       ["--weight-version", "1"])
-    try:
-        yield eng
-    finally:
-        eng.stop()
-    assert_clean_log(eng)
 
 
 def _weights(model_dir):
@@ -57,12 +44,12 @@ def _greedy(client, prompt=PROMPT):
                            return_logprob=True)
 
 
-def _push_while_running(weight_server, cell_client, weights: dict, version: str):
+def _push_while_running(cell_server, cell_client, weights: dict, version: str):
     """Start a long request, push ``weights`` live as ``version`` in two buckets, return the request."""
     box = {}
 
     def run():
-        with weight_server.client() as c:
+        with cell_server.client() as c:
             box["res"] = c.generate(list(range(20, 60)), {"max_new_tokens": 900, "ignore_eos": True},
                                     return_logprob=True)
 
@@ -79,22 +66,22 @@ def _push_while_running(weight_server, cell_client, weights: dict, version: str)
 
 
 @pytest.mark.parametrize("path", ["tensor", "distributed"])
-def test_a_live_push_leaves_no_old_prefix_and_serves_the_new_weights(weight_server, sglang_model_dir, path):
+def test_a_live_push_leaves_no_old_prefix_and_serves_the_new_weights(cell_server, sglang_model_dir, path):
     from gyre.rollout.sglang_engine import SGLangGroupClient, SGLangTensorClient
 
     seed = {"tensor": 1, "distributed": 2}[path]
-    with weight_server.client() as c:
+    with cell_server.client() as c:
         old_version = c.get_weight_version()
         _greedy(c)
         before = _greedy(c)
         assert before.cached_tokens >= 128  # the prefix cache works: the repeat reuses the prompt's KV
         new = _perturbed(_weights(sglang_model_dir), seed)
         if path == "tensor":
-            cell = SGLangTensorClient(weight_server.client(), "cpu", 1)
+            cell = SGLangTensorClient(cell_server.client(), "cpu", 1)
         else:
-            cell = SGLangGroupClient(weight_server.client(), 1, "127.0.0.1", group_name=f"gyre_test_{seed}")
+            cell = SGLangGroupClient(cell_server.client(), 1, "127.0.0.1", group_name=f"gyre_test_{seed}")
         version = str(int(old_version) + 1)
-        spanning = _push_while_running(weight_server, cell, new, version)
+        spanning = _push_while_running(cell_server, cell, new, version)
         if path == "distributed":
             cell.close()
         after = _greedy(c)
