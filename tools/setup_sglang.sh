@@ -49,6 +49,8 @@ PIP=("$PY" -m pip --disable-pip-version-check -q)
 # one resolver call: SGLang's own pins (torch, transformers, openai, ...) win over Gyre's extras
 say "installing sglang==$VERSION, the torch it pins and Gyre's extras (several GB the first time, minutes)"
 "${PIP[@]}" install "sglang==$VERSION" -r "$ROOT/requirements-sglang-env.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+# Mooncake's TCP build (weight snapshots between cells on the CPU; a GPU node takes the CUDA build)
+"${PIP[@]}" install mooncake-transfer-engine-non-cuda==0.3.13.post1 2>&1 | grep -v '^WARNING: Location' >&2 || true
 "${PIP[@]}" install --no-deps dashscope==2.0.2 2>&1 | grep -v '^WARNING: Location' >&2 || true
 
 mkdir -p "$ENV_DIR/cpu_shim"
@@ -83,7 +85,7 @@ chmod +x "$ENV_DIR/bin/sglang-server"
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$ROOT" > "$SITE/gyre-checkout.pth"
 PYTHONPATH="$ENV_DIR/cpu_shim" SGLANG_USE_CPU_ENGINE=1 "$PY" -W ignore -c \
-  "import sglang, torch, sglang.srt.entrypoints.http_server; print('sglang', sglang.__version__, 'torch', torch.__version__)" >&2 \
+  "import sglang, torch, mooncake, megatron.core, sglang.srt.entrypoints.http_server; print('sglang', sglang.__version__, 'torch', torch.__version__)" >&2 \
   || { say "error: SGLang $VERSION does not import in $ENV_DIR"; exit 1; }
 echo "$WANT" > "$STAMP"
 echo "$ENV_DIR"

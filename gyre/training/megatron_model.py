@@ -136,6 +136,31 @@ def rope_theta(hf_config: Any) -> float:
     return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
 
 
+#: Optional kernel packages Megatron imports when present, catching only ImportError.
+OPTIONAL_KERNEL_PACKAGES = ("flash_mla",)
+
+
+def hide_unloadable_kernel_packages() -> list[str]:
+    """Mark as absent each of :data:`OPTIONAL_KERNEL_PACKAGES` that is installed but whose CUDA
+    library cannot load (an SGLang environment on a machine without libcuda: ``flash_mla`` raises
+    OSError on import, which Megatron's ``except ImportError`` does not catch).  Returns their names."""
+    import importlib
+    import sys
+
+    hidden = []
+    for name in OPTIONAL_KERNEL_PACKAGES:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+        except OSError:
+            sys.modules[name] = None  # `import name` now raises ImportError
+            hidden.append(name)
+    return hidden
+
+
 def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None,
                     post_process: bool | None = None, attention: str = "dense"):
     """Build the Megatron ``GPTModel`` for this pipeline stage.
@@ -147,6 +172,7 @@ def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None
         ``GPTModel`` whose forward ``(input_ids [b, s] int64, position_ids [b, s], attention_mask,
         labels=None)`` returns logits ``[b, s, vocab/TP]`` fp32 (or per-token loss with labels).
     """
+    hide_unloadable_kernel_packages()
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
