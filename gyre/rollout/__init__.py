@@ -6,9 +6,11 @@
 * The embedded CPU engine: ``embedded_server.py`` (HTTP app and uvicorn server,
   :class:`~gyre.rollout.embedded_server.EngineServer`) over ``embedded_engine.py`` (engine
   thread); its pure parts are ``core.py`` (continuous batching), ``prefix_cache.py``,
-  ``sampling.py`` and ``sglang_api.py`` (request parsing, response building); the model sits
+  ``sampling.py``, ``sglang_api.py`` and ``sglang_control_api.py`` (request parsing, response building); the model sits
   behind ``model_runner.py``; ``serve.py`` is its command line (``tools/serve_engine.py``).
-* ``sglang_engine.py`` -- launches a real SGLang server with ``--sglang-*`` passthrough.
+* ``sglang_engine.py`` -- launches a real SGLang server with ``--sglang-*`` passthrough;
+  ``sglang_weights.py`` pushes a cell's weights to it in the order SGLang needs, and
+  ``sglang_protocol.py`` tells which generation of SGLang's protocol it speaks.
 * ``weights.py`` -- weight payloads and :func:`~gyre.rollout.weights.publish_weights`.
 
 Importing this package is cheap (no torch); :func:`create_rollout_engine` picks the backend.

@@ -38,17 +38,19 @@ from gyre.rollout.sglang_api import (
     error_body,
     final_text,
     logprob_triples,
+    parse_generate,
+    top_logprob_triples,
+)
+from gyre.rollout.sglang_control_api import (
     parse_abort,
     parse_destroy_weights_update_group,
-    parse_generate,
     parse_init_weights_update_group,
-    parse_update_from_distributed,
     parse_pause,
     parse_tags,
     parse_update_from_disk,
+    parse_update_from_distributed,
     parse_update_from_tensor,
     parse_update_weight_version,
-    top_logprob_triples,
 )
 from gyre.rollout.weights import deserialize_named_tensors
 from gyre.transfer_engine import TransferEngineError

@@ -9,8 +9,10 @@ from gyre.rollout.sglang_api import (
     finish_length,
     finish_stop,
     logprob_triples,
-    parse_abort,
     parse_generate,
+)
+from gyre.rollout.sglang_control_api import (
+    parse_abort,
     parse_pause,
     parse_tags,
     parse_update_from_disk,
