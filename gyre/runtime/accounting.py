@@ -88,6 +88,7 @@ class RunAccounting:
         self.steps_without_signal = 0   # steps whose groups all had equal rewards (or were dropped)
         self._no_signal_note: str | None = None
         self.tasks_skipped = 0          # malformed tasks the task files held (not run)
+        self.live_pushes = 0            # weight loads into an engine that kept serving
 
     def step(self, step: int) -> StepInfo:
         return self.steps.setdefault(step, StepInfo(step))
@@ -102,6 +103,11 @@ class RunAccounting:
         self.overlap_s += dt if (training and rolling) else 0.0
         self.training_busy_s += dt if training else 0.0
         self.rollout_busy_s += dt if rolling else 0.0
+
+    def published(self, reply: ctl.Published) -> None:
+        """Count a live weight push (a serving engine that had to load the new version)."""
+        if reply.load_s > 0:
+            self.live_pushes += 1
 
     def transition(self, reply: ctl.Switched, step: int, now: float) -> dict[str, Any]:
         """Record one role change (during step ``step``); returns the timeline record."""
@@ -188,6 +194,7 @@ class RunAccounting:
             "reward_mean_by_step": self.history["reward_mean_by_step"],
             "role_changes": len(self.transitions),
             "switch_failures": sched.switch_failures,
+            "weight_pushes": {"live": self.live_pushes, "at_switch": len(to_r)},
             "switch_latency_s": {"rollout_to_training": to_t, "training_to_rollout": to_r,
                                  "mean": statistics.fmean(to_t + to_r) if to_t + to_r else None},
             "train_rollout_overlap_s": round(self.overlap_s, 3),
@@ -215,6 +222,9 @@ def merge_summaries(before: dict[str, Any] | None, now: dict[str, Any]) -> dict[
         return {**now, "attempts": 1}
     out = dict(now)
     out["switch_failures"] = before.get("switch_failures", 0) + now["switch_failures"]
+    if "weight_pushes" in now:  # a run from before the count started has none
+        pushes = before.get("weight_pushes", {})
+        out["weight_pushes"] = {k: pushes.get(k, 0) + v for k, v in now["weight_pushes"].items()}
     for k in ("executions", "role_changes", "train_rollout_overlap_s", "trajectories_admitted", "tokens_trained",
               "steps_without_signal", "wall_s"):
         out[k] = round(before[k] + now[k], 3) if isinstance(now[k], float) else before[k] + now[k]
@@ -265,7 +275,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"mean staleness {s['staleness_mean']:.2f}",
         f"gyre: role changes {s['role_changes']}, switch median R->T {med(sw['rollout_to_training']):.3f} s, "
         f"T->R {med(sw['training_to_rollout']):.3f} s"
-        + (f", failed switches {s['switch_failures']}" if s.get("switch_failures") else ""),
+        + (f", failed switches {s['switch_failures']}" if s.get("switch_failures") else "")
+        + (f"; weight pushes live {s['weight_pushes']['live']}, at switch {s['weight_pushes']['at_switch']}"
+           if "weight_pushes" in s else ""),
         f"gyre: time per phase: rollout {ph['rollout']:.1f} s, training {ph['training']:.1f} s, overlap "
         f"{ph['overlap']:.1f} s, micro-steps {ph['micro_steps']:.1f} s, updates {ph['update']:.1f} s, "
         f"switching {ph['switching']:.1f} s",

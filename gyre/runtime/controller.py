@@ -214,6 +214,7 @@ class Controller:
         self.handle(ev.CellRoleChanged(r.cell, ev.Role.TRAINING if r.role == "training" else ev.Role.ROLLOUT))
 
     def on_published(self, r: ctl.Published) -> None:
+        self.acct.published(r)
         for v, cells in list(self.pending_publish.items()):
             cells.discard(r.cell)
             if not cells:

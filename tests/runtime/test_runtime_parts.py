@@ -180,3 +180,24 @@ def test_resume_carries_over_finished_untrained_executions_and_closes_interrupte
     assert lines[-2]["status"] == "cancelled" and lines[-1] == {
         "event": "carried_over", "execution_id": "a0-g0001-e00004", "attempt": 1, "group": 0, "task": "t1", "t": 1.0}
     assert table.closed_by_status == {}  # counted in the attempt that closed it
+
+
+def test_live_weight_pushes_are_counted_and_add_up_over_attempts():
+    from gyre.runtime.accounting import RunAccounting, format_summary, merge_summaries
+    from gyre.training import control as ctl
+
+    acct = RunAccounting()
+    for load_s in (0.0, 0.4, 0.0, 1.2):  # 0: the engine already served that version
+        acct.published(ctl.Published(1, 3, load_s))
+    assert acct.live_pushes == 2
+    before = {"switch_failures": 0, "weight_pushes": {"live": 2, "at_switch": 5}, "executions": 1, "role_changes": 1,
+              "train_rollout_overlap_s": 0.0, "trajectories_admitted": 1, "tokens_trained": 1.0,
+              "steps_without_signal": 0, "wall_s": 1.0, "executions_closed": {}, "time_per_phase_s": {},
+              "switch_latency_s": {"rollout_to_training": [], "training_to_rollout": [], "mean": None},
+              "steps": 1, "first_step": 0, "staleness_mean": 0.0, "executions_trained": 1}
+    now = {**before, "weight_pushes": {"live": 1, "at_switch": 2}, "first_step": 1, "steps": 2}
+    merged = merge_summaries(before, now)
+    assert merged["weight_pushes"] == {"live": 3, "at_switch": 7}
+    merged.update(placement="elastic", reward_mean_by_step={}, time_per_phase_s={
+        "rollout": 1.0, "training": 1.0, "overlap": 0.0, "micro_steps": 0.0, "update": 0.0, "switching": 0.0})
+    assert "weight pushes live 3, at switch 7" in format_summary(merged)

@@ -27,6 +27,7 @@ def test_cpu_sglang_main_job_trains_three_steps(tmp_path):
     assert summary["steps"] == 3 and summary["executions_trained"] > 0
     assert summary["role_changes"] >= 2 and summary["switch_failures"] == 0
     assert summary["executions_closed"] == {"completed": summary["executions"]}
+    assert summary["weight_pushes"]["at_switch"] >= 1
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["version"] for e in events if e.get("event") == "publish"] == [1, 2, 3]
     logs = sorted(run.glob("sglang_cell*.log"))
