@@ -97,6 +97,13 @@ def parse_version(v: Any) -> int | None:
         return None
 
 
+def request_seed(rid: str) -> int:
+    """A sampling seed of a request id: stable across runs, distinct between ids (63 bits)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "big") >> 1
+
+
 class ClientEngine:
     """Adapter for an SGLang-native async client (``gyre.rollout.engine_client.AsyncEngineClient``).
 
@@ -105,13 +112,20 @@ class ClientEngine:
             async iterator of chunks with ``delta_output_ids``, ``delta_logprobs``,
             ``finish_reason`` (``.type``) and ``weight_version``) and ``abort(rid)``.
         engine_id: the route name of this engine.
+        seed_each_request: give every request without a ``sampling_seed`` one of its own
+            (:func:`request_seed` of its rid).  For an SGLang server run with deterministic
+            inference, which samples every unseeded request with the same seed (42), so that a
+            group's identical prompts would all get the same output.
     """
 
-    def __init__(self, client: Any, engine_id: str) -> None:
+    def __init__(self, client: Any, engine_id: str, *, seed_each_request: bool = False) -> None:
         self.client = client
         self.engine_id = engine_id
+        self.seed_each_request = seed_each_request
 
     async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+        if self.seed_each_request and sampling_params.get("sampling_seed") is None:
+            sampling_params = {**sampling_params, "sampling_seed": request_seed(rid)}
         try:
             async for ch in self.client.stream(list(input_ids), dict(sampling_params), rid=rid, return_logprob=True):
                 ids = list(ch.delta_output_ids or [])

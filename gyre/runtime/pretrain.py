@@ -438,8 +438,9 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
                                                              "top_p": args.rollout_top_p},
                                            kv_migration=args.rollout_kv_migration,
                                            kv_transport=args.rollout_kv_transport))
+    seeded = bool(getattr(args, "sglang_enable_deterministic_inference", False))  # SGLang seeds all alike then
     for c, url in enumerate(urls):
-        proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}"))
+        proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}", seed_each_request=seeded))
     start_step = resume.iteration if resume else 0
     standalone = _standalone_pool(args, connect, worker, server, model_dir, start_step, proxy)
     proxy.start(args.proxy_host, args.proxy_port)

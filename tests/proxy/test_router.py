@@ -210,3 +210,60 @@ def test_client_engine_adapter_maps_chunks_and_errors():
                 EngineConnectionError("refused")):
         with pytest.raises(EngineUnavailable):
             asyncio.run(run(ClientEngine(Failing(exc), "e")))
+
+
+def test_each_request_gets_its_own_seed_for_a_deterministic_sglang():
+    """SGLang with deterministic inference samples every request without a sampling_seed with the
+    same seed: a group's identical prompts would all get one output.  The engine adapter then gives
+    each request a seed of its own (stable per rid) and keeps one the client chose."""
+    from types import SimpleNamespace
+
+    from gyre.proxy.engines import ClientEngine, request_seed
+
+    sent = []
+
+    class Client:
+        async def stream(self, ids, params, *, rid, return_logprob):
+            sent.append(params)
+            yield SimpleNamespace(delta_output_ids=[5], delta_logprobs=[-0.1], weight_version="0",
+                                  finish_reason=SimpleNamespace(type="length", status_code=None))
+
+    async def run(engine, rid, params):
+        return [ch async for ch in engine.generate_stream([1, 2], params, rid)]
+
+    seeded, plain = ClientEngine(Client(), "e0", seed_each_request=True), ClientEngine(Client(), "e1")
+    for rid in ("g0-s0", "g0-s1", "g0-s2"):
+        asyncio.run(run(seeded, rid, {"temperature": 1.0}))
+    asyncio.run(run(seeded, "g0-s3", {"sampling_seed": 7}))
+    asyncio.run(run(plain, "g0-s4", {"temperature": 1.0}))
+    seeds = [p.get("sampling_seed") for p in sent]
+    assert seeds[:3] == [request_seed(r) for r in ("g0-s0", "g0-s1", "g0-s2")] and len(set(seeds[:3])) == 3
+    assert seeds[3] == 7 and seeds[4] is None
+    assert all(0 <= s < 2 ** 63 for s in seeds[:3])
+
+
+def test_an_abort_with_a_4xx_status_is_a_rejection_and_a_plain_abort_is_not():
+    """SGLang ends a prompt longer than its context as an abort with status_code 400: that is the
+    request's fault (EngineRejected, no retry); an abort without a status (a pause, a client) is not."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from gyre.proxy.engines import ClientEngine, EngineRejected
+
+    def client(status):
+        class Client:
+            async def stream(self, ids, params, *, rid, return_logprob):
+                yield SimpleNamespace(delta_output_ids=[], delta_logprobs=[], weight_version="0",
+                                      finish_reason=SimpleNamespace(type="abort", status_code=status,
+                                                                    message="The input (1495 tokens) is longer"))
+        return Client()
+
+    async def run(engine):
+        return [ch.finish_reason async for ch in engine.generate_stream([1], {}, "r")]
+
+    with pytest.raises(EngineRejected) as ei:
+        asyncio.run(run(ClientEngine(client(400), "e0")))
+    assert ei.value.status == 400 and "longer" in ei.value.message
+    for status in (None, 429):  # no status, or "not now": retried like any abort
+        assert asyncio.run(run(ClientEngine(client(status), "e0"))) == ["abort"]
