@@ -4,21 +4,14 @@ one: :class:`gyre.rollout.sglang_engine.SGLangEngine` launching the embedded eng
 the model through the proxy: the engine sees SGLang's call order every time, and no call is lost."""
 
 import sys
-import threading
-
-import httpx
 import pytest
 
-from gyre.embedded_model import load_hf_model, load_tokenizer
-from gyre.proxy.engines import ClientEngine
-from gyre.proxy.render import ChatRenderer
-from gyre.proxy.server import ProxyConfig, ProxyServer
+from gyre.embedded_model import load_hf_model
 from gyre.rollout.config import EngineConfig
 from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.engine_client import AsyncEngineClient
 from gyre.rollout.sglang_engine import SGLangEngine
 from gyre.training.cell import CellRoles, TrainingState
-from gyre.trajectory.store import TrajectoryStore
+from tests.switch_client import CallingClient
 
 pytestmark = pytest.mark.slow
 
@@ -45,43 +38,22 @@ def test_sglang_call_order_and_no_call_lost(tmp_path, tiny_model_dir):
     cell_engine = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
                                startup_timeout=120, log_path=tmp_path / "engine.log").start()
     other = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
-    store = TrajectoryStore(tmp_path / "records", fsync_every=0)
-    proxy = ProxyServer(ChatRenderer(load_tokenizer(tiny_model_dir)), store=store,
-                        config=ProxyConfig(max_context_tokens=4096, retry_timeout_s=120))
-    proxy.add_engine(ClientEngine(AsyncEngineClient(other.url), "engine-0"))
-    proxy.add_engine(ClientEngine(AsyncEngineClient(cell_engine.url), "engine-1"))
-    proxy.start()
-    stop, calls = threading.Event(), {"ok": 0, "other": []}
+    caller = CallingClient(tiny_model_dir, tmp_path / "records", other.url, cell_engine.url)
     try:
-        ex = proxy.register_execution(engine_id="engine-1")
-
-        def client():
-            with httpx.Client(timeout=120) as h:
-                while not stop.is_set():
-                    r = h.post(proxy.url + "/v1/chat/completions", headers={"authorization": f"Bearer {ex.api_key}"},
-                               json={"model": "m", "max_tokens": 24, "ignore_eos": True,
-                                     "messages": [{"role": "user", "content": "Tell me a long story."}]})
-                    if r.status_code == 200:
-                        calls["ok"] += 1
-                    else:
-                        calls["other"].append(r.status_code)
-
-        th = threading.Thread(target=client, daemon=True)
-        th.start()
         trainer = load_hf_model(tiny_model_dir)
         named = {n: p.detach().clone() for n, p in trainer.state_dict().items() if n != "lm_head.weight"}
         engine = Recording(cell_engine.client(timeout=120))
-        cell = CellRoles(1, "engine-1", engine, proxy, TrainingState(trainer.parameters()))
+        cell = CellRoles(1, "engine-1", engine, caller.proxy, TrainingState(trainer.parameters()))
         cell.training.offload()
         for i in range(3):
             cell.to_train("engine-0")
             cell.to_rollout(str(i + 1), named)
-            proxy.set_route(ex.execution_id, "engine-1")
-            while calls["ok"] < 2 * (i + 1):  # the client is served between switches
-                th.join(0.05)
-        stop.set()
-        th.join(120)
-        assert not th.is_alive()
+            caller.proxy.set_route(caller.execution.execution_id, "engine-1")
+            while caller.ok < 2 * (i + 1):  # the client is served between switches
+                assert not caller.other, caller.other
+                caller.thread.join(0.05)
+        caller.stop()
+        assert not caller.thread.is_alive()
         one_cycle = [("pause_generation", ("abort",)), ("flush_cache", ()),
                      ("release_memory_occupation", ("weights", "kv_cache", "cuda_graph")),
                      ("resume_memory_occupation", ("weights",))]
@@ -91,11 +63,9 @@ def test_sglang_call_order_and_no_call_lost(tmp_path, tiny_model_dir):
                 ("continue_generation", ())]
         assert len(engine.log) == 21
         assert cell_engine.client().get_weight_version() == "3"
-        proxy.close_execution(ex.execution_id)
-        records = store.read_records(ex.execution_id)
-        assert calls["other"] == [] and len(records) == calls["ok"] >= 6  # every call answered and recorded
+        records = caller.records()
+        assert caller.other == [] and len(records) == caller.ok >= 6  # every call answered and recorded
     finally:
-        stop.set()
-        proxy.stop()
+        caller.close()
         other.stop()
         cell_engine.stop()
