@@ -36,9 +36,9 @@ from gyre.rollout.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
 from gyre.rollout.core import CoreConfig, EngineCore, Seq
 from gyre.rollout.model_runner import HFModelRunner, load_model_dir
 from gyre.rollout.sglang_api import ProtocolError, SeqOutput
+from gyre.rollout.sglang_protocol import EMBEDDED_ENGINE as ENGINE_NAME  # what /server_info says
 
 logger = logging.getLogger(__name__)
-ENGINE_NAME = "gyre-embedded"
 
 
 class _Command:

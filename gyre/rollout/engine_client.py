@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Protocol, Se
 
 import httpx
 
+from gyre.rollout.sglang_protocol import from_server_info
 from gyre.rollout.engine_messages import (
     EngineConnectionError,
     EngineError,
@@ -86,6 +87,33 @@ class _ClientBase:
 
     def _connection_error(self, path: str, exc: Exception) -> EngineConnectionError:
         return EngineConnectionError(f"{self.base_url}{path}: {type(exc).__name__}: {exc}")
+
+    _protocol = None
+
+    def _refuse_sglang(self, server_info) -> None:
+        """Raise before an embedded-format weight payload reaches a real SGLang server (asked once;
+        a server without ``/server_info`` is no SGLang)."""
+        if self._protocol is None:
+            try:
+                info = server_info()
+            except EngineError:
+                info = None
+            self._protocol = from_server_info(info)
+        self._check_not_sglang()
+
+    async def _refuse_sglang_async(self) -> None:
+        if self._protocol is None:
+            try:
+                info = await self.get_server_info()
+            except EngineError:
+                info = None
+            self._protocol = from_server_info(info)
+        self._check_not_sglang()
+
+    def _check_not_sglang(self) -> None:
+        if self._protocol.is_sglang:
+            raise ValueError(f"{self.base_url} is an SGLang server: it takes weights in SGLang's own serialization "
+                             f"(gyre.rollout.sglang_weights.SGLangTensorClient), not the embedded engine's")
 
 
 class EngineClient(_ClientBase):
@@ -235,7 +263,13 @@ class EngineClient(_ClientBase):
         ``named_tensors`` is serialised in the embedded engine's CPU format
         (:func:`gyre.rollout.weights.serialize_named_tensors`); for a real SGLang server pass
         ``serialized_named_tensors`` built by SGLang's own serializer (one per TP rank).
+
+        Raises:
+            ValueError: ``named_tensors`` for a server that reports an SGLang version (that payload
+                would kill it: use :class:`gyre.rollout.sglang_weights.SGLangTensorClient`).
         """
+        if named_tensors is not None:
+            self._refuse_sglang(self.get_server_info)
         return self._do(op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format,
                                                       weight_version, abort_all_requests, flush_cache))
 
@@ -456,6 +490,8 @@ class AsyncEngineClient(_ClientBase):
                                          serialized_named_tensors: Sequence[str] | None = None,
                                          load_format: str | None = None, abort_all_requests: bool = False,
                                          flush_cache: bool = True) -> dict:
+        if named_tensors is not None:
+            await self._refuse_sglang_async()
         return await self._do(op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format,
                                                             weight_version, abort_all_requests, flush_cache))
 

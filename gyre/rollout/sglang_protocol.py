@@ -40,6 +40,11 @@ class SGLangProtocol:
     version: tuple[int, ...] | None = None
 
     @property
+    def is_sglang(self) -> bool:
+        """The server reported an SGLang version."""
+        return self.version is not None
+
+    @property
     def weight_update_sessions(self) -> bool:
         """Weight loads must be wrapped in ``/begin_weight_update`` ... ``/end_weight_update``."""
         return self.version is not None and self.version >= SESSIONS_SINCE
@@ -50,7 +55,18 @@ class SGLangProtocol:
         return self.version is not None and self.version >= SESSIONS_SINCE
 
 
+#: ``engine`` in the embedded engine's ``/server_info`` (its ``version`` is Gyre's, not SGLang's).
+EMBEDDED_ENGINE = "gyre-embedded"
+
+
+def from_server_info(info) -> SGLangProtocol:
+    """The protocol a ``/server_info`` body describes: SGLang's ``version``, or none for the
+    embedded engine (``engine`` is :data:`EMBEDDED_ENGINE`) and anything without a version."""
+    if not isinstance(info, dict) or info.get("engine") == EMBEDDED_ENGINE:
+        return SGLangProtocol(None)
+    return SGLangProtocol(parse_version(info.get("version")))
+
+
 def detect(client) -> SGLangProtocol:
-    """The protocol of the server behind ``client`` (its ``get_server_info()``'s ``version``)."""
-    info = client.get_server_info()
-    return SGLangProtocol(parse_version(info.get("version") if isinstance(info, dict) else None))
+    """The protocol of the server behind ``client`` (from its ``get_server_info()``)."""
+    return from_server_info(client.get_server_info())

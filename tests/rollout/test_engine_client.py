@@ -111,10 +111,11 @@ def test_control_calls_use_sglang_paths_and_bodies(tmp_path):
                          ("/update_weights_from_disk", {"model_path": str(tmp_path), "load_format": None,
                                                         "weight_version": "v1", "abort_all_requests": True,
                                                         "flush_cache": True})]
-    tensor_body = paths[6][1]
-    assert paths[6][0] == "/update_weights_from_tensor" and tensor_body["weight_version"] == "v2"
+    assert paths[6] == ("/server_info", None)  # an embedded-format payload goes to no SGLang server
+    tensor_body = paths[7][1]
+    assert paths[7][0] == "/update_weights_from_tensor" and tensor_body["weight_version"] == "v2"
     assert torch.equal(deserialize_named_tensors(tensor_body["serialized_named_tensors"])["w"], torch.ones(2))
-    assert paths[7] == ("/update_weight_version", {"new_version": "v3", "abort_all_requests": False})
+    assert paths[8] == ("/update_weight_version", {"new_version": "v3", "abort_all_requests": False})
     with pytest.raises(ValueError):
         c.update_weights_from_disk("/x", weight_version="")
     with pytest.raises(ValueError):

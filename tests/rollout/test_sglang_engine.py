@@ -327,3 +327,32 @@ def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():
                               server_argv=["--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake"])
     assert shared.client().clear_shared_store
     assert not SGLangCellEngine("/m", device="cpu", tp_size=1, port=1).client().clear_shared_store
+
+
+def test_an_embedded_format_payload_never_reaches_an_sglang_server():
+    """SGLang's scheduler dies unpickling the embedded engine's payload: the plain engine client refuses
+    to send one to a server reporting an SGLang version (asked once), and sends it to anything else."""
+    import httpx
+    import torch
+
+    from gyre.rollout.engine_client import EngineClient
+
+    for info, refused in (({"version": "0.5.23"}, True), ({"version": "0.1.0", "engine": "gyre-embedded"}, False),
+                          (None, False)):
+        calls = []
+
+        def handler(request, info=info, calls=calls):
+            calls.append(request.url.path)
+            if request.url.path in ("/server_info", "/get_server_info"):
+                return httpx.Response(200, json=info) if info else httpx.Response(404, json={})
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+
+        client = EngineClient("http://engine", transport=httpx.MockTransport(handler))
+        for _ in range(2):
+            if refused:
+                with pytest.raises(ValueError, match="SGLang server"):
+                    client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="1")
+            else:
+                assert client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="1")["success"]
+        assert "/update_weights_from_tensor" not in calls if refused else calls.count("/update_weights_from_tensor") == 2
+        assert calls.count("/server_info") == 1
