@@ -98,9 +98,10 @@ def test_the_sglang_server_must_split_the_heads():
     assert check_model_for_sglang(args, cfg) == []
 
 
-def test_cpu_backend_still_refuses_sglang():
+def test_sglang_cells_on_the_cpu_need_the_sglang_environment():
     r = check("one_gpu_embedded.yaml", 2, 2, "--backend", "cpu", "--rollout-engine", "sglang")
-    assert r.returncode == 2 and "--backend cpu serves from the embedded engine" in r.stderr
+    assert r.returncode == 2 and "SGLang cells on the CPU run from the SGLang environment" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_sbatch_parses():
