@@ -9,6 +9,7 @@ ENV_DIR="$(bash "$ROOT/tools/setup_sglang.sh" | tail -n 1)"
 PY="$ENV_DIR/bin/python"
 cd "$ROOT"
 NPROC="${GYRE_NPROC:-3}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one the environment was installed from
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 export GLOG_minloglevel="${GLOG_minloglevel:-2}" TRANSFORMERS_VERBOSITY="${TRANSFORMERS_VERBOSITY:-error}"
 WORLD_SIZE="$NPROC" "$PY" pretrain_gyre.py --config examples/cpu_sglang.yaml "$@" --check-config

@@ -3,8 +3,10 @@
 # (idempotent; a no-op in ~1 s when it is already there).
 #   - its own virtual environment: ${GYRE_SGLANG_HOME:-~/.cache/gyre}/sglang-<version>
 #     (SGLang pins its own torch and transformers, so it never shares the CPU .venv)
-#   - Gyre's own package into it (editable, no dependencies beyond requirements-sglang-env.txt),
-#     so a job whose trainer and SGLang share one torch runs from this environment
+#   - Gyre's own package into it (a .pth to the installing checkout, no dependencies beyond
+#     requirements-sglang-env.txt), so a job whose trainer and SGLang share one torch runs from
+#     this environment; tools/test_sglang.sh and examples/run_cpu_sglang.sh put their own checkout
+#     first on PYTHONPATH, so another clone reusing the environment runs its own code
 #   - a CPU loader shim: sgl_kernel loads a CUDA kernel library that needs libcuda.so.1; with a
 #     module named common_ops on the path its loader falls back to it and SGLang's torch-native
 #     CPU code runs instead

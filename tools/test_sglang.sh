@@ -7,5 +7,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ENV_DIR="$(bash "$ROOT/tools/setup_sglang.sh" | tail -n 1)"
 cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one the environment was installed from
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 exec "$ENV_DIR/bin/python" -m pytest tests/sglang -p no:cacheprovider --tb=short "$@"
