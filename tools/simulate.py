@@ -31,10 +31,19 @@ run (:func:`gyre.sim.compare.regroup` keeps the node count and per-node speeds).
 own measured setup (:mod:`gyre.sim.from_run`).
 
 ``--table1`` runs the paper's Table 1 ablations instead (:mod:`gyre.sim.table1`; 12 steps
-unless ``--steps`` is given, at ``E[d]`` = 1.5) and prints each configuration's hours and time
-relative to ``E0``; with ``--json``::
+unless ``--steps`` is given, at ``E[d]`` = 1.5) over ``--seeds`` seeds (default 5, from
+``--seed``) and prints each configuration's mean hours with a 95 % interval, its time relative to
+``E0``, and the pairs whose difference is within noise; with ``--json``::
 
-    {"configs": {"A0": {"hours": h, "time_vs_E0": r, "phi": p, "mu": m, "mean_staleness": s}, ...}}
+    {"steps": 12, "seeds": [0, ...], "configs": {"A0": {"hours": h, "hours_ci": [lo, hi],
+     "time_vs_E0": r, "time_vs_E0_ci": [lo, hi], "phi": p, "mu": m, "mean_staleness": s,
+     "staleness_after_warmup": w, "switches": n, "mechanisms": {...}}, ...},
+     "ratios": {"A0/A1": {"mean": r, "ci": [lo, hi], "within_noise": b}, ...}, "within_noise": [...]}
+
+``--table1 --sweep`` reruns the table while varying the duration spread, the timeout share and
+the training step cost one at a time (:mod:`gyre.sim.sweep`) and prints markdown tables of each
+configuration's time relative to ``E0`` (``--json``: the numbers; ``--plot PNG``: one panel per
+input).
 
 Exit status 0 on success, 2 on bad input (one line on stderr).
 """
@@ -111,18 +120,27 @@ def _table(out: dict, results: dict, preset_name: str, e: float, steps: int) -> 
     return "\n".join(lines)
 
 
-def _table1(out: dict, results: dict, preset_name: str, steps: int) -> str:
+def _table1(out: dict, preset_name: str) -> str:
     from gyre.sim.table1 import TABLE1, TABLE1_MEAN_STALENESS
 
-    lines = [f"Table 1 ablations: workload {preset_name}, E[d] = {TABLE1_MEAN_STALENESS:g}, {steps} steps"]
-    lines.append(f"{'config':<6} {'hours':>7} {'vs E0':>6} {'phi':>4} {'mu':>3} {'staleness':>9} {'warm':>6} "
-                 f"{'switches':>8}  description")
+    seeds = out["seeds"]
+    lines = [f"Table 1 ablations: workload {preset_name}, E[d] = {TABLE1_MEAN_STALENESS:g}, {out['steps']} steps, "
+             f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({seeds[0]}..{seeds[-1]})"]
+    lines.append(f"{'config':<6} {'hours':>7} {'95% interval':>15} {'vs E0':>6} {'phi':>4} {'mu':>3} {'staleness':>9} "
+                 f"{'warm':>6} {'switches':>8}  description")
     for name, c in out["configs"].items():
-        rel = "-" if c["time_vs_E0"] is None else f"{c['time_vs_E0']:.2f}"
+        rel = "-" if c["time_vs_E0"] is None else f"{c['time_vs_E0']:.3f}"
+        ci = "-" if c["hours_ci"] is None else f"{c['hours_ci'][0]:.2f}-{c['hours_ci'][1]:.2f}"
         warm = "-" if c["staleness_after_warmup"] is None else f"{c['staleness_after_warmup']:.3f}"
-        lines.append(f"{name:<6} {c['hours']:>7.2f} {rel:>6} {c['phi']:>4g} {c['mu']:>3} {c['mean_staleness']:>9.3f} "
-                     f"{warm:>6} {results[name].switches:>8}  {TABLE1[name].description}")
+        lines.append(f"{name:<6} {c['hours']:>7.2f} {ci:>15} {rel:>6} {c['phi']:>4g} {c['mu']:>3} "
+                     f"{c['mean_staleness']:>9.3f} {warm:>6} {c['switches']:>8g}  {TABLE1[name].description}")
     lines.append("staleness: mean over the run; warm: after the steps fed by the start-up dispatch")
+    if len(seeds) < 2:
+        lines.append("one seed: no intervals; use --seeds N to tell differences from noise")
+    elif out["within_noise"]:
+        lines.append("within noise (the ratio's 95% interval contains 1): " + ", ".join(out["within_noise"]))
+    else:
+        lines.append("within noise: none (every pair's ratio interval excludes 1)")
     return "\n".join(lines)
 
 
@@ -154,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="target mean staleness E[d] = phi + (mu - 1)/2 (default 1.5)")
     ap.add_argument("--steps", type=_positive_int, default=None,
                     help="optimizer steps to simulate (default 48; 12 with --table1)")
-    ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0); with --seeds the first one")
+    ap.add_argument("--seeds", type=_positive_int, default=None,
+                    help="--table1: seeds to average over, from --seed (default 5)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--plot", metavar="PNG", help="write per-cell role timelines, one panel per placement")
     ap.add_argument("--elastic-phi", type=_non_negative_float, default=None, help="elastic phi (with --elastic-mu)")
@@ -169,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="nodes taken from the cells into a standalone rollout pool (default 0)")
     ap.add_argument("--table1", action="store_true",
                     help="run the paper's Table 1 ablations (A0-A3, C0-C3, E0-E2) at E[d] = 1.5 instead; "
-                         "paper-nl2repo's E0 is 16.85 h for 12 steps vs the paper's 16.12 h (docs/simulator.md)")
+                         "paper-nl2repo is calibrated so that E0 averages the paper's 16.12 h (docs/simulator.md)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="with --table1: rerun it varying the duration spread, the timeout share and the training "
+                         "step cost; markdown tables (--plot PNG: one panel per input)")
     ap.add_argument("--from-run", metavar="RUN_DIR",
                     help="predict the wall time of --placement on a finished main-job run's own measured setup "
                          "(its cells, dispatch shape, steps, executions and timings) instead; --json: one object")
@@ -179,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.elastic_phi is None) != (args.elastic_mu is None):
         return _fail("--elastic-phi and --elastic-mu go together")
     elastic = (args.elastic_phi, args.elastic_mu) if args.elastic_phi is not None else None
+    if (args.seeds is not None or args.sweep) and not args.table1:
+        return _fail("--seeds and --sweep go with --table1")
     if args.table1:
         return _run_table1(args)
     if args.from_run:
@@ -228,17 +253,41 @@ def _run_table1(args: argparse.Namespace) -> int:
     from gyre.sim.table1 import TABLE1, run_table1
 
     steps = 12 if args.steps is None else args.steps
+    seeds = list(range(args.seed, args.seed + (5 if args.seeds is None else args.seeds)))
     try:
         preset = load_preset(args.workload)
         for name in TABLE1:  # validate every configuration before simulating anything
             TABLE1[name].preset(preset)
+        if args.sweep:
+            from gyre.sim.sweep import SWEEP_VALUES, swept_preset
+
+            for name, values in SWEEP_VALUES.items():
+                for v in values:
+                    swept_preset(preset, name, v)
     except ValueError as exc:
         return _fail(str(exc))
-    with tqdm(total=steps * len(TABLE1), desc="simulating", unit="step", file=sys.stderr, leave=False,
-              disable=True if args.no_progress else None) as bar:
-        out = run_table1(preset, steps, seed=args.seed, on_step=lambda _v: bar.update(1))
-    results = out.pop("_results")
-    print(json.dumps(out) if args.json else _table1(out, results, preset.name, steps))
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        return _fail(f"--plot: directory {os.path.dirname(os.path.abspath(args.plot))} does not exist")
+    if args.plot and not args.sweep:
+        return _fail("--plot goes with --sweep under --table1")
+    points = sum(len(v) for v in SWEEP_VALUES.values()) if args.sweep else 1
+    with tqdm(total=points * len(TABLE1) * len(seeds), desc="simulating", unit="run", file=sys.stderr,
+              leave=False, disable=True if args.no_progress else None) as bar:
+        if args.sweep:
+            from gyre.sim.sweep import plot_sweep, run_sweep, sweep_markdown
+
+            out = run_sweep(preset, steps, seeds, on_done=lambda: bar.update(1))
+        else:
+            out = run_table1(preset, steps, seeds=seeds, on_done=lambda: bar.update(1))
+    if args.sweep:
+        if args.plot:
+            try:
+                plot_sweep(out, args.plot)
+            except OSError as exc:
+                return _fail(f"--plot: {exc}")
+        print(json.dumps(out) if args.json else sweep_markdown(out))
+        return 0
+    print(json.dumps(out) if args.json else _table1(out, preset.name))
     return 0
 
 

@@ -33,7 +33,8 @@ class SchedulerConfig:
         standalone_handoff: colocate only, needs a standalone pool: the pool switches to
             training once the unfinished executions fit in the standalone pool (which keeps
             serving them) and there is training work, instead of waiting for all executions
-            to finish; it also allows ``phi > 0``.
+            to finish (without ``streaming``, also once the burst's ``mu * B`` groups are
+            ready); it also allows ``phi > 0``.
         max_switch_failures: a cell whose switch into training failed this many times in a row
             (``--max-switch-failures``) and every cell above it stay in rollout for the rest of
             the run; for the core (cell 0) this means no cell can train.

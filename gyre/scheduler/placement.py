@@ -124,7 +124,9 @@ class ColocatePlacement:
 
     With ``standalone_handoff`` the pool switches once the unfinished executions (running and
     queued) fit in the standalone pool and the current step's stream is open or holds
-    unfinished micro-steps; once the first cell moved, the others follow.
+    unfinished micro-steps; without ``streaming`` it also waits until the burst's ``mu * B``
+    groups are ready (the trainer takes whole batches, so training earlier would only idle);
+    once the first cell moved, the others follow.
     """
 
     name = "colocate"
@@ -139,6 +141,8 @@ class ColocatePlacement:
             if s.counters.waterlevel > s.config.standalone_concurrency:
                 return None
             if s.cells_in(_TRAINING_SIDE) == 0 and not s.supply_ok(busy_cells=0):
+                return None
+            if s.cells_in(_TRAINING_SIDE) == 0 and not s.config.streaming and s.burst_groups_missing > 0:
                 return None
         elif s.counters.waterlevel > 0:
             return None

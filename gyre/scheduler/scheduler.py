@@ -153,6 +153,17 @@ class Scheduler:
         q = self.queue
         return q.stream_open or q.pending_micro_steps > busy_cells
 
+    @property
+    def burst_groups_missing(self) -> int:
+        """Groups the rest of the current burst still needs beyond those ready or already in the
+        current step's stream (0: the burst's data is complete)."""
+        cfg = self.config
+        steps_left = cfg.mu - self.steps_done % cfg.mu
+        if cfg.max_steps is not None:
+            steps_left = min(steps_left, cfg.max_steps - self.steps_done)
+        have = len(self.queue.stream.group_ids) + self.queue.ready_unconsumed
+        return max(0, steps_left * cfg.B - have)
+
     def resume_at(self, step: int) -> None:
         """Before :class:`Start`: continue a run whose steps ``0..step-1`` are done and whose
         published policy version is ``step`` (checkpoint resume).  Group and execution ids count

@@ -186,6 +186,12 @@ class ClusterSim:
         self.model_calls = 0
         self.on_step: Callable[[int], None] | None = None
         self.check = check
+        #: ``(time, kind, a, b)`` in time order: ``dispatch`` (group, version), ``finish``
+        #: (execution, route) when an execution closes, ``ready`` (group, -1), ``enqueue``
+        #: (group, step), ``micro`` / ``micro_done`` (cell, step) when a micro-step starts / ends,
+        #: ``update`` (step, -1) when a step's optimizer update is done, ``publish`` (version, -1).
+        #: :mod:`gyre.sim.mechanisms` reads it.
+        self.event_log: list[tuple[float, str, int, int]] = []
         for cell, v in enumerate(self.has_version):
             if self.sched.cell_states[cell] is CellState.TRAINING:
                 self.has_version[cell] = 0
@@ -210,6 +216,7 @@ class ClusterSim:
             self._launch(cmd)
         elif isinstance(cmd, Dispatch):
             g = self.workload.sample_group(self.rng, len(cmd.execution_ids))
+            self.event_log.append((self.env.now, "dispatch", cmd.group_id, cmd.policy_version))
             self.groups[cmd.group_id] = _Group(cmd.execution_ids)
             for i, eid in enumerate(cmd.execution_ids):
                 d = float(g.durations_s[i])
@@ -224,6 +231,7 @@ class ClusterSim:
             self.has_version[cell] = None
             self._at(self.sim.switch_to_rollout_s, lambda: self._arrived(cell, Role.ROLLOUT))
         elif isinstance(cmd, EnqueueGroup):
+            self.event_log.append((self.env.now, "enqueue", cmd.group_id, cmd.step))
             self.pending[cmd.step] = self.pending.get(cmd.step, 0) + self.sim.micro_steps_per_group
             self._claim()
         elif isinstance(cmd, CloseJoinWindow):
@@ -310,12 +318,14 @@ class ClusterSim:
         ex.token += 1
         self.occupancy[ex.route] -= 1
         self.busy_slot_s += self.env.now - ex.launched_at
+        self.event_log.append((self.env.now, "finish", eid, ex.route))
         self._deliver(ExecutionFinished(eid, status, now=self.env.now))
 
     def _group_ready(self, gid: int) -> None:
         for eid in self.groups[gid].execution_ids:
             if self.execs[eid].running:
                 self._close(eid, ExecutionStatus.SURPLUS)
+        self.event_log.append((self.env.now, "ready", gid, -1))
         self._deliver(GroupReady(gid, self.sim.micro_steps_per_group, now=self.env.now))
 
     # ------------------------------------------------------------------ training side
@@ -351,17 +361,20 @@ class ClusterSim:
                 continue
             self.busy[c] = True
             left -= 1
+            self.event_log.append((self.env.now, "micro", c, step))
             self._at(self.micro_s * (1 + self.sim.dp_overhead * (k - 1)), lambda c=c: self._micro_done(c, step))
         self.pending[step] = left
 
     def _micro_done(self, cell: int, step: int) -> None:
         self.busy[cell] = False
+        self.event_log.append((self.env.now, "micro_done", cell, step))
         self._deliver(MicroStepDone(cell, step, now=self.env.now))
         self._claim()
 
     def _update_done(self, step: int) -> None:
         self.version = step + 1
         self.step_end_s.append(self.env.now)
+        self.event_log.append((self.env.now, "update", step, -1))
         if self.on_step is not None:
             self.on_step(self.version)
         if self.publish_pending is None:  # non-final step of a burst: keep training
@@ -380,6 +393,7 @@ class ClusterSim:
 
     def _published(self, version: int) -> None:
         self.publish_pending = None
+        self.event_log.append((self.env.now, "publish", version, -1))
         self._deliver(WeightsPublished(version, now=self.env.now))
         if self.sched.done:
             self.end.succeed()

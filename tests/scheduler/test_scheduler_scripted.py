@@ -381,3 +381,21 @@ def test_joining_cells_are_the_training_prefix_while_no_publication_is_pending()
     d(GroupReady(1, 1))
     assert d(MicroStepDone(0, 1)) == [CloseJoinWindow(1), ToRollout(1), ToRollout(2), Publish(2)]
     assert d.s.joining_cells() == []  # publication pending (and the last step is done)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_colocate_handoff_switches_when_the_tail_fits_the_standalone_pool(streaming):
+    """With a standalone pool the colocated cells switch together once the unfinished executions
+    fit on it (they are rerouted there); without streaming also not before the burst's mu * B
+    groups are ready, since the trainer takes whole batches."""
+    # (phi + mu) * B = 3 groups of one execution: standalone first, then cell 1 (descending)
+    d = Driver(N=1, B=1, phi=1, mu=2, num_cells=2, rollout_concurrency_per_cell=2, standalone_concurrency=1,
+               placement="colocate", standalone_handoff=True, streaming=streaming, max_steps=2)
+    assert d(Start())[3:] == [Launch(0, 0, STANDALONE), Launch(1, 1, 1), Launch(2, 2, 1)]
+    d.finish(0)
+    assert d(GroupReady(0, 1)) == [EnqueueGroup(0, 0, 0)]        # waterlevel 2 > c_s = 1
+    assert d.s.burst_groups_missing == 1
+    switch = [ToTrain(0), Reroute((2,), 1, STANDALONE), ToTrain(1)]
+    assert d.finish(1) == (switch if streaming else [])          # the tail fits the standalone pool
+    assert d(GroupReady(1, 1)) == ([] if streaming else switch)  # the burst's 2 groups are ready
+    assert d.s.burst_groups_missing == 0
