@@ -195,6 +195,13 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                             "needs --standalone-concurrency > 0).")
     group.add_argument("--standalone-concurrency", type=int, default=0,
                        help="c_s: concurrent executions the standalone pool serves in total.")
+    group.add_argument("--streaming-training", action=argparse.BooleanOptionalAction, default=True,
+                       help="Ready groups enter the current step one by one, so training starts before the "
+                            "step's batch is complete (off: a step's groups enter together once all are ready).")
+    group.add_argument("--standalone-handoff", action="store_true",
+                       help="colocate with a standalone pool: the pool switches together once the unfinished "
+                            "executions fit on the standalone pool, which keeps serving them (allows "
+                            "--extra-dispatch > 0; without streaming, also once the burst's data is ready).")
     group.add_argument("--max-switch-failures", type=int, default=3,
                        help="A cell whose switch into training fails this many times in a row stays in rollout, "
                             "with every cell above it (the core: the run ends).")
@@ -509,8 +516,11 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
              f"${args.judge_api_key_env} is not set")
     need(0 <= args.proxy_port <= 65535, "proxy-port", "must be in [0, 65535]")
     need("evaluator" not in args.role_priority, "role-priority", "evaluator tokens are never trainable")
-    if args.placement == "colocate":
-        need(args.extra_dispatch == 0, "extra-dispatch", "colocate requires phi = 0")
+    if args.placement == "colocate" and not args.standalone_handoff:
+        need(args.extra_dispatch == 0, "extra-dispatch", "colocate requires phi = 0 (unless --standalone-handoff)")
+    if args.standalone_handoff:
+        need(args.placement == "colocate", "standalone-handoff", "is for --placement colocate")
+        need(args.standalone_concurrency > 0, "standalone-handoff", "needs a standalone pool (--standalone-concurrency > 0)")
     if args.placement == "async":
         need(args.num_cells >= 2, "num-cells", "async needs >= 2 cells (training and rollout)")
         need(1 <= args.train_cells < args.num_cells, "train-cells", f"must be in [1, {args.num_cells - 1}] for async")

@@ -75,6 +75,8 @@ def test_bad_config_exits_2_with_one_line(tmp_path, yaml_text, message):
     (["--max-trajectories-per-execution", "0"], "J_max must be >= 1"),
     (["--num-cells", "0"], "argument --num-cells: K must be >= 1"),
     (["--placement", "colocate", "--extra-dispatch", "1"], "colocate requires phi = 0"),
+    (["--standalone-handoff"], "argument --standalone-handoff: is for --placement colocate"),
+    (["--placement", "colocate", "--standalone-handoff"], "needs a standalone pool"),
     (["--placement", "async", "--num-cells", "1"], "async needs >= 2 cells"),
     (["--placement", "async", "--num-cells", "3", "--train-cells", "3"], "argument --train-cells: must be in [1, 2]"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
@@ -160,3 +162,16 @@ def test_strict_tasks_flag_and_config_key(tmp_path):
     assert parse_args(["--strict-tasks"]).strict_tasks is True
     assert parse_args(["--config", write(tmp_path, "strict-tasks: true\n")]).strict_tasks is True
     assert "--strict-tasks" in build_parser(prog="pretrain_gyre.py").format_help()
+
+
+def test_streaming_and_standalone_handoff_reach_the_scheduler():
+    from gyre.scheduler import SchedulerConfig
+
+    c = SchedulerConfig.from_args(parse_args([]))
+    assert c.streaming is True and c.standalone_handoff is False
+    a = parse_args(["--placement", "colocate", "--standalone-handoff", "--extra-dispatch", "0.5",
+                    "--global-batch-groups", "2", "--standalone-engines", "1", "--standalone-concurrency", "2",
+                    "--no-streaming-training", "--num-cells", "2"])
+    c = SchedulerConfig.from_args(a)
+    assert (c.placement, c.phi, c.streaming, c.standalone_handoff, c.standalone_concurrency) == \
+        ("colocate", 0.5, False, True, 2)

@@ -120,7 +120,8 @@ class SchedulerConfig:
         Reads ``n_samples_per_prompt``, ``global_batch_groups``, ``extra_dispatch``,
         ``steps_per_burst``, ``placement``, ``num_cells``, ``train_cells``,
         ``rollout_concurrency_per_cell``, ``standalone_concurrency``, ``oversample_executions``,
-        ``max_switch_failures`` and ``train_steps`` (as ``max_steps``); keyword ``overrides`` win over the namespace.
+        ``max_switch_failures``, ``streaming_training``, ``standalone_handoff`` and ``train_steps``
+        (as ``max_steps``); keyword ``overrides`` win over the namespace.
         """
         fields: dict[str, Any] = dict(
             N=int(args.n_samples_per_prompt),
@@ -135,6 +136,8 @@ class SchedulerConfig:
             oversample=int(args.oversample_executions),
             max_steps=int(args.train_steps),
             max_switch_failures=int(args.max_switch_failures),
+            streaming=bool(getattr(args, "streaming_training", True)),
+            standalone_handoff=bool(getattr(args, "standalone_handoff", False)),
         )
         fields.update(overrides)
         return cls(**fields)
