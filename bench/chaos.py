@@ -16,11 +16,12 @@ section that did not run is 0):
   by status (``fuzz_status``), ``responses_5xx``, ``requests_over_30s`` (client timeout 35 s),
   transport errors, and checks the proxy still answers a valid call afterwards.
 * ``retries`` -- a harness-like client that gives up after a short read timeout and sends the
-  same bytes again, then once more with a long timeout. One execution per logical call, so the
-  records of a logical call are its execution's records. ``retry_records_extra`` counts records
-  beyond one per logical call; ``retry_delivered_extra`` counts delivered ones beyond one;
-  ``retry_client_timeouts`` the early attempts that did hit the read timeout (an early attempt
-  the proxy answered in time is a plain repeat of the call).
+  same bytes again, as an SDK does (numbered by ``x-stainless-retry-count``), up to 3 times, then
+  once more with a long timeout; an attempt answered in time ends the logical call. One
+  execution per logical call, so the records of a logical call are its execution's records.
+  ``retry_records_extra`` counts records beyond one per logical call; ``retry_delivered_extra``
+  counts delivered ones beyond one; ``retry_client_timeouts`` the attempts that hit the read
+  timeout.
 * ``engine_kills`` -- two engines as processes (``python -m gyre.rollout.serve``) behind
   ``tools/serve_rollout.py --engine-url`` twice; client threads run executions of streamed and
   non-streamed Chat calls while a killer SIGKILLs one engine mid-generation, moves that engine's
@@ -330,22 +331,23 @@ def section_retries(n: int, seed: int) -> dict:
             body["stream"] = bool(i % 2)
             raw = json.dumps(body).encode()
             sent, final = 0, -1
-            for attempt in range(r.randint(1, 3)):  # attempts that give up early
+            early = r.randint(1, 3)
+            for attempt in range(early + 1):  # attempts that give up early, then a patient one
+                # an SDK resends the same bytes and numbers its retries (x-stainless-retry-count)
+                headers = dict(_headers(api, ex.api_key), **{"x-stainless-retry-count": str(attempt)})
+                read = r.choice([0.005, 0.02, 0.05]) if attempt < early else CLIENT_TIMEOUT_S
                 sent += 1
                 try:
-                    with httpx.Client(base_url=srv.url, timeout=httpx.Timeout(CLIENT_TIMEOUT_S,
-                                                                              read=r.choice([0.005, 0.02, 0.05]))) as c:
-                        c.post(PATHS[api], content=raw, headers=_headers(api, ex.api_key)).read()
+                    with httpx.Client(base_url=srv.url, timeout=httpx.Timeout(CLIENT_TIMEOUT_S, read=read)) as c:
+                        resp = c.post(PATHS[api], content=raw, headers=headers)
+                        resp.read()
+                    final = resp.status_code
+                    if final == 200:
+                        break  # answered: the client does not retry
                 except httpx.TimeoutException:
                     gave_up += 1
                 except httpx.HTTPError:
                     pass
-            sent += 1
-            try:
-                with httpx.Client(base_url=srv.url, timeout=CLIENT_TIMEOUT_S) as c:
-                    final = c.post(PATHS[api], content=raw, headers=_headers(api, ex.api_key)).status_code
-            except httpx.HTTPError:
-                final = -1
             calls.append((ex.execution_id, sent, final))
         time.sleep(1.0)
     finally:

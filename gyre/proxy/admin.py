@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from gyre.proxy.api.common import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
+from gyre.proxy.model_call import RecentCalls
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.router import RouteError, Router
@@ -48,6 +49,7 @@ class ExecutionCounters:
     restored_tool_calls: int = 0
     malformed_tool_calls: int = 0
     inflight: int = 0
+    joined_retries: int = 0
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Execution:
     role_rules: Any = None
     closed: bool = False
     counters: ExecutionCounters = field(default_factory=ExecutionCounters)
+    #: the last few model calls, which a client retry may join (:mod:`gyre.proxy.model_call`)
+    recent_calls: RecentCalls = field(default_factory=RecentCalls)
     created: float = field(default_factory=time.time)
     commit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

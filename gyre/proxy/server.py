@@ -25,20 +25,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gyre.proxy.admin import Execution, ExecutionAdmin
 from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
-from gyre.proxy.api.common import IdFactory, ResponseBuilder, Sse, check_engine_sampling, decode_json, read_json
-from gyre.proxy.engines import EngineRejected
+from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_json
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.messages import ChatRequest
-from gyre.proxy.parse import OutputParser
+from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.roles import classify_role, harness_metadata
-from gyre.proxy.router import Attempt, GenerationFailed, RouteError, Router
+from gyre.proxy.router import Attempt, Router
 from gyre.trajectory.store import TrajectoryStore
 
 __all__ = ["ProxyConfig", "ProxyServer"]
@@ -99,126 +98,6 @@ class ProxyConfig:
     forced_sampling: dict[str, Any] = field(default_factory=dict)
     durability: str = "flush"
     fsync_interval_s: float = 1.0
-
-
-_END = object()
-
-
-class _Call:
-    """One model call in flight: generation task, parser, response builder, SSE queue."""
-
-    def __init__(self, server: "ProxyServer", ex: Execution, req: ChatRequest, prep, role: str,
-                 meta: dict[str, Any], sampling: dict[str, Any], builder: ResponseBuilder) -> None:
-        self.server, self.ex, self.req, self.prep, self.role, self.meta = server, ex, req, prep, role, meta
-        self.sampling = sampling
-        self.builder = builder
-        r = server.renderer
-        self.parser = OutputParser(r.decode, server.stop_ids, req.tool_kinds, starts_in_reasoning=prep.starts_in_reasoning)
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.out_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.finish = "stop"
-        self.attempts: list[Attempt] = []
-        self.error: ProxyError | None = None
-        self.delivered: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.t0 = time.perf_counter()
-        self.t_first: float | None = None
-        self.rid = f"{ex.execution_id}-{server._next_rid()}"
-        self.final_events: list[Sse] = []
-        self._commit_task: asyncio.Future | None = None
-        #: set at the engine's first output chunk, or when generation ends (output or error)
-        self.engine_answered = asyncio.Event()
-
-    def _put(self, events: list[Sse]) -> None:
-        for e in events:
-            self.queue.put_nowait(e)
-
-    async def run(self) -> None:
-        ex, server = self.ex, self.server
-        ex.counters.inflight += 1
-        try:
-            self._put(self.builder.start())
-            async for ch in server.router.generate(ex.execution_id, self.prep.input_ids.tolist(), self.sampling,
-                                                   rid=self.rid, attempts=self.attempts):
-                self.engine_answered.set()
-                if ch.output_ids:
-                    if self.t_first is None:
-                        self.t_first = time.perf_counter()
-                    self.out_ids.extend(ch.output_ids)
-                    self.logprobs.extend(ch.logprobs)
-                    for ev in self.parser.feed(ch.output_ids):
-                        self._put(self.builder.on_event(ev))
-                if ch.finish_reason is not None:
-                    self.finish = ch.finish_reason
-            for ev in self.parser.finish(self.finish):
-                self._put(self.builder.on_event(ev))
-            # closing events go out only after the record is committed (see sse())
-            self.final_events = self.builder.finish(self.finish, len(self.out_ids))
-        except EngineRejected as exc:  # the engine refused the request: the client's error, no retry
-            self.error = ProxyError(exc.status, f"the engine refused the request: {exc.message}")
-            ex.counters.rejected += 1
-        except (GenerationFailed, RouteError) as exc:
-            status = 529 if self.req.api == "anthropic" else 503
-            self.error = ProxyError(status, f"generation failed: {exc}")
-            ex.counters.failed += 1
-        except Exception as exc:  # never leave the stream hanging
-            logger.exception("model call %s failed", self.rid)
-            self.error = ProxyError(500, f"internal error: {type(exc).__name__}")
-            ex.counters.failed += 1
-        finally:
-            ex.counters.inflight -= 1
-            self.queue.put_nowait(_END)
-            self.engine_answered.set()
-        if self.error is not None:
-            return
-        try:
-            delivered = await asyncio.wait_for(asyncio.shield(self.delivered), server.config.delivery_timeout_s)
-        except asyncio.TimeoutError:
-            delivered = False
-        await self.commit_once(bool(delivered))
-
-    async def commit_once(self, delivered: bool) -> None:
-        """Record the call (once; later callers wait for the first): store, then tree, then the
-        restoration cache. The commit is not cancelled with its caller."""
-        if self._commit_task is None:
-            self._commit_task = asyncio.ensure_future(self.server._commit(self, delivered))
-        await asyncio.shield(self._commit_task)
-
-    def set_delivered(self, value: bool) -> None:
-        if not self.delivered.done():
-            self.delivered.set_result(value)
-
-    async def sse(self):
-        """The SSE event stream (an async generator for ``EventSourceResponse``).
-
-        Every event but the closing ones is sent first; the record is then committed as
-        delivered -- the client is still connected and has everything but the closing events --
-        and only then do the closing events go out, so a harness that reacts to the end of a
-        stream always finds its previous call recorded. A client that disconnects earlier
-        leaves a record with ``delivered=false`` (committed by the generation task).
-        """
-        try:
-            while True:
-                item = await self.queue.get()
-                if item is _END:
-                    break
-                yield self._event(item)
-            if self.error is not None:
-                self.set_delivered(False)
-                yield self._event(self.builder.error_event(self.error))
-                return
-            await self.commit_once(True)
-            self.set_delivered(True)
-            for item in self.final_events:
-                yield self._event(item)
-        finally:
-            self.set_delivered(False)
-
-    @staticmethod
-    def _event(item: Sse) -> ServerSentEvent:
-        name, data = item
-        payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        return ServerSentEvent(payload, event=name, sep="\n")
 
 
 class ProxyServer(ExecutionAdmin):
@@ -377,7 +256,7 @@ class ProxyServer(ExecutionAdmin):
             if rerouted:
                 ex.counters.reroutes += 1
 
-    async def _commit(self, call: _Call, delivered: bool) -> None:
+    async def _commit(self, call: ModelCall, delivered: bool) -> None:
         """Build the record, append it to the store on the writer thread (fsync off the event
         loop), then insert it into the tree; serialised per execution so that store order =
         tree order."""
@@ -471,8 +350,13 @@ class ProxyServer(ExecutionAdmin):
                 raw = await request.body()
             except ClientDisconnect:  # the client left while sending: nothing to answer or record
                 return Response(status_code=499)
+            encoding = request.headers.get("content-encoding", "")
+            digest = request_digest(api, raw, encoding)
+            prev = ex.recent_calls.retry_target(digest, retry_count(request.headers))
+            if prev is not None:  # a client retry: the same answer, not a second sample
+                return await self._answer_retry(request, prev)
             t0 = time.perf_counter()
-            body = decode_json(raw, request.headers.get("content-encoding", ""))
+            body = decode_json(raw, encoding)
             t1 = time.perf_counter()
             req = normalize(api, body)
             t2 = time.perf_counter()
@@ -495,33 +379,51 @@ class ProxyServer(ExecutionAdmin):
         if not req.model:
             req.model = self.config.model_name
         builder = make_builder(req, n_in, self.ids)
-        call = _Call(self, ex, req, prep, role, meta, sampling, builder)
+        call = ModelCall(self, ex, req, prep, role, meta, sampling, builder)
+        ex.recent_calls.add(digest, call)
         task = asyncio.create_task(call.run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if req.stream:
-            # hold the response until the engine answers, so that a refusal is a status, not a 200
-            try:
-                await asyncio.wait_for(call.engine_answered.wait(), self.config.stream_hold_s)
-            except asyncio.TimeoutError:
-                pass
-            if call.error is not None:
-                call.set_delivered(False)
-                raise call.error
-            return EventSourceResponse(call.sse(), ping=self.config.sse_ping_s, sep="\n",
-                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return await self._stream(call, joined=False)
         while True:  # drain the queue (no SSE): wait for the end of generation
             item = await call.queue.get()
-            if item is _END:
+            if item is END:
                 break
+        return await self._body(request, call)
+
+    async def _stream(self, call: ModelCall, joined: bool):
+        # hold the response until the engine answers, so that a refusal is a status, not a 200
+        try:
+            await asyncio.wait_for(call.engine_answered.wait(), self.config.stream_hold_s)
+        except asyncio.TimeoutError:
+            pass
         if call.error is not None:
-            call.set_delivered(False)
+            call.detach()
             raise call.error
-        delivered = not await request.is_disconnected()
-        await call.commit_once(delivered)  # the record is stored before the response goes out
-        call.set_delivered(delivered)
-        await task
-        return JSONResponse(builder.body())
+        return EventSourceResponse(call.sse(joined=joined), ping=self.config.sse_ping_s, sep="\n",
+                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _body(self, request: Request, call: ModelCall):
+        """A finished call's non-streamed answer; the record is stored before it goes out."""
+        if call.error is not None:
+            call.detach()
+            raise call.error
+        if await request.is_disconnected():
+            call.detach()  # undelivered unless a joined retry receives it
+            return Response(status_code=499)
+        await call.commit_once(True)
+        call.set_delivered(True)
+        return JSONResponse(call.builder.body())
+
+    async def _answer_retry(self, request: Request, call: ModelCall):
+        """A client retry of ``call``: it joins the generation (or gets its finished answer)."""
+        call.join()
+        call.ex.counters.joined_retries += 1
+        if call.req.stream:
+            return await self._stream(call, joined=True)
+        await call.done.wait()
+        return await self._body(request, call)
 
     def _capped(self, req: ChatRequest, sampling: dict[str, Any], room: int) -> dict[str, Any]:
         """Record metadata for limits the operator's caps applied to this call: the requested
