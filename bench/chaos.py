@@ -3,8 +3,11 @@
 
 Usage::
 
-    python bench/chaos.py [--quick] [--sections fuzz,retries,engine_kills,rank_kills]
-        [--fuzz-requests N] [--retry-calls N] [--engine-kills N] [--rank-kills K] [--seed S]
+    python bench/chaos.py [--quick] [--sections fuzz,retries,huge_bodies,engine_kills,rank_kills]
+        [--fuzz-requests N] [--retry-calls N] [--huge-bodies N] [--engine-kills N] [--rank-kills K] [--seed S]
+
+The process-level sections live in ``bench/chaos_processes.py``, what all share in
+``bench/chaos_common.py``.
 
 Sections (each self-contained; ``sections`` in the JSON line lists those that ran, a field of a
 section that did not run is 0):
@@ -22,6 +25,11 @@ section that did not run is 0):
   ``retry_records_extra`` counts records beyond one per logical call; ``retry_delivered_extra``
   counts delivered ones beyond one; ``retry_client_timeouts`` the attempts that hit the read
   timeout.
+* ``huge_bodies`` -- a 33 MB Chat body (a tool name of millions of tokens; the proxy's context is
+  131,072 tokens) alone, then ``--huge-bodies`` of them at once, each from its own execution,
+  while two threads of other executions make 10 small calls each: ``huge_alone_s`` and
+  ``huge_refused_s_max`` (time to the answer), ``huge_not_400``, ``huge_small_p50_s`` /
+  ``huge_small_p99_s`` and ``huge_small_failed``.
 * ``engine_kills`` -- two engines as processes (``python -m gyre.rollout.serve``) behind
   ``tools/serve_rollout.py --engine-url`` twice; client threads run executions of streamed and
   non-streamed Chat calls while a killer SIGKILLs one engine mid-generation, moves that engine's
@@ -46,10 +54,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,40 +68,13 @@ sys.path.insert(0, str(ROOT))
 
 from tests.json_paths import json_deleted, json_paths, json_replaced  # noqa: E402
 
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}
-MAX_KEY = {"chat": "max_tokens", "responses": "max_output_tokens", "anthropic": "max_tokens"}
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minloglevel="2",
-           TRANSFORMERS_VERBOSITY="error")
-CLIENT_TIMEOUT_S = 35.0
+sys.path.insert(0, str(ROOT / "bench"))
+from chaos_common import CLIENT_TIMEOUT_S, ENV, MAX_KEY, PATHS, _headers, _log, _pct, _valid  # noqa: E402
+from chaos_processes import section_engine_kills, section_rank_kills  # noqa: E402
+
 FIELDS = ["engine_kills", "harness_errors", "records_lost", "records_duplicated", "rank_kills", "finished_lost",
           "trained_twice", "steps_repeated", "fuzz_requests", "responses_5xx", "requests_over_30s", "retry_calls",
           "retry_records_extra"]
-
-
-def _log(msg: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _headers(api: str, key: str) -> dict[str, str]:
-    h = {"content-type": "application/json"}
-    if api == "anthropic":
-        h["x-api-key"] = key
-    else:
-        h["authorization"] = f"Bearer {key}"
-    return h
-
-
-def _valid(api: str, text: str = "hi", max_tokens: int = 8) -> dict:
-    if api == "responses":
-        return {"model": "m", "input": [{"type": "message", "role": "user", "content": text}],
-                MAX_KEY[api]: max_tokens}
-    return {"model": "m", "messages": [{"role": "user", "content": text}], MAX_KEY[api]: max_tokens}
 
 
 # ---------------------------------------------------------------------------------------- fuzz
@@ -215,7 +193,7 @@ class Fuzzer:
         return raw, hdr, kind
 
 
-def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0):
+def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096):
     """An embedded engine and a ProxyServer in this process, both on 127.0.0.1."""
     from gyre.embedded_model import ensure_tiny_model, load_tokenizer
     from gyre.proxy.engines import ClientEngine
@@ -230,7 +208,7 @@ def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0):
     engine = EngineServer(EngineConfig(model_dir=str(model), max_running_requests=8)).start()
     store = TrajectoryStore(tmp, fsync_every=0)
     srv = ProxyServer(ChatRenderer(load_tokenizer(model)), store=store,
-                      config=ProxyConfig(max_context_tokens=4096, max_tokens_cap=cap, default_max_tokens=cap,
+                      config=ProxyConfig(max_context_tokens=max_context, max_tokens_cap=cap, default_max_tokens=cap,
                                          retry_timeout_s=retry_timeout_s))
     srv.add_engine(ClientEngine(AsyncEngineClient(engine.url), "engine-0"))
     srv.start()
@@ -367,242 +345,86 @@ def section_retries(n: int, seed: int) -> dict:
             "retry_records_extra": extra, "retry_delivered_extra": delivered_extra, "retry_final_not_200": failed}
 
 
-# -------------------------------------------------------------------------------- engine kills
-def _start_engine(model: str, port: int, timeout: float = 300.0):
-    from gyre.rollout.serve import EmbeddedEngineProcess
-
-    return EmbeddedEngineProcess(model, port=port, env=ENV, extra_args=[
-        "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=timeout)
-
-
-def _chat_call(c, key: str, text: str, stream: bool) -> tuple[bool, str]:
-    """One Chat call; (ok, why-not). ok: 200 and, streamed, ``[DONE]`` without an error line."""
+# --------------------------------------------------------------------------------- huge bodies
+def section_huge_bodies(n: int, small_per_thread: int = 10) -> dict:
+    """One 33 MB Chat body alone, then ``n`` at once (an execution each) with two threads of small
+    calls of other executions beside them; the proxy's context is 131,072 tokens."""
     import httpx
 
-    body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 48, "ignore_eos": True,
-            "stream": stream}
+    tmp = Path(tempfile.mkdtemp(prefix="chaos-huge-"))
+    engine, srv, _ = _in_process_proxy(tmp, cap=8, max_context=131072)
+    name = "tool_" * (33_000_000 // 5)  # a tool name of millions of tokens
+    raw = json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                      "tools": [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+                      }).encode()
+    small = json.dumps(_valid("chat", "hi", max_tokens=4)).encode()
+    statuses: list[int] = []
+    refused_s: list[float] = []
+    small_s: list[float] = []
+    small_bad = 0
+
+    body_file = tmp / "huge.json"
+    body_file.write_bytes(raw)
+    sender = ("import sys, time, httpx\n"
+              "raw = open(sys.argv[1], 'rb').read()\n"
+              "t0 = time.perf_counter()\n"
+              "try:\n"
+              "    st = httpx.post(sys.argv[2], content=raw, timeout=%r,\n"
+              "                    headers={'authorization': 'Bearer ' + sys.argv[3]}).status_code\n"
+              "except httpx.HTTPError:\n"
+              "    st = -1\n"
+              "print(st, time.perf_counter() - t0)\n" % CLIENT_TIMEOUT_S)
+
+    def big_senders(k: int) -> list[subprocess.Popen]:
+        """``k`` client processes (the load generator stays off the proxy's process)."""
+        return [subprocess.Popen([sys.executable, "-c", sender, str(body_file), srv.url + PATHS["chat"],
+                                  srv.register_execution().api_key], stdout=subprocess.PIPE, text=True, env=ENV)
+                for _ in range(k)]
+
+    def collect(procs: list[subprocess.Popen]) -> None:
+        for pr in procs:
+            out, _ = pr.communicate(timeout=300)
+            st, took = out.split() if out.strip() else ("-1", "0")
+            statuses.append(int(st))
+            refused_s.append(float(took))
+
+    def smalls() -> None:
+        nonlocal small_bad
+        ex = srv.register_execution()
+        with httpx.Client(base_url=srv.url, timeout=CLIENT_TIMEOUT_S) as c:
+            for _ in range(small_per_thread):
+                t0 = time.perf_counter()
+                try:
+                    ok = c.post(PATHS["chat"], content=small, headers=_headers("chat", ex.api_key)).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                small_s.append(time.perf_counter() - t0)
+                small_bad += not ok
+
     try:
-        if not stream:
-            r = c.post(PATHS["chat"], json=body, headers=_headers("chat", key))
-            if r.status_code != 200:
-                return False, f"status {r.status_code}"
-            r.json()["choices"][0]
-            return True, ""
-        with c.stream("POST", PATHS["chat"], json=body, headers=_headers("chat", key)) as r:
-            if r.status_code != 200:
-                r.read()
-                return False, f"status {r.status_code}"
-            done = False
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                    elif '"error"' in data and data.startswith('{"error"'):
-                        return False, "error event"
-            return (True, "") if done else (False, "stream without [DONE]")
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        return False, type(exc).__name__
-
-
-def section_engine_kills(kills: int, seed: int, workers: int = 4) -> dict:
-    import httpx
-    from gyre.embedded_model import ensure_tiny_model
-    from gyre.trajectory.store import TrajectoryStore
-
-    r = random.Random(seed)
-    model = str(ensure_tiny_model("local"))
-    save = Path(tempfile.mkdtemp(prefix="chaos-kill-"))
-    ports = [_free_port(), _free_port()]
-    engines = [_start_engine(model, p) for p in ports]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    proxy = subprocess.Popen([sys.executable, str(ROOT / "tools" / "serve_rollout.py"), "--engine-url", urls[0],
-                              "--engine-url", urls[1], "--port", "0", "--save-dir", str(save),
-                              "--rollout-max-new-tokens", "64", "--log-level", "ERROR"],
-                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             start_new_session=True)
-    box: dict[str, str] = {}
-    t = threading.Thread(target=lambda: box.setdefault("line", proxy.stdout.readline()), daemon=True)
-    t.start()
-    t.join(300)
-    base = json.loads(box["line"])["base_url"]
-    names = httpx.get(base + "/health").json()["engines"]  # engine-0, engine-1 in --engine-url order
-    stop = threading.Event()
-    lock = threading.Lock()
-    stats = {"harness_errors": 0, "calls": 0, "inflight": 0, "retries": 0, "reroutes": 0}
-    why: Counter = Counter()
-    per_ex: dict[str, list[int]] = {}  # execution id -> [requests sent, 200 answers]
-    deadline = time.monotonic() + max(300, kills * 60)
-
-    def client(w: int):
-        with httpx.Client(base_url=base, timeout=CLIENT_TIMEOUT_S) as c:
-            for n_ex in range(100000):
-                if stop.is_set() or time.monotonic() > deadline:
-                    return
-                eid = f"w{w}-{n_ex}"
-                key = c.post("/gyre/executions", json={"execution_id": eid, "task_id": "chaos"}).json()["api_key"]
-                per_ex[eid] = [0, 0]
-                for k in range(4):
-                    with lock:
-                        stats["inflight"] += 1
-                    ok, reason = _chat_call(c, key, f"execution {eid} call {k}", stream=bool((w + k) % 2))
-                    with lock:
-                        stats["inflight"] -= 1
-                        stats["calls"] += 1
-                        per_ex[eid][0] += 1
-                        per_ex[eid][1] += ok
-                        if not ok:
-                            stats["harness_errors"] += 1
-                            why[reason] += 1
-                counters = c.post(f"/gyre/executions/{eid}/close").json().get("counters", {})
-                with lock:
-                    stats["retries"] += counters.get("retries", 0)
-                    stats["reroutes"] += counters.get("reroutes", 0)
-
-    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(workers)]
-    for th in threads:
-        th.start()
-    done_kills = 0
-    restart_s: list[float] = []
-    try:
-        with httpx.Client(base_url=base, timeout=CLIENT_TIMEOUT_S) as admin:
-            for k in range(kills):
-                if time.monotonic() > deadline:
-                    break
-                for _ in range(100):  # wait (bounded) for calls in flight
-                    if stats["inflight"] >= 2:
-                        break
-                    time.sleep(0.05)
-                time.sleep(r.uniform(0.05, 0.6))
-                i = k % 2
-                os.killpg(engines[i].proc.pid, signal.SIGKILL)
-                engines[i].proc.wait(30)
-                done_kills += 1
-                for e in admin.get("/gyre/executions").json()["executions"]:
-                    if not e["closed"] and e["engine_id"] == names[i]:
-                        admin.post("/gyre/routes", json={"execution_id": e["execution_id"], "engine_id": names[1 - i]})
-                t0 = time.monotonic()
-                engines[i] = _start_engine(model, ports[i])
-                restart_s.append(time.monotonic() - t0)
-                _log(f"engine kill {done_kills}/{kills}: calls {stats['calls']}, errors {stats['harness_errors']}")
+        collect(big_senders(1))
+        alone_status, alone_s = statuses.pop(), refused_s.pop()
+        procs = big_senders(n)
+        time.sleep(0.5)  # the bodies are on their way
+        threads = [threading.Thread(target=smalls) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        collect(procs)
     finally:
-        stop.set()
-        for th in threads:
-            th.join(120)
-        proxy.send_signal(signal.SIGTERM)
-        try:
-            proxy.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proxy.pid, signal.SIGKILL)
-        for e in engines:
-            if e.proc is not None and e.proc.poll() is None:
-                os.killpg(e.proc.pid, signal.SIGKILL)
-    store = TrajectoryStore(save)
-    lost = dup = 0
-    for eid, (sent, ok) in per_ex.items():
-        try:
-            recs = store.read_records(eid)
-        except FileNotFoundError:
-            recs = []
-        lost += max(0, ok - sum(bool(x.delivered) for x in recs))
-        dup += max(0, len(recs) - sent)
-    return {"engine_kills": done_kills, "harness_errors": stats["harness_errors"], "records_lost": lost,
-            "records_duplicated": dup, "kill_calls": stats["calls"],
-            "kill_proxy_retries": stats["retries"], "kill_proxy_reroutes": stats["reroutes"], "kill_errors_by_kind": dict(why),
-            "engine_restart_s_max": round(max(restart_s, default=0.0), 1)}
-
-
-# ---------------------------------------------------------------------------------- rank kills
-def _torchrun(run: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-            str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"), "--run-dir", str(run),
-            "--no-progress", *extra]
-
-
-def _pids_of_ranks(launcher: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(launcher), "-f", "pretrain_gyre.py"], capture_output=True, text=True)
-    return sorted(int(p) for p in out.stdout.split())
-
-
-def section_rank_kills(kills: int, seed: int, train_steps: int) -> dict:
-    from gyre.metrics import read_metrics
-
-    r = random.Random(seed)
-    run = Path(tempfile.mkdtemp(prefix="chaos-rank-")) / "run"
-    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
-    steps = ["--train-steps", str(train_steps), "--save-interval", "1"]
-    done_kills = 0
-    attempts_failed = 0
-    last_resume_at = 0
-    log = run.parent / "job.log"
-    for k in range(kills + 1):
-        resume = ["--load", str(run)] if k > 0 else []
-        have = int(tracker.read_text()) if tracker.exists() else 0
-        if k < kills and have >= train_steps - 1:
-            break  # nothing left to kill in
-        with open(log, "a") as f:
-            proc = subprocess.Popen(_torchrun(run, *steps, *resume), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                                    stderr=f, start_new_session=True)
-        if k > 0:
-            last_resume_at = len((run / "executions.jsonl").read_text().splitlines())
-        if k == kills:
-            try:
-                rc = proc.wait(1800)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rc = -9
-            attempts_failed += rc != 0
-            break
-        # kill after this checkpoint, before the last, leaving a step for each kill still to come
-        target = r.randint(have + 1, max(have + 1, train_steps - 1 - (kills - 1 - k)))
-        deadline = time.monotonic() + 1200
-        while time.monotonic() < deadline and proc.poll() is None:
-            if tracker.exists() and tracker.read_text().strip() and int(tracker.read_text()) >= target:
-                break
-            time.sleep(0.2)
-        time.sleep(r.uniform(0, 5))
-        pids = _pids_of_ranks(proc.pid)
-        if proc.poll() is None and pids:
-            os.kill(r.choice(pids), signal.SIGKILL)
-            done_kills += 1
-        try:
-            proc.wait(180)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        _log(f"rank kill {done_kills}/{kills} after checkpoint {tracker.read_text().strip() if tracker.exists() else '-'}")
-    # ---- the promises, from the final history
-    events = [json.loads(x) for x in (run / "executions.jsonl").read_text().splitlines() if x.strip()]
-    # an execution trained at two different steps (a step trained again after a kill, before its
-    # checkpoint was written, shows in steps_repeated instead)
-    steps_of: dict[str, set[int]] = {}
-    for e in events:
-        if e["event"] == "trained":
-            steps_of.setdefault(e["execution_id"], set()).add(e["step"])
-    trained_twice = sum(1 for v in steps_of.values() if len(v) > 1)
-    # finished before the last resume: closed with an outcome in a killed attempt
-    killed_part = events[:last_resume_at]
-    finished = {e["execution_id"] for e in killed_part if e["event"] == "closed"
-                and e.get("status") in ("completed", "timeout") and e.get("outcome") != "excluded"}
-    carried = {e["execution_id"] for e in events[last_resume_at:] if e["event"] == "carried_over"}
-    final = int(tracker.read_text()) if tracker.exists() else 0
-    trained_final: set[str] = set()
-    if final:
-        ck = json.loads((run / "checkpoints" / f"iter_{final:07d}" / "controller.json").read_text())
-        trained_final = set(ck.get("trained", []))
-    finished_lost = len(finished - trained_final - carried)
-    rows, _ = read_metrics(run / "metrics.jsonl")
-    per_step = Counter(row["step"] for row in rows)
-    steps_repeated = sum(n - 1 for n in per_step.values())
-    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-    return {"rank_kills": done_kills, "finished_lost": finished_lost, "trained_twice": trained_twice,
-            "steps_repeated": steps_repeated, "rank_final_checkpoint": final,
-            "rank_attempts": summary.get("attempts", 0), "rank_final_attempt_failed": attempts_failed,
-            "rank_finished": len(finished), "rank_carried_over": len(carried), "rank_run_dir": str(run)}
+        srv.stop()
+        engine.stop()
+    small_s.sort()
+    return {"huge_body_bytes": len(raw), "huge_alone_status": alone_status, "huge_alone_s": round(alone_s, 3),
+            "huge_bodies": n, "huge_not_400": sum(s != 400 for s in statuses),
+            "huge_refused_s_max": round(max(refused_s, default=0.0), 3), "huge_small_calls": len(small_s),
+            "huge_small_failed": small_bad, "huge_small_p50_s": round(_pct(small_s, 0.5), 3),
+            "huge_small_p99_s": round(_pct(small_s, 0.99), 3)}
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("fuzz", "retries", "engine_kills", "rank_kills")
+SECTIONS = ("fuzz", "retries", "huge_bodies", "engine_kills", "rank_kills")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -611,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     p.add_argument("--fuzz-requests", type=int, default=None, help="default 10000 (--quick 300)")
     p.add_argument("--retry-calls", type=int, default=None, help="logical calls (default 60; --quick 12)")
+    p.add_argument("--huge-bodies", type=int, default=None, help="33 MB bodies in flight at once (default 8; --quick 2)")
     p.add_argument("--engine-kills", type=int, default=None, help="default 100 (--quick 3)")
     p.add_argument("--rank-kills", type=int, default=None, help="default 3 (--quick 1)")
     p.add_argument("--train-steps", type=int, default=None, help="main-job steps (default 6; --quick 3)")
@@ -634,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             res = section_fuzz(a.fuzz_requests or (300 if q else 10000), a.seed, q)
         elif s == "retries":
             res = section_retries(a.retry_calls or (12 if q else 60), a.seed)
+        elif s == "huge_bodies":
+            res = section_huge_bodies(a.huge_bodies or (2 if q else 8))
         elif s == "engine_kills":
             res = section_engine_kills(a.engine_kills if a.engine_kills is not None else (3 if q else 100), a.seed)
         else:

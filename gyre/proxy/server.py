@@ -34,6 +34,7 @@ from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json,
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.messages import ChatRequest
 from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
+from gyre.proxy.prompt_size import check_prompt_size
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.roles import classify_role, harness_metadata
@@ -359,6 +360,7 @@ class ProxyServer(ExecutionAdmin):
             body = decode_json(raw, encoding)
             t1 = time.perf_counter()
             req = normalize(api, body)
+            check_prompt_size(req, self.config.max_context_tokens, self.renderer.tokenizer)
             t2 = time.perf_counter()
             headers = {k.lower(): v for k, v in request.headers.items()}
             role, meta, prep = await self._prepare(ex, req, headers, body)
