@@ -85,15 +85,24 @@ def _records(save, srv, ex):
     return [r.delivered for r in TrajectoryStore(save).read_records(ex.execution_id)]
 
 
-@pytest.mark.parametrize("api, stream", CASES)
-def test_a_retry_in_flight_joins_the_generation(served, api, stream):
+def _first_attempt_given_up(served, api, stream):
+    """An execution whose first attempt of a call was given up early: (srv, eng, save, ex, raw)."""
     srv, eng, save = served
     ex = srv.register_execution()
     raw = _body(api, stream)
     _give_up_early(srv, api, stream, raw, ex.api_key)
-    assert srv.counters(ex.execution_id)["calls"] == 0           # still generating
-    text = _post(srv, api, raw, ex.api_key)                      # the SDK sends the same bytes again
+    return srv, eng, save, ex, raw
+
+
+def _assert_whole_answer(api, stream, text):
     assert (END_MARK[api] in text) if stream else ("retry" in text)
+
+
+@pytest.mark.parametrize("api, stream", CASES)
+def test_a_retry_in_flight_joins_the_generation(served, api, stream):
+    srv, eng, save, ex, raw = _first_attempt_given_up(served, api, stream)
+    assert srv.counters(ex.execution_id)["calls"] == 0           # still generating
+    _assert_whole_answer(api, stream, _post(srv, api, raw, ex.api_key))  # the SDK sends the same bytes again
     _wait(lambda: srv.counters(ex.execution_id)["calls"] == 1)
     assert len(eng.calls) == 1                                   # one generation
     assert _records(save, srv, ex) == [True]                     # delivered once, to the retry
@@ -103,13 +112,9 @@ def test_a_retry_in_flight_joins_the_generation(served, api, stream):
 
 @pytest.mark.parametrize("api, stream", CASES)
 def test_a_retry_of_an_undelivered_answer_gets_that_answer(served, api, stream):
-    srv, eng, save = served
-    ex = srv.register_execution()
-    raw = _body(api, stream)
-    _give_up_early(srv, api, stream, raw, ex.api_key)
+    srv, eng, save, ex, raw = _first_attempt_given_up(served, api, stream)
     _wait(lambda: srv.counters(ex.execution_id)["calls"] == 1)   # answered to nobody: recorded undelivered
-    text = _post(srv, api, raw, ex.api_key)
-    assert (END_MARK[api] in text) if stream else ("retry" in text)
+    _assert_whole_answer(api, stream, _post(srv, api, raw, ex.api_key))
     time.sleep(0.3)
     assert len(eng.calls) == 1 and _records(save, srv, ex) == [False]   # never trained
     assert srv.counters(ex.execution_id)["joined_retries"] == 1
