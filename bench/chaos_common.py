@@ -41,7 +41,3 @@ def _valid(api: str, text: str = "hi", max_tokens: int = 8) -> dict:
         return {"model": "m", "input": [{"type": "message", "role": "user", "content": text}],
                 MAX_KEY[api]: max_tokens}
     return {"model": "m", "messages": [{"role": "user", "content": text}], MAX_KEY[api]: max_tokens}
-
-
-def _pct(xs: list[float], q: float) -> float:
-    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else 0.0

@@ -86,7 +86,7 @@ class ModelCall:
         for e in events:
             self.queue.put_nowait(e)
             self.history.append(e)
-        if events:
+        if events and self.joins:  # wake joined retries (none on almost every call)
             self._grew.set()
             self._grew = asyncio.Event()
 
@@ -146,11 +146,6 @@ class ModelCall:
         if self._commit_task is None:
             self._commit_task = asyncio.ensure_future(self.server._commit(self, delivered))
         await asyncio.shield(self._commit_task)
-
-    @property
-    def committed(self) -> bool:
-        """The record was committed (or is being committed)."""
-        return self._commit_task is not None
 
     def set_delivered(self, value: bool) -> None:
         if not self.delivered.done():
