@@ -3,7 +3,8 @@
 Engines speak SGLang's native ``/generate`` API (``input_ids`` in, output ids with
 ``return_logprob`` out). The proxy needs only two operations from an engine (:class:`Engine`):
 
-* ``generate_stream(input_ids, sampling_params, rid)`` -- an async iterator of
+* ``generate_stream(input_ids, sampling_params, rid)`` -- ``input_ids`` an ``int32`` numpy
+  array (the router passes the prompt's array uncopied); an async iterator of
   :class:`EngineChunk` deltas (new output ids, their behaviour log-probs), the last one carrying
   ``finish_reason`` (``"stop"``, ``"length"`` or ``"abort"``); an aborted request ends with
   ``finish_reason == "abort"`` after the partial output (SGLang semantics);
@@ -24,6 +25,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 __all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine", "parse_version"]
 
@@ -127,7 +130,7 @@ class ClientEngine:
         if self.seed_each_request and sampling_params.get("sampling_seed") is None:
             sampling_params = {**sampling_params, "sampling_seed": request_seed(rid)}
         try:
-            async for ch in self.client.stream(list(input_ids), dict(sampling_params), rid=rid, return_logprob=True):
+            async for ch in self.client.stream(input_ids, dict(sampling_params), rid=rid, return_logprob=True):
                 ids = list(ch.delta_output_ids or [])
                 lps = list(ch.delta_logprobs) if ch.delta_logprobs is not None else [0.0] * len(ids)
                 fr = ch.finish_reason.type if ch.finish_reason is not None else None
@@ -153,7 +156,7 @@ class ClientEngine:
 
     async def export_kv(self, input_ids: Sequence[int], transport: str = "http") -> tuple[int, bytes | dict | None]:
         """The client's ``export_kv`` (embedded engine; errors propagate)."""
-        return await self.client.export_kv(list(input_ids), transport)
+        return await self.client.export_kv(input_ids, transport)
 
     async def import_kv(self, payload: bytes | dict) -> dict:
         """The client's ``import_kv`` (errors propagate)."""
@@ -195,7 +198,7 @@ class ScriptedEngine:
     _live: set[str] = field(default_factory=set)
 
     async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
-        ids_in = list(input_ids)
+        ids_in = np.asarray(input_ids).tolist()
         self.calls.append((rid, ids_in))
         if self.fail_next > 0:
             self.fail_next -= 1

@@ -95,7 +95,7 @@ class ModelCall:
         ex.counters.inflight += 1
         try:
             self._put(self.builder.start())
-            async for ch in server.router.generate(ex.execution_id, self.prep.input_ids.tolist(), self.sampling,
+            async for ch in server.router.generate(ex.execution_id, self.prep.input_ids, self.sampling,
                                                    rid=self.rid, attempts=self.attempts):
                 self.engine_answered.set()
                 if ch.output_ids:

@@ -33,13 +33,14 @@ engine, and give up after ``retry_timeout_s`` seconds (:class:`GenerationFailed`
 
 from __future__ import annotations
 
-import array
 import asyncio
 import itertools
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
+
+import numpy as np
 
 from gyre.proxy.engines import Engine, EngineChunk, EngineRejected, EngineUnavailable
 
@@ -75,6 +76,14 @@ class _Counts:
     retries: int = 0
     reroutes: int = 0
 
+
+
+def _join(prompt: np.ndarray, produced: list[int]) -> np.ndarray:
+    """The input of a retry: the prompt and what earlier attempts produced (the prompt itself,
+    uncopied, when they produced nothing)."""
+    if not produced:
+        return prompt
+    return np.concatenate([prompt, np.asarray(produced, dtype=np.int32)])
 
 class Router:
     """Engines, routes and retrying generation (see the module docstring).
@@ -117,7 +126,7 @@ class Router:
         self._handoff: dict[str, asyncio.Event] = {}  # rid -> set once its retry no longer needs the source
         self.kv_transport = kv_transport
         # with kv_migration: execution -> (engine that served its last call, the tokens it holds)
-        self._held: dict[str, tuple[str, array.array]] = {}
+        self._held: dict[str, tuple[str, np.ndarray]] = {}
         self.migration_stats = {"copies": 0, "tokens": 0, "bytes": 0, "seconds": 0.0, "failed": 0}
 
     # ------------------------------------------------------------------ engines and routes
@@ -202,11 +211,11 @@ class Router:
         destination = self.routes.get(execution_id)
         if held is None or destination is None or held[0] == destination:
             return
-        await self._migrate(held[0], destination, list(held[1]))
+        await self._migrate(held[0], destination, held[1])
         if self._held.get(execution_id) is held:
             self._held[execution_id] = (destination, held[1])
 
-    async def _migrate(self, source: str, destination: str, token_ids: list[int]) -> int:
+    async def _migrate(self, source: str, destination: str, token_ids: np.ndarray) -> int:
         """Copy the KV of the longest prefix of ``token_ids`` that ``source`` holds into
         ``destination``'s prefix cache; returns the tokens copied (0: nothing held, no support,
         or the copy failed -- the destination then recomputes)."""
@@ -235,7 +244,7 @@ class Router:
         return 0
 
     @staticmethod
-    async def _copy(src, dst, token_ids: list[int], transport: str) -> tuple[int, int]:
+    async def _copy(src, dst, token_ids: np.ndarray, transport: str) -> tuple[int, int]:
         """One export/import of ``token_ids``'s held prefix; ``(tokens, bytes)`` moved."""
         m, payload = await src.export_kv(token_ids, transport)
         if not m:
@@ -276,14 +285,14 @@ class Router:
         tries = attempts if attempts is not None else []
         first = len(tries)
         try:
-            async for ch in self._attempts(execution_id, list(input_ids), sampling_params, base, tries):
+            async for ch in self._attempts(execution_id, np.asarray(input_ids, dtype=np.int32), sampling_params, base, tries):
                 yield ch
         finally:  # nothing of this generation needs any engine any more
             for att in tries[first:]:
                 if (ev := self._handoff.pop(att.rid, None)) is not None:
                     ev.set()
 
-    async def _attempts(self, execution_id: str, prompt: list[int], sampling_params: dict[str, Any], base: str,
+    async def _attempts(self, execution_id: str, prompt: np.ndarray, sampling_params: dict[str, Any], base: str,
                         tries: list[Attempt]) -> AsyncIterator[EngineChunk]:
         produced: list[int] = []
         max_new = int(sampling_params.get("max_new_tokens", 1 << 30))
@@ -309,7 +318,7 @@ class Router:
             migrated = 0
             if self.kv_migration and engine is not None:
                 if k > 0 and rerouted:
-                    migrated = await self._migrate(last_engine, engine_id, prompt + produced)
+                    migrated = await self._migrate(last_engine, engine_id, _join(prompt, produced))
                 elif k == 0 and (held := self._held.get(execution_id)) is not None and held[0] != engine_id:
                     migrated = await self._migrate(held[0], engine_id, prompt)  # the route moved since the last call
             if k > 0 and (prev := self._handoff.pop(tries[-1].rid, None)) is not None:
@@ -335,7 +344,7 @@ class Router:
             inflight[sub_rid] = execution_id
             finish: str | None = None
             try:
-                async for ch in engine.generate_stream(prompt + produced, params, sub_rid):
+                async for ch in engine.generate_stream(_join(prompt, produced), params, sub_rid):
                     if ch.weight_version is not None:
                         att.weight_version = ch.weight_version
                     if ch.output_ids:
@@ -359,7 +368,7 @@ class Router:
             finally:
                 inflight.pop(sub_rid, None)
                 if self.kv_migration:
-                    self._held[execution_id] = (engine_id, array.array("q", prompt + produced))
+                    self._held[execution_id] = (engine_id, _join(prompt, produced))
             att.outcome = finish or "error"
             if finish in ("stop", "length"):
                 return

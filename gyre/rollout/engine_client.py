@@ -34,7 +34,9 @@ from gyre.rollout.engine_messages import (
     StreamChunk,
     StreamNormalizer,
     build_generate_body,
+    ids_json,
     incremental_streaming,
+    json_content,
     iter_sse_events,
     op_abort,
     op_generate,
@@ -141,7 +143,7 @@ class EngineClient(_ClientBase):
 
     def _do(self, op: Op) -> Any:
         try:
-            resp = self._http.request(op.method, op.path, json=op.body)
+            resp = self._http.request(op.method, op.path, **json_content(op.body))
         except httpx.TransportError as exc:
             raise self._connection_error(op.path, exc) from exc
         return op.parse(resp)
@@ -169,7 +171,7 @@ class EngineClient(_ClientBase):
         norm = StreamNormalizer(self._incremental_mode())
         body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
         try:
-            with self._http.stream("POST", "/generate", json=body) as resp:
+            with self._http.stream("POST", "/generate", **json_content(body)) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     raise_for_status(resp)
@@ -222,8 +224,8 @@ class EngineClient(_ClientBase):
         (:mod:`gyre.rollout.kv_transfer`; embedded engine only), ``(0, None)`` when it holds none.
         With ``transport="mooncake"`` the payload stays on the engine, staged and pinned, and
         ``payload`` is its Mooncake handle (release it with :meth:`release_kv`)."""
-        return _export_kv_result(self._post_kv("/gyre/export_kv", json={"input_ids": list(input_ids),
-                                                                          "transport": transport}))
+        return _export_kv_result(self._post_kv("/gyre/export_kv", **json_content(
+            {"input_ids": ids_json(input_ids), "transport": transport})))
 
     def import_kv(self, payload: bytes | dict) -> dict:
         """Store a KV payload (bytes, or a Mooncake handle the engine reads from the source) in the
@@ -393,7 +395,7 @@ class AsyncEngineClient(_ClientBase):
 
     async def _do(self, op: Op) -> Any:
         try:
-            resp = await self._http.request(op.method, op.path, json=op.body)
+            resp = await self._http.request(op.method, op.path, **json_content(op.body))
         except httpx.TransportError as exc:
             raise self._connection_error(op.path, exc) from exc
         return op.parse(resp)
@@ -416,7 +418,7 @@ class AsyncEngineClient(_ClientBase):
         norm = StreamNormalizer(await self._incremental_mode())
         body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
         try:
-            async with self._http.stream("POST", "/generate", json=body) as resp:
+            async with self._http.stream("POST", "/generate", **json_content(body)) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise_for_status(resp)
@@ -459,8 +461,8 @@ class AsyncEngineClient(_ClientBase):
 
     async def export_kv(self, input_ids: Sequence[int], transport: str = "http") -> tuple[int, bytes | dict | None]:
         """As :meth:`EngineClient.export_kv`."""
-        return _export_kv_result(await self._post_kv("/gyre/export_kv", json={"input_ids": list(input_ids),
-                                                                                "transport": transport}))
+        return _export_kv_result(await self._post_kv("/gyre/export_kv", **json_content(
+            {"input_ids": ids_json(input_ids), "transport": transport})))
 
     async def import_kv(self, payload: bytes | dict) -> dict:
         """As :meth:`EngineClient.import_kv`."""

@@ -25,8 +25,30 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import httpx
+import numpy as np
+import orjson
 
 from gyre.rollout.sglang_api import SamplingParams
+
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+def json_content(body: Any) -> dict[str, Any]:
+    """httpx keyword arguments posting ``body`` as JSON (none for ``None``). Serialised by
+    orjson, so token ids may be numpy arrays or scalars: a prompt of 700k ids is encoded from its
+    array in a few milliseconds (the standard library's encoder needs a Python list and ~20x the
+    time)."""
+    if body is None:
+        return {}
+    return {"content": orjson.dumps(body, option=_ORJSON_OPTS), "headers": JSON_HEADERS}
+
+
+def ids_json(x: Any) -> Any:
+    """Token ids as sent: a numpy array kept as a C-contiguous array, anything else as a list."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    return list(x)
 
 #: Sampling parameters as :class:`SamplingParams`, an SGLang ``sampling_params`` dict, or ``None``.
 SamplingLike = SamplingParams | Mapping[str, Any] | None
@@ -269,8 +291,8 @@ def build_generate_body(input_ids: Sequence[int] | Sequence[Sequence[int]], samp
                         top_logprobs_num: int = 0, return_text_in_logprobs: bool = False,
                         stream: bool = False) -> dict[str, Any]:
     """The ``/generate`` JSON body (SGLang ``GenerateReqInput``)."""
-    body: dict[str, Any] = {"input_ids": [list(x) for x in input_ids] if input_ids and isinstance(input_ids[0], (list, tuple))
-                            else list(input_ids),
+    batched = len(input_ids) > 0 and isinstance(input_ids[0], (list, tuple, np.ndarray))
+    body: dict[str, Any] = {"input_ids": [ids_json(x) for x in input_ids] if batched else ids_json(input_ids),
                             "sampling_params": _params_json(sampling_params), "return_logprob": return_logprob,
                             "stream": stream}
     if rid is not None:

@@ -1,0 +1,372 @@
+"""Benchmark: rank 0's proxy path under the paper's load (1,152 live executions), on this machine.
+
+Usage::
+
+    python bench/scale.py [--executions 1152] [--engines 8] [--rates 10,38] [--phase-s 30]
+                          [--context 10000,100000,350000,700000] [--quick] [--json [OUT.json]]
+
+Processes, each its own Python process on this machine:
+
+* ``--engines`` transport-only engines: ``bench/proxy.py``'s stand-in SGLang server answering
+  ``/generate`` at once with a short tool call (no model, no tokenizing);
+* **rank 0's proxy**: :class:`gyre.proxy.server.ProxyServer` with the Qwen tokenizer, a record
+  store (every record written before its response completes) and trajectory trees, routing the
+  executions over the engines; one process, so ``proxy_workers`` is 1;
+* ``--load-processes`` load generators (``bench/scale_load.py``): the executions, split between
+  them; a third each on Anthropic Messages, OpenAI Chat and OpenAI Responses, half of them
+  streaming, every call sending the whole conversation, growing it by ``--turn-tokens``; some
+  calls are a sub-agent's, some executions compact.
+
+Phases: **warm** (every execution's first call: its whole initial context is new), **open loop**
+at each offered rate of ``--rates`` (calls/s, Poisson), **saturation** (``--saturation-concurrency``
+callers back to back: ``calls_per_s_max``). Per phase it reports calls/s served, latency p50/p99
+minus the engine's own round trip (``added``), the proxy process's CPU ms per call (from its
+``/proc`` CPU time, so the load generators sharing the cores do not count) and its per-stage
+times (``GET /gyre/stats``).
+
+The ``--context`` sweep then gives a few executions an initial context of each size (10k to 700k
+tokens), lets each make ``--sweep-calls`` calls one at a time, and reports the proxy's CPU ms per
+call by context. The paper's context mix (contexts spread evenly from 0 to 700k tokens) is the
+mean of that curve, interpolated linearly (``cpu_ms_per_call``). **Headroom** = the CPU the proxy
+has (``proxy_workers`` cores) / the CPU the paper's demand needs (1,152 executions x one call per
+30 s = 38.4 calls/s x ``cpu_ms_per_call``).
+
+At the end: ``records_lost`` = calls answered - records in the store, and the proxy's RSS,
+threads and file descriptors; ``rss_bytes_per_context_token`` = its RSS growth over the live
+context tokens (each execution's last prompt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PAPER_EXECUTIONS = 1152
+PAPER_CALL_INTERVAL_S = 30.0
+PAPER_MAX_CONTEXT = 700_000
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+
+
+# ----------------------------------------------------------------------------- processes
+def serve_proxy(engine_urls: list[str], store_dir: str) -> None:
+    """Rank 0's proxy on the Qwen tokenizer over the engines; prints its URL."""
+    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
+    from gyre.proxy.engines import ClientEngine
+    from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.trajectory.store import TrajectoryStore
+
+    tok = load_tokenizer(ensure_tiny_model("qwen"))
+    srv = ProxyServer(ChatRenderer(tok), store=TrajectoryStore(store_dir, fsync_every=0, max_open=4096),
+                      config=ProxyConfig(max_context_tokens=1 << 21, default_max_tokens=256))
+    for i, url in enumerate(engine_urls):
+        srv.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{i}"))
+    srv.start("127.0.0.1", 0)
+    print(json.dumps({"url": srv.url}), flush=True)
+    threading.Event().wait()
+
+
+def _spawn(argv: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    line = proc.stdout.readline()
+    try:
+        return proc, json.loads(line)["url"]
+    except (ValueError, KeyError):
+        proc.kill()
+        raise RuntimeError(f"{argv[:3]} did not start: {line!r}") from None
+
+
+class ProcStat:
+    """CPU seconds, RSS, threads and file descriptors of a process from ``/proc``."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.TICK
+
+    def status(self, key: str) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+        raise KeyError(key)
+
+    def rss_bytes(self) -> int:
+        return self.status("VmRSS") * 1024
+
+    def threads(self) -> int:
+        return self.status("Threads")
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+class Load:
+    """The load-generator processes of one set of executions."""
+
+    def __init__(self, url: str, keys: list[str], processes: int, args, init_range: tuple[int, int], seed: int):
+        self.procs = []
+        tmp = Path(tempfile.mkdtemp(prefix="gyre-scale-load-"))
+        for p in range(processes):
+            idx = list(range(p, len(keys), processes))
+            cfg = {"url": url, "keys": [keys[i] for i in idx], "indices": idx, "seed": seed * 1000 + p,
+                   "turn_tokens": args.turn_tokens, "init_tokens_min": init_range[0],
+                   "init_tokens_max": init_range[1], "subagent_share": args.subagent_share,
+                   "compaction_share": args.compaction_share}
+            (tmp / f"{p}.json").write_text(json.dumps(cfg))
+            self.procs.append(subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale_load.py"),
+                                                str(tmp / f"{p}.json")], stdin=subprocess.PIPE,
+                                               stdout=subprocess.PIPE, text=True, env=ENV))
+
+    def run(self, cmd: dict[str, Any], share: str | None = None) -> dict[str, Any]:
+        """Send ``cmd`` to every process (``share``: the key divided between them), merge the results."""
+        for p in self.procs:
+            c = dict(cmd)
+            if share:
+                c[share] = cmd[share] / len(self.procs)
+                if isinstance(cmd[share], int):
+                    c[share] = max(1, cmd[share] // len(self.procs))
+            p.stdin.write(json.dumps(c) + "\n")
+            p.stdin.flush()
+        outs = [json.loads(p.stdout.readline()) for p in self.procs]
+        return {"calls": sum(o["calls"] for o in outs), "latencies": [x for o in outs for x in o["latencies"]],
+                "num_errors": sum(o["num_errors"] for o in outs), "errors": [e for o in outs for e in o["errors"]][:5],
+                "wall_s": max(o["wall_s"] for o in outs), "context_tokens": sum(o["context_tokens"] for o in outs)}
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                p.stdin.flush()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def register(url: str, n: int, prefix: str) -> list[str]:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60) as c:
+        return [c.post("/gyre/executions", json={"task_id": f"{prefix}-{i}", "harness": "generic"}).json()["api_key"]
+                for i in range(n)]
+
+
+def stage_times(url: str) -> list[dict[str, float]]:
+    import httpx
+
+    return httpx.get(url + "/gyre/stats", timeout=120).json()["stage_times"]
+
+
+def engine_round_trip_ms(engine_url: str, tokens: int, n: int = 20) -> float:
+    """Median round trip of a ``/generate`` with ``tokens`` input ids straight to an engine."""
+    import httpx
+
+    body = json.dumps({"input_ids": [7] * max(1, tokens), "sampling_params": {"max_new_tokens": 256},
+                       "return_logprob": True}).encode()
+    lat = []
+    with httpx.Client(base_url=engine_url, timeout=60) as c:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.post("/generate", content=body, headers={"content-type": "application/json"}).raise_for_status()
+            lat.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(lat))
+
+
+STAGES = ("parse_s", "normalize_s", "match_s", "render_s", "record_s")
+
+
+def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: ProcStat, url: str,
+          engine_ms: float) -> dict[str, Any]:
+    """Run one phase and measure the proxy over it."""
+    n0 = len(stage_times(url))
+    c0, t0 = proxy.cpu_s(), time.perf_counter()
+    res = load.run(cmd, share)
+    wall, cpu = time.perf_counter() - t0, proxy.cpu_s() - c0
+    st = stage_times(url)[n0:]
+    lat = np.asarray(res["latencies"]) * 1e3
+    out = {"phase": name, "calls": res["calls"], "errors": res["num_errors"], "error_examples": res["errors"],
+           "wall_s": round(wall, 2), "calls_per_s": res["calls"] / wall if wall else 0.0,
+           "p50_added_ms": float(np.percentile(lat, 50)) - engine_ms if lat.size else None,
+           "p99_added_ms": float(np.percentile(lat, 99)) - engine_ms if lat.size else None,
+           "cpu_ms_per_call": 1e3 * cpu / res["calls"] if res["calls"] else None,
+           "proxy_cpu_share": cpu / wall if wall else 0.0,
+           "stages_ms": {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES} if st else {},
+           "context_tokens": res["context_tokens"]}
+    if cmd.get("rate"):
+        out["offered_calls_per_s"] = cmd["rate"]
+    print(*out["error_examples"][:2], file=sys.stderr) if out["errors"] else None
+    print(f"  {name:<14} calls {out['calls']:>6}  errors {out['errors']:>3}  served {out['calls_per_s']:7.1f}/s  "
+          f"added p50 {out['p50_added_ms'] or 0:8.1f} ms  p99 {out['p99_added_ms'] or 0:8.1f} ms  "
+          f"proxy CPU {out['cpu_ms_per_call'] or 0:7.2f} ms/call ({out['proxy_cpu_share']:.0%} of a core)  "
+          f"stages {json.dumps({k: round(v, 2) for k, v in out['stages_ms'].items()})}", flush=True)
+    return out
+
+
+def count_records(store_dir: str) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in Path(store_dir).rglob("*") if p.is_file())
+
+
+def paper_mix(points: list[tuple[int, float]], max_context: int = PAPER_MAX_CONTEXT) -> float:
+    """Mean of a per-call cost curve over contexts spread evenly from 0 to ``max_context``
+    (linear between the measured points, flat beyond them)."""
+    xs, ys = zip(*sorted(points))
+    grid = np.linspace(0, max_context, 1001)
+    return float(np.mean(np.interp(grid, xs, ys)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--serve-proxy", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--store-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--executions", type=int, default=PAPER_EXECUTIONS)
+    ap.add_argument("--engines", type=int, default=8)
+    ap.add_argument("--load-processes", type=int, default=2)
+    ap.add_argument("--rates", default="10,38.4", help="offered call rates of the open-loop phases (calls/s)")
+    ap.add_argument("--phase-s", type=float, default=30.0)
+    ap.add_argument("--saturation-concurrency", type=int, default=64)
+    ap.add_argument("--turn-tokens", type=int, default=2000, help="new tokens per call (a tool result)")
+    ap.add_argument("--init-tokens", default="0,8000", help="initial context range of the load executions (tokens)")
+    ap.add_argument("--subagent-share", type=float, default=0.05)
+    ap.add_argument("--compaction-share", type=float, default=0.01)
+    ap.add_argument("--context", default="10000,100000,350000,700000", help="contexts of the sweep (tokens)")
+    ap.add_argument("--sweep-executions", type=int, default=3)
+    ap.add_argument("--sweep-calls", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 96 executions, 10 s phases, sweep to 100k")
+    ap.add_argument("--json", nargs="?", const="-", help="print the results as JSON (or write them to a file)")
+    args = ap.parse_args(argv)
+    if args.serve_proxy:
+        serve_proxy(args.serve_proxy, args.store_dir)
+        return 0
+    if args.quick:
+        args.executions, args.phase_s, args.context, args.engines = 96, 10.0, "10000,100000", 2
+    init_range = tuple(int(x) for x in args.init_tokens.split(","))
+    rates = [float(x) for x in args.rates.split(",") if x]
+    contexts = [int(x) for x in args.context.split(",") if x]
+    store = tempfile.mkdtemp(prefix="gyre-scale-store-")
+    procs: list[subprocess.Popen] = []
+    result: dict[str, Any] = {"executions": args.executions, "engines": args.engines, "proxy_workers": 1,
+                              "paper_demand_calls_per_s": PAPER_EXECUTIONS / PAPER_CALL_INTERVAL_S}
+    load = sweep_load = None
+    try:
+        engine_urls = []
+        for _ in range(args.engines):
+            p, u = _spawn([str(ROOT / "bench" / "proxy.py"), "--serve", "engine", "--transport-only-engine",
+                               "--tokenizer", "qwen"])
+            procs.append(p)
+            engine_urls.append(u)
+        p, url = _spawn([str(Path(__file__).resolve()), "--store-dir", store, "--serve-proxy", *engine_urls])
+        procs.append(p)
+        proxy = ProcStat(p.pid)
+        rss0 = proxy.rss_bytes()
+        print(f"{args.executions} executions, {args.engines} engines, {args.load_processes} load processes; "
+              f"proxy pid {p.pid} RSS {rss0 / 2**20:.0f} MiB", flush=True)
+        keys = register(url, args.executions, "load")
+        load = Load(url, keys, args.load_processes, args, init_range, seed=1)
+        engine_ms = engine_round_trip_ms(engine_urls[0], sum(init_range) // 2 + 4 * args.turn_tokens)
+        print(f"  engine round trip {engine_ms:.2f} ms (subtracted from latencies)", flush=True)
+        phases = [phase("warm", load, {"op": "warm", "concurrency": 16}, None, proxy, url, engine_ms)]
+        for r in rates:
+            phases.append(phase(f"open {r:g}/s", load, {"op": "open", "rate": r, "duration": args.phase_s}, "rate",
+                                proxy, url, engine_ms))
+        phases.append(phase("saturation", load, {"op": "closed", "concurrency": args.saturation_concurrency,
+                                                 "duration": args.phase_s}, "concurrency", proxy, url, engine_ms))
+        live_tokens = phases[-1]["context_tokens"]
+        rss_load = proxy.rss_bytes()
+        result["phases"] = phases
+        result["calls_per_s_max"] = phases[-1]["calls_per_s"]
+        measured = [ph for ph in phases[1:] if ph["calls"]]
+        result["cpu_ms_per_call_load"] = float(np.average([ph["cpu_ms_per_call"] for ph in measured],
+                                                          weights=[ph["calls"] for ph in measured]))
+        at_demand = min(phases[1:-1] or phases[-1:], key=lambda ph: abs(ph.get("offered_calls_per_s", 0)
+                                                                        - result["paper_demand_calls_per_s"]))
+        result["p50_added_ms"], result["p99_added_ms"] = at_demand["p50_added_ms"], at_demand["p99_added_ms"]
+        result["latency_phase"] = at_demand["phase"]
+        result["rss_bytes_per_context_token"] = (rss_load - rss0) / max(live_tokens, 1)
+        result["live_context_tokens"] = live_tokens
+        # ------------------------------------------------------------------ context sweep
+        sweep = []
+        for ctx in contexts:
+            skeys = register(url, args.sweep_executions, f"ctx{ctx}")
+            sweep_load = Load(url, skeys, 1, args, (ctx, ctx), seed=ctx)
+            sweep_load.run({"op": "warm", "concurrency": 1})
+            c0 = proxy.cpu_s()
+            n0 = len(stage_times(url))
+            calls = 0
+            for _ in range(args.sweep_calls):
+                res = sweep_load.run({"op": "warm", "concurrency": 1})
+                calls += res["calls"]
+            cpu = proxy.cpu_s() - c0
+            st = stage_times(url)[n0:]
+            row = {"context_tokens": ctx, "calls": calls, "cpu_ms_per_call": 1e3 * cpu / max(calls, 1),
+                   "stages_ms": {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES}}
+            sweep.append(row)
+            print(f"  context {ctx:>7,}: proxy CPU {row['cpu_ms_per_call']:8.2f} ms/call  stages "
+                  f"{json.dumps({k: round(v, 2) for k, v in row['stages_ms'].items()})}", flush=True)
+            sweep_load.close()
+            sweep_load = None
+        result["context_sweep"] = sweep
+        if sweep:
+            result["cpu_ms_per_call"] = paper_mix([(r["context_tokens"], r["cpu_ms_per_call"]) for r in sweep])
+            result["cpu_ratio_max_to_min_context"] = sweep[-1]["cpu_ms_per_call"] / sweep[0]["cpu_ms_per_call"]
+        else:
+            result["cpu_ms_per_call"] = result["cpu_ms_per_call_load"]
+        need = result["paper_demand_calls_per_s"] * result["cpu_ms_per_call"] / 1e3
+        result["headroom"] = result["proxy_workers"] / need
+        load.close()
+        load = None
+        time.sleep(1.0)
+        answered = sum(ph["calls"] for ph in phases) + sum(
+            (r["calls"] for r in sweep), 0) + len(contexts) * args.sweep_executions
+        result["calls"] = answered
+        result["records_lost"] = answered - count_records(store)
+        result["proxy_rss_bytes"] = proxy.rss_bytes()
+        result["proxy_threads"] = proxy.threads()
+        result["proxy_fds"] = proxy.fds()
+    finally:
+        for ld in (load, sweep_load):
+            if ld is not None:
+                ld.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+    print(f"\nexecutions {result['executions']}  calls {result['calls']}  records_lost {result['records_lost']}  "
+          f"calls_per_s_max {result['calls_per_s_max']:.1f}  paper demand {result['paper_demand_calls_per_s']:.1f}/s\n"
+          f"cpu_ms_per_call {result['cpu_ms_per_call']:.2f} (paper context mix; {result['cpu_ms_per_call_load']:.2f} "
+          f"at the load's mix)  headroom {result['headroom']:.2f} with {result['proxy_workers']} proxy worker(s)\n"
+          f"added latency at {result['latency_phase']}: p50 {result['p50_added_ms']:.1f} ms  "
+          f"p99 {result['p99_added_ms']:.1f} ms\n"
+          f"proxy RSS {result['proxy_rss_bytes'] / 2**20:.0f} MiB  "
+          f"{result['rss_bytes_per_context_token']:.1f} B per live context token "
+          f"({result['live_context_tokens']:,} tokens)  threads {result['proxy_threads']}  fds {result['proxy_fds']}",
+          flush=True)
+    if args.json == "-":
+        print(json.dumps(result, default=float))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
