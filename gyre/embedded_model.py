@@ -148,7 +148,12 @@ def build_tokenizer(out_dir: str | os.PathLike, kind: TokenizerKind = "qwen") ->
         def load_tiktoken_bpe(_url: str) -> dict[bytes, int]:
             return ranks
 
-    tok = _Converter(vocab_file="<in-memory>", pattern=QWEN_PRETOKENIZE_PATTERN).converted()
+    with tempfile.TemporaryDirectory(prefix="gyre-bpe-") as tmp:
+        # Newer transformers read the ranks through the override above; older ones (5.3) open
+        # ``vocab_file`` with tiktoken, so it is a real file in tiktoken's format as well.
+        vocab_file = Path(tmp) / "ranks.tiktoken"
+        vocab_file.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+        tok = _Converter(vocab_file=str(vocab_file), pattern=QWEN_PRETOKENIZE_PATTERN).converted()
     tok.normalizer = normalizers.NFC()
     tok.add_tokens(
         [AddedToken(t, special=s, normalized=False) for t, s in ADDED_TOKENS]
