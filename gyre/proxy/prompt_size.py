@@ -62,14 +62,16 @@ def prompt_chars_lower_bound(req: ChatRequest) -> int:
     return n
 
 
-def check_prompt_size(req: ChatRequest, max_context_tokens: int, tokenizer: Any) -> None:
+def check_prompt_size(req: ChatRequest, max_context_tokens: int, tokenizer: Any = None, *,
+                      token_bytes: int | None = None) -> None:
     """Raise 400 ``prompt is too long`` when ``req``'s size alone proves more than
     ``max_context_tokens - 1`` prompt tokens; return at once for any request shorter in
-    characters than the context is in tokens."""
+    characters than the context is in tokens.  ``token_bytes`` (the tokenizer's
+    :func:`max_token_bytes`) may be given instead of ``tokenizer``."""
     chars = prompt_chars_lower_bound(req)
     if chars < max_context_tokens:  # cannot prove anything: every token covers at least one byte
         return
-    at_least = chars // max_token_bytes(tokenizer)
+    at_least = chars // (token_bytes if token_bytes is not None else max_token_bytes(tokenizer))
     if at_least >= max_context_tokens:
         raise ProxyError(400, f"prompt is too long: at least {at_least} tokens (its {chars} characters) > "
                               f"{max_context_tokens - 1} maximum")

@@ -31,10 +31,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gyre.proxy.admin import Execution, ExecutionAdmin
 from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
 from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_json
+from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.messages import ChatRequest
 from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
-from gyre.proxy.prompt_size import check_prompt_size
+from gyre.proxy.prompt_size import check_prompt_size, max_token_bytes
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.roles import classify_role, harness_metadata
@@ -80,6 +81,8 @@ class ProxyConfig:
       process; files are fsynced every ``fsync_interval_s`` seconds in the background -- or
       ``"fsync"``: fsynced too (group commit, :class:`~gyre.proxy.recorder.RecordSink`), which
       adds a disk sync to every call's latency. Give the server a store with ``fsync_every=0``.
+    * ``body_check_bytes`` -- a model-call body at least this large is checked in a helper
+      process before the proxy parses it (:mod:`gyre.proxy.body_check`); 0 turns that off.
     """
 
     model_name: str = "gyre"
@@ -99,6 +102,7 @@ class ProxyConfig:
     forced_sampling: dict[str, Any] = field(default_factory=dict)
     durability: str = "flush"
     fsync_interval_s: float = 1.0
+    body_check_bytes: int = 8 << 20
 
 
 class ProxyServer(ExecutionAdmin):
@@ -158,6 +162,9 @@ class ProxyServer(ExecutionAdmin):
         self._loop: asyncio.AbstractEventLoop | None = None
         # tokenisation of new content runs off the event loop (the tokenizer releases the GIL)
         self._encoders = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-encode")
+        # very large bodies are checked by a helper process first; one thread waits on it
+        self._body_checker = BodyChecker()
+        self._body_checks = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gyre-body-check")
         # one thread writes the record store in batches (group commit); fsyncs stay off the loop
         if self.config.durability not in ("flush", "fsync"):
             raise ValueError(f"durability must be 'flush' or 'fsync', got {self.config.durability!r}")
@@ -238,6 +245,8 @@ class ProxyServer(ExecutionAdmin):
         if self._sink is not None:
             self._sink.close()
         self._encoders.shutdown(wait=False)
+        self._body_checks.shutdown(wait=False)
+        self._body_checker.close()
 
     def __enter__(self) -> "ProxyServer":
         return self.start()
@@ -344,6 +353,14 @@ class ProxyServer(ExecutionAdmin):
             raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
         return role, meta, prep
 
+    async def _check_large_body(self, api: str, raw: bytes, encoding: str) -> None:
+        """Raise the error a very large body earns, found by the helper process, so that the
+        event loop never parses a body it would refuse."""
+        loop = asyncio.get_running_loop()
+        token_bytes = await loop.run_in_executor(self._encoders, max_token_bytes, self.renderer.tokenizer)
+        await loop.run_in_executor(self._body_checks, self._body_checker.check, api, raw, encoding,
+                                   self.config.max_context_tokens, token_bytes)
+
     async def _model_call(self, request: Request, api: str):
         ex = self._auth(request)
         try:
@@ -352,10 +369,17 @@ class ProxyServer(ExecutionAdmin):
             except ClientDisconnect:  # the client left while sending: nothing to answer or record
                 return Response(status_code=499)
             encoding = request.headers.get("content-encoding", "")
-            digest = request_digest(api, raw, encoding)
+            large = 0 < self.config.body_check_bytes <= len(raw)
+            if large:  # hashing tens of MB off the loop (hashlib releases the GIL)
+                digest = await asyncio.get_running_loop().run_in_executor(self._body_checks, request_digest, api,
+                                                                          raw, encoding)
+            else:
+                digest = request_digest(api, raw, encoding)
             prev = ex.recent_calls.retry_target(digest, retry_count(request.headers))
             if prev is not None:  # a client retry: the same answer, not a second sample
                 return await self._answer_retry(request, prev)
+            if large:
+                await self._check_large_body(api, raw, encoding)
             t0 = time.perf_counter()
             body = decode_json(raw, encoding)
             t1 = time.perf_counter()

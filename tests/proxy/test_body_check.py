@@ -1,0 +1,132 @@
+"""A very large body is checked by a helper process before the proxy parses it
+(gyre/proxy/body_check.py; the server over real HTTP on 127.0.0.1, the helper a real process)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import gyre.proxy.server as server_module
+from gyre.proxy.engines import ScriptedEngine
+from gyre.proxy.server import ProxyConfig, ProxyServer
+
+
+@pytest.fixture()
+def parsed(monkeypatch):
+    """Bodies the proxy's own process parsed (sizes, in bytes)."""
+    sizes: list[int] = []
+    real = server_module.decode_json
+
+    def counting(raw, encoding):
+        sizes.append(len(raw))
+        return real(raw, encoding)
+
+    monkeypatch.setattr(server_module, "decode_json", counting)
+    return sizes
+
+
+def _served(renderer, **config):
+    eng = ScriptedEngine("e0", renderer.encode("ok") + [renderer.eos_id], chunk=1)
+    srv = ProxyServer(renderer, config=ProxyConfig(**config))
+    srv.add_engine(eng)
+    return srv.start()
+
+
+def _post(srv, body: bytes, api_key: str, path: str = "/v1/chat/completions") -> httpx.Response:
+    h = {"authorization": f"Bearer {api_key}", "x-api-key": api_key, "content-type": "application/json"}
+    return httpx.post(srv.url + path, content=body, headers=h, timeout=60)
+
+
+def test_a_huge_body_too_long_is_refused_without_the_proxy_parsing_it(local_renderer, parsed):
+    srv = _served(local_renderer, max_context_tokens=131072)
+    try:
+        ex = srv.register_execution()
+        name = "tool_" * 2_000_000                                   # 10 MB of tool name
+        raw = json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                          "tools": [{"type": "function", "function": {"name": name, "parameters": {}}}]}).encode()
+        assert len(raw) >= ProxyConfig().body_check_bytes
+        r = _post(srv, raw, ex.api_key)
+        assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"], r.text[:300]
+        assert parsed == []                                           # refused by the helper
+        assert srv.counters(ex.execution_id)["rejected"] == 1
+        small = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        assert _post(srv, small, ex.api_key).status_code == 200
+        assert parsed == [len(small)]                                 # small bodies: parsed in the proxy
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("api,path,body,message", [
+    ("chat", "/v1/chat/completions", b'{"model": "m", "messages": [' + b" " * 3000, "not valid JSON"),
+    ("anthropic", "/v1/messages", json.dumps({"model": "m", "max_tokens": "x" * 3000,
+                                              "messages": [{"role": "user", "content": "hi"}]}).encode(), "max_tokens"),
+    ("responses", "/v1/responses", json.dumps({"model": "m", "input": "hi", "max_output_tokens": "x" * 3000}).encode(),
+     "max_output_tokens"),
+])
+def test_the_helper_answers_each_api_with_the_proxy_s_own_error(local_renderer, parsed, api, path, body, message):
+    srv = _served(local_renderer, body_check_bytes=1000)
+    try:
+        ex = srv.register_execution()
+        direct = _served(local_renderer, body_check_bytes=0)        # the same body checked in-process
+        try:
+            ex2 = direct.register_execution()
+            want = _post(direct, body, ex2.api_key, path)
+        finally:
+            direct.stop()
+        parsed.clear()
+        r = _post(srv, body, ex.api_key, path)
+        assert r.status_code == want.status_code == 400, r.text[:300]
+        assert r.json() == want.json() and message in json.dumps(r.json())
+        assert parsed == []
+    finally:
+        srv.stop()
+
+
+def test_a_large_valid_body_goes_ahead_and_is_recorded(local_renderer, parsed):
+    srv = _served(local_renderer, body_check_bytes=1000)
+    try:
+        ex = srv.register_execution()
+        text = "word " * 1000
+        raw = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}).encode()
+        r = _post(srv, raw, ex.api_key)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+        assert parsed == [len(raw)]                                   # checked by the helper, then parsed once here
+        tree = srv.tree(ex.execution_id)
+        assert len(tree.records) == 1 and tree.records[0].delivered
+    finally:
+        srv.stop()
+
+
+def test_a_dead_helper_is_started_again_and_a_failing_one_leaves_the_check_to_the_proxy(local_renderer, parsed,
+                                                                                         monkeypatch):
+    import subprocess
+    import sys
+
+    from gyre.proxy.body_check import BodyChecker
+
+    srv = _served(local_renderer, body_check_bytes=1000)
+    try:
+        ex = srv.register_execution()
+        bad = b'{"model": "m", "messages": [' + b" " * 3000
+        assert _post(srv, bad, ex.api_key).status_code == 400 and parsed == []
+        first = srv._body_checker._proc
+        first.kill()
+        first.wait()
+        assert _post(srv, bad, ex.api_key).status_code == 400 and parsed == []   # a new helper answered
+        assert srv._body_checker._proc is not first and srv._body_checker._proc.poll() is None
+        srv._body_checker.close()
+
+        def broken(self):  # a helper that exits at once, without an answer
+            self._proc = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE)
+            return self._proc
+
+        monkeypatch.setattr(BodyChecker, "_start", broken)
+        r = _post(srv, bad, ex.api_key)
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        assert parsed == [len(bad)]                                   # the proxy checked it itself
+    finally:
+        srv.stop()
+    assert srv._body_checker._proc is None                           # stop() ends the helper
