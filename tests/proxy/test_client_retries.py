@@ -100,6 +100,7 @@ def _assert_whole_answer(api, stream, text):
 
 @pytest.mark.parametrize("api, stream", CASES)
 def test_a_retry_in_flight_joins_the_generation(served, api, stream):
+    served[1].delay_s = 0.1  # ~1.5 s of generation: still in flight when the client gives up, on a busy machine too
     srv, eng, save, ex, raw = _first_attempt_given_up(served, api, stream)
     assert srv.counters(ex.execution_id)["calls"] == 0           # still generating
     _assert_whole_answer(api, stream, _post(srv, api, raw, ex.api_key))  # the SDK sends the same bytes again
