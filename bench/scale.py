@@ -53,6 +53,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 PAPER_EXECUTIONS = 1152
 PAPER_CALL_INTERVAL_S = 30.0
@@ -122,15 +123,16 @@ class ProcStat:
 class Load:
     """The load-generator processes of one set of executions."""
 
-    def __init__(self, url: str, keys: list[str], processes: int, args, init_range: tuple[int, int], seed: int):
+    def __init__(self, url: str, keys: list[str], processes: int, args, init_range: tuple[int, int], seed: int,
+                 mixed: bool = True):
         self.procs = []
         tmp = Path(tempfile.mkdtemp(prefix="gyre-scale-load-"))
         for p in range(processes):
             idx = list(range(p, len(keys), processes))
             cfg = {"url": url, "keys": [keys[i] for i in idx], "indices": idx, "seed": seed * 1000 + p,
                    "turn_tokens": args.turn_tokens, "init_tokens_min": init_range[0],
-                   "init_tokens_max": init_range[1], "subagent_share": args.subagent_share,
-                   "compaction_share": args.compaction_share}
+                   "init_tokens_max": init_range[1], "subagent_share": args.subagent_share if mixed else 0.0,
+                   "compaction_share": args.compaction_share if mixed else 0.0, "chars_per_token": args.chars_per_token}
             (tmp / f"{p}.json").write_text(json.dumps(cfg))
             self.procs.append(subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale_load.py"),
                                                 str(tmp / f"{p}.json")], stdin=subprocess.PIPE,
@@ -262,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.executions, args.phase_s, args.context, args.engines = 96, 10.0, "10000,100000", 2
     init_range = tuple(int(x) for x in args.init_tokens.split(","))
+    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
+    from scale_load import chars_per_token
+
+    args.chars_per_token = chars_per_token(load_tokenizer(ensure_tiny_model("qwen")))
     rates = [float(x) for x in args.rates.split(",") if x]
     contexts = [int(x) for x in args.context.split(",") if x]
     store = tempfile.mkdtemp(prefix="gyre-scale-store-")
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = []
         for ctx in contexts:
             skeys = register(url, args.sweep_executions, f"ctx{ctx}")
-            sweep_load = Load(url, skeys, 1, args, (ctx, ctx), seed=ctx)
+            sweep_load = Load(url, skeys, 1, args, (ctx, ctx), seed=ctx, mixed=False)
             sweep_load.run({"op": "warm", "concurrency": 1})
             c0 = proxy.cpu_s()
             n0 = len(stage_times(url))
@@ -320,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu = proxy.cpu_s() - c0
             st = stage_times(url)[n0:]
             row = {"context_tokens": ctx, "calls": calls, "cpu_ms_per_call": 1e3 * cpu / max(calls, 1),
+                   "input_tokens": [int(x.get("input_tokens", 0)) for x in st],
+                   "rendered_tokens": [int(x.get("rendered_tokens", 0)) for x in st],
                    "stages_ms": {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES}}
             sweep.append(row)
             print(f"  context {ctx:>7,}: proxy CPU {row['cpu_ms_per_call']:8.2f} ms/call  stages "

@@ -172,11 +172,11 @@ class Execution:
 
 
 class Texts:
-    """Filler text by tokens, from a fixed pool of words (about 1.3 tokens per word on Qwen's tokenizer)."""
+    """Filler text by tokens, from a fixed pool of words; ``chars_per_token`` is measured by the
+    parent on the proxy's tokenizer (:func:`chars_per_token`)."""
 
-    TOKENS_PER_WORD = 1.3
-
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, chars_per_token: float = 2.0) -> None:
+        self.chars_per_token = chars_per_token
         rnd = random.Random(seed)
         vocab = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rnd.randint(2, 9))) for _ in range(4000)]
         words = [rnd.choice(vocab) for _ in range(400_000)]
@@ -187,7 +187,7 @@ class Texts:
 
     def chunk(self, tokens: int) -> str:
         """About ``tokens`` tokens of text: a slice of the pool (a cheap view-free copy) or repeats of it."""
-        chars = int(tokens / self.TOKENS_PER_WORD * 6.5)
+        chars = int(tokens * self.chars_per_token)
         if chars <= 0:
             return ""
         if chars >= len(self.pool):
@@ -196,11 +196,17 @@ class Texts:
         return self.pool[start:start + chars]
 
 
+def chars_per_token(tokenizer, seed: int = 0) -> float:
+    """Characters per token of :class:`Texts` on ``tokenizer`` (a 200k-character sample)."""
+    sample = Texts(seed).chunk(100_000)
+    return len(sample) / len(tokenizer.encode(sample, add_special_tokens=False))
+
+
 async def serve(cfg: dict[str, Any]) -> None:
     import httpx
 
     rnd = random.Random(cfg["seed"])
-    texts = Texts(cfg["seed"])
+    texts = Texts(cfg["seed"], cfg["chars_per_token"])
     execs = [Execution(i, k, random.Random(cfg["seed"] * 100_003 + i), texts,
                        rnd.randint(cfg["init_tokens_min"], cfg["init_tokens_max"]))
              for i, k in zip(cfg["indices"], cfg["keys"])]
