@@ -55,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from proxy import STAGES  # noqa: E402  (the proxy's per-call stages, as bench/proxy.py reports them)
+
 PAPER_EXECUTIONS = 1152
 PAPER_CALL_INTERVAL_S = 30.0
 PAPER_MAX_CONTEXT = 700_000
@@ -196,7 +198,9 @@ def engine_round_trip_ms(engine_url: str, tokens: int, n: int = 20) -> float:
     return 1e3 * float(np.median(lat))
 
 
-STAGES = ("parse_s", "normalize_s", "match_s", "render_s", "record_s")
+def stages_ms(st: list[dict[str, float]]) -> dict[str, float]:
+    """Mean per-call time of each proxy stage (``GET /gyre/stats`` entries), ms."""
+    return {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES} if st else {}
 
 
 def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: ProcStat, url: str,
@@ -214,7 +218,7 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
            "p99_added_ms": float(np.percentile(lat, 99)) - engine_ms if lat.size else None,
            "cpu_ms_per_call": 1e3 * cpu / res["calls"] if res["calls"] else None,
            "proxy_cpu_share": cpu / wall if wall else 0.0,
-           "stages_ms": {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES} if st else {},
+           "stages_ms": stages_ms(st),
            "context_tokens": res["context_tokens"]}
     if cmd.get("rate"):
         out["offered_calls_per_s"] = cmd["rate"]
@@ -328,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"context_tokens": ctx, "calls": calls, "cpu_ms_per_call": 1e3 * cpu / max(calls, 1),
                    "input_tokens": [int(x.get("input_tokens", 0)) for x in st],
                    "rendered_tokens": [int(x.get("rendered_tokens", 0)) for x in st],
-                   "stages_ms": {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES}}
+                   "stages_ms": stages_ms(st)}
             sweep.append(row)
             print(f"  context {ctx:>7,}: proxy CPU {row['cpu_ms_per_call']:8.2f} ms/call  stages "
                   f"{json.dumps({k: round(v, 2) for k, v in row['stages_ms'].items()})}", flush=True)

@@ -77,13 +77,13 @@ class _Counts:
     reroutes: int = 0
 
 
-
 def _join(prompt: np.ndarray, produced: list[int]) -> np.ndarray:
     """The input of a retry: the prompt and what earlier attempts produced (the prompt itself,
     uncopied, when they produced nothing)."""
     if not produced:
         return prompt
     return np.concatenate([prompt, np.asarray(produced, dtype=np.int32)])
+
 
 class Router:
     """Engines, routes and retrying generation (see the module docstring).
