@@ -4,6 +4,7 @@ Usage::
 
     python bench/scale.py [--executions 1152] [--engines 8] [--rates 10,38] [--phase-s 30]
                           [--context 10000,100000,350000,700000] [--quick] [--json [OUT.json]]
+    python bench/scale.py --main-job [--executions 512] [--main-job-steps 2] [--json [OUT.json]]
 
 Processes, each its own Python process on this machine:
 
@@ -30,6 +31,9 @@ call by context. The paper's context mix (contexts spread evenly from 0 to 700k 
 mean of that curve, interpolated linearly (``cpu_ms_per_call``). **Headroom** = the CPU the proxy
 has (``proxy_workers`` cores) / the CPU the paper's demand needs (1,152 executions x one call per
 30 s = 38.4 calls/s x ``cpu_ms_per_call``).
+
+``--main-job`` runs the main job instead, with ``--executions`` live at once
+(``bench/scale_main_job.py``): steps completed, records lost, rank 0's threads, fds and RSS.
 
 At the end: ``records_lost`` = calls answered - records in the store, and the proxy's RSS,
 threads and file descriptors; ``rss_bytes_per_context_token`` = its RSS growth over the live
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve-proxy", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--store-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--executions", type=int, default=PAPER_EXECUTIONS)
+    ap.add_argument("--executions", type=int, default=None,
+                    help=f"live executions (default {PAPER_EXECUTIONS}; 512 with --main-job)")
     ap.add_argument("--engines", type=int, default=8)
     ap.add_argument("--load-processes", type=int, default=2)
     ap.add_argument("--rates", default="10,38.4", help="offered call rates of the open-loop phases (calls/s)")
@@ -261,10 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-calls", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 96 executions, 10 s phases, sweep to 100k")
     ap.add_argument("--json", nargs="?", const="-", help="print the results as JSON (or write them to a file)")
+    mj = ap.add_argument_group("--main-job: the main job with many executions live (bench/scale_main_job.py)")
+    mj.add_argument("--main-job", action="store_true",
+                    help="run the main job instead (3 cells, --executions live at once, default 512)")
+    mj.add_argument("--main-job-steps", type=int, default=2)
+    mj.add_argument("--main-job-calls", type=int, default=3, help="model calls per execution")
+    mj.add_argument("--main-job-pause-s", type=int, default=12,
+                    help="pause after each call (s, + up to 3): executions outlive rank 0's launching of them all")
+    mj.add_argument("--main-job-timeout-s", type=float, default=1800.0)
     args = ap.parse_args(argv)
     if args.serve_proxy:
         serve_proxy(args.serve_proxy, args.store_dir)
         return 0
+    if args.main_job:
+        return main_job(args)
+    args.executions = args.executions or PAPER_EXECUTIONS
     if args.quick:
         args.executions, args.phase_s, args.context, args.engines = 96, 10.0, "10000,100000", 2
     init_range = tuple(int(x) for x in args.init_tokens.split(","))
@@ -373,11 +389,34 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['rss_bytes_per_context_token']:.1f} B per live context token "
           f"({result['live_context_tokens']:,} tokens)  threads {result['proxy_threads']}  fds {result['proxy_fds']}",
           flush=True)
-    if args.json == "-":
-        print(json.dumps(result, default=float))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=float))
+    _emit(result, args.json)
     return 0
+
+
+def _emit(result: dict[str, Any], to: str | None) -> None:
+    if to == "-":
+        print(json.dumps(result, default=float))
+    elif to:
+        Path(to).write_text(json.dumps(result, indent=1, default=float))
+
+
+def main_job(args) -> int:
+    """``--main-job``: :func:`scale_main_job.run_main_job` with ``--executions`` (default 512) live."""
+    from scale_main_job import run_main_job
+
+    n = args.executions or 512
+    with tempfile.TemporaryDirectory(prefix="gyre-scale-main-job-") as work:
+        r = run_main_job(executions=n, steps=args.main_job_steps, calls=args.main_job_calls,
+                         pause_s=args.main_job_pause_s, n_samples=8, cells=3,
+                         work=Path(work), timeout_s=args.main_job_timeout_s)
+    print(f"main job: rc {r['main_job_rc']}, {r['steps_completed']} steps in {r['wall_s']:.0f} s; "
+          f"{r['executions_closed']} executions {r['statuses']}, at most {r['max_live_executions']} open at the proxy at once "
+          f"(launching the first {n} took {r['launch_s_first_n']} s)\n"
+          f"calls answered {r['calls_answered']}  records {r['records']}  records_lost {r['records_lost']}\n"
+          f"rank 0: threads max {r['rank0_threads_max']}  fds max {r['rank0_fds_max']}  "
+          f"RSS max {r['rank0_rss_mb_max']:.0f} MiB", flush=True)
+    _emit(r, args.json)
+    return 0 if r["main_job_rc"] == 0 and r["records_lost"] == 0 else 1
 
 
 if __name__ == "__main__":
