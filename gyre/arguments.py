@@ -309,7 +309,11 @@ def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--reference-system-prompt", type=str, default=None,
                        help="Replaces the reference agent's system prompt ('' for none).")
     group.add_argument("--proxy-host", type=str, default="127.0.0.1", help="Address the proxy binds.")
-    group.add_argument("--proxy-port", type=int, default=0, help="Proxy port (0: pick a free one).")
+    group.add_argument("--proxy-port", type=int, default=0,
+                       help="Proxy port (0: pick a free one); with --proxy-workers K, worker i serves on port + i.")
+    group.add_argument("--proxy-workers", type=int, default=1,
+                       help="Proxy processes on rank 0 (1: the proxy runs in rank 0's process; K > 1: K worker "
+                            "processes, each owning the executions whose id hashes to it).")
     return parser
 
 
@@ -515,6 +519,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         need(bool(os.environ.get(args.judge_api_key_env)), "judge-api-key-env",
              f"${args.judge_api_key_env} is not set")
     need(0 <= args.proxy_port <= 65535, "proxy-port", "must be in [0, 65535]")
+    need(args.proxy_workers >= 1, "proxy-workers", "must be >= 1")
+    need(args.proxy_port == 0 or args.proxy_port + args.proxy_workers - 1 <= 65535, "proxy-workers",
+         "the workers' ports (proxy-port + i) must be <= 65535")
     need("evaluator" not in args.role_priority, "role-priority", "evaluator tokens are never trainable")
     if args.placement == "colocate" and not args.standalone_handoff:
         need(args.extra_dispatch == 0, "extra-dispatch", "colocate requires phi = 0 (unless --standalone-handoff)")

@@ -74,6 +74,7 @@ def test_bad_config_exits_2_with_one_line(tmp_path, yaml_text, message):
     (["--extra-dispatch", "-1"], "argument --extra-dispatch: phi must be >= 0"),
     (["--max-trajectories-per-execution", "0"], "J_max must be >= 1"),
     (["--num-cells", "0"], "argument --num-cells: K must be >= 1"),
+    (["--proxy-workers", "0"], "argument --proxy-workers: must be >= 1"),
     (["--placement", "colocate", "--extra-dispatch", "1"], "colocate requires phi = 0"),
     (["--standalone-handoff"], "argument --standalone-handoff: is for --placement colocate"),
     (["--placement", "colocate", "--standalone-handoff"], "needs a standalone pool"),

@@ -94,6 +94,8 @@ class ExecutionAdmin:
     _sink: RecordSink | None
     _loop: asyncio.AbstractEventLoop | None
     _rr: int
+    #: role rules of registrations that name none (a proxy worker serving one run's harness)
+    default_role_rules: Any = None
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run ``fn`` on the server loop (directly when not serving or already on it)."""
@@ -110,6 +112,10 @@ class ExecutionAdmin:
             return fn(*args, **kw)
 
         return asyncio.run_coroutine_threadsafe(_run(), loop).result()
+
+    def url_for(self, execution_id: str) -> str:  # noqa: ARG002 (one process serves every execution)
+        """The URL the harness of ``execution_id`` calls: this server's."""
+        return self.url
 
     def add_engine(self, engine: Engine) -> None:
         """Register an engine with the router."""
@@ -151,7 +157,8 @@ class ExecutionAdmin:
         if key in self._by_key:
             raise ValueError("api key already in use")
         session = TitoSession(eid, self.renderer, restore_reasoning=self.config.restore_reasoning)
-        ex = Execution(eid, key, session, task_id=task_id, harness=harness, role_rules=role_rules)
+        ex = Execution(eid, key, session, task_id=task_id, harness=harness,
+                       role_rules=role_rules if role_rules is not None else self.default_role_rules)
         self.executions[eid] = ex
         self._by_key[key] = ex
         self.router.set_route(eid, engine_id)
@@ -279,6 +286,20 @@ class ExecutionAdmin:
             return {"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness, "closed": e.closed,
                     "engine_id": self.router.routes.get(e.execution_id), "counters": asdict(e.counters),
                     "records": len(e.session.tree.records), "leaves": len(e.session.tree.leaves())}
+
+        @app.get("/gyre/executions/{execution_id}/tree")
+        async def tree_digest(request: Request, execution_id: str):
+            self._check_admin(request)
+            e = self.executions.get(execution_id)
+            if e is None:
+                raise ProxyError(404, f"unknown execution {execution_id!r}")
+            tree = e.session.tree  # every record in it is already in the execution's record file
+            return {"execution_id": execution_id, "records": len(tree.records), "digest": tree.digest()}
+
+        @app.post("/gyre/engines/{engine_id}/abort")
+        async def abort_engine(request: Request, engine_id: str):
+            self._check_admin(request)
+            return {"engine_id": engine_id, "aborted": await self.router.abort_engine(engine_id)}
 
         @app.get("/gyre/stats")
         async def stats(request: Request):

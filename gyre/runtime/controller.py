@@ -115,7 +115,7 @@ class Controller:
         xs.launching(sid, key, task.id, self.now())
         timeout = min(task.timeout_s or self.cfg.execution_timeout_s, self.cfg.execution_timeout_s)
         self.pool.submit(lambda: self.finished.put(pipeline.run_execution(
-            key, task, self.harness, self.proxy, self.rewards, ProxyEndpoint(self.proxy.url, ex.api_key),
+            key, task, self.harness, self.proxy, self.rewards, ProxyEndpoint(self.proxy.url_for(sid), ex.api_key),
             run_dir=self.run_dir, timeout_s=timeout, on_launch=lambda r: xs.running.__setitem__(sid, r),
             evaluators=self.cfg.evaluation)))
         self.handle(ev.ExecutionLaunched(cmd.execution_id))

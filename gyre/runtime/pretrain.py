@@ -405,12 +405,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume) -> dict[str, Any]:
-    from gyre.embedded_model import load_tokenizer
     from gyre.harness import harness_from_args
     from gyre.metrics import MetricsSink
     from gyre.proxy.engines import ClientEngine
-    from gyre.proxy.render import ChatRenderer
-    from gyre.proxy.server import ProxyConfig, ProxyServer
     from gyre.rollout.engine_client import AsyncEngineClient
     from gyre.runtime.config import ControllerConfig
     from gyre.runtime.controller import Controller
@@ -419,25 +416,13 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     from gyre.tasks import load_tasks
     from gyre.training import control as ctl
     from gyre.training.streaming import MicroStepStream
-    from gyre.trajectory.store import TrajectoryStore
 
     run_dir = Path(args.run_dir)
     loaded = load_tasks(args.tasks.split(","))
     tasks = loaded.tasks
     harness = harness_from_args(args)
     harness.ensure_installed()
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    proxy = ProxyServer(ChatRenderer(load_tokenizer(model_dir)),
-                        store=TrajectoryStore(run_dir / "records", fsync_every=0, max_open=1024),
-                        config=ProxyConfig(model_name="gyre-policy", default_max_tokens=args.rollout_max_new_tokens,
-                                           max_tokens_cap=args.rollout_max_new_tokens,
-                                           max_context_tokens=args.rollout_max_context_tokens
-                                           or min(int(cfg.get("max_position_embeddings", args.seq_length)),
-                                                  args.seq_length),
-                                           default_sampling={"temperature": args.rollout_temperature,
-                                                             "top_p": args.rollout_top_p},
-                                           kv_migration=args.rollout_kv_migration,
-                                           kv_transport=args.rollout_kv_transport))
+    proxy = _rank0_proxy(args, model_dir, run_dir, harness)
     seeded = bool(getattr(args, "sglang_enable_deterministic_inference", False))  # SGLang seeds all alike then
     for c, url in enumerate(urls):
         proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}", seed_each_request=seeded))
@@ -450,6 +435,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
                  "mode": args.wandb_mode, "config": json.loads((run_dir / "args.json").read_text())}
     sink = MetricsSink(run_dir, tensorboard_dir=args.tensorboard_dir, wandb=wandb)
     sink.event("run_start", start_step=start_step, placement=args.placement, proxy=proxy.url,
+               proxy_workers=proxy.urls if args.proxy_workers > 1 else [proxy.url],
                engines={f"engine-{c}": url for c, url in enumerate(urls)}, resumed_from=str(ckpt) if ckpt else None)
     cell0 = threading.Thread(target=worker.run, name="gyre-cell0", daemon=True)
     cell0.start()
@@ -475,6 +461,30 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     except Exception as exc:  # a plot must not fail a finished run
         logger.warning("run plots failed: %s", exc)
     return summary
+
+
+def _rank0_proxy(args, model_dir, run_dir: Path, harness):
+    """Rank 0's proxy: a :class:`ProxyServer` in this process, or ``--proxy-workers`` K > 1
+    processes (:class:`gyre.proxy.workers.ProxyWorkers`) with the same configuration."""
+    from gyre.embedded_model import load_tokenizer
+    from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.proxy.workers import ProxyWorkers, WorkerSpec
+    from gyre.trajectory.store import TrajectoryStore
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    config = ProxyConfig(model_name="gyre-policy", default_max_tokens=args.rollout_max_new_tokens,
+                         max_tokens_cap=args.rollout_max_new_tokens,
+                         max_context_tokens=args.rollout_max_context_tokens
+                         or min(int(cfg.get("max_position_embeddings", args.seq_length)), args.seq_length),
+                         default_sampling={"temperature": args.rollout_temperature, "top_p": args.rollout_top_p},
+                         kv_migration=args.rollout_kv_migration, kv_transport=args.rollout_kv_transport)
+    if args.proxy_workers > 1:
+        spec = WorkerSpec(str(model_dir), str(run_dir / "records"), config, role_rules=harness.roles)
+        return ProxyWorkers(spec, args.proxy_workers, spec_path=run_dir / "proxy_workers" / "spec.pickle",
+                            log_dir=run_dir / "proxy_workers")
+    return ProxyServer(ChatRenderer(load_tokenizer(model_dir)),
+                       store=TrajectoryStore(run_dir / "records", fsync_every=0, max_open=1024), config=config)
 
 
 def _standalone_pool(args, connect, worker, server, model_dir, version: int, proxy):

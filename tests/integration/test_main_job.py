@@ -194,12 +194,17 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
 
 
 def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path, tiny_model_dir):
+    """With two proxy worker processes on rank 0 (each owning half of the executions)."""
+    from gyre.proxy.workers import worker_index
     from gyre.trajectory.store import read_records
 
     run = tmp_path / "run"
-    summary, _ = run_job(run, "--train-steps", "2", "--standalone-engines", "1", "--standalone-concurrency", "4")
+    summary, _ = run_job(run, "--train-steps", "2", "--standalone-engines", "1", "--standalone-concurrency", "4",
+                         "--proxy-workers", "2")
     assert summary["steps"] == 2
     records = [r for p in sorted((run / "records").glob("*.jsonl")) for r in read_records(p)]
+    assert {worker_index(r.execution_id, 2) for r in records} == {0, 1}
+    assert len({r.execution_id for r in records}) >= summary["executions_trained"]
     by_engine: dict[str, list] = {}
     for r in records:
         by_engine.setdefault(r.engine_id, []).append(r)
@@ -218,6 +223,8 @@ def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path,
     late = [r for r in standalone if int(r.execution_id.split("-g")[1][:4]) >= 2]
     assert late and min(r.policy_version for r in late) >= 1
     # at the end it serves the last published version
+    (start,) = [e for e in events if e["event"] == "run_start"]
+    assert len(set(start["proxy_workers"])) == 2
     (info,) = [e for e in events if e["event"] == "standalone_engines"]
     assert [(e["engine_id"], int(e["weight_version"])) for e in info["engines"]] == [("standalone-0", max(published))]
 
