@@ -126,16 +126,58 @@ class ProcStat:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
 
+class Proxies:
+    """Rank 0's proxy processes (``--proxy-workers``): an execution belongs to the worker its id
+    hashes to (:func:`gyre.proxy.workers.worker_index`); CPU, RSS, threads and fds are summed."""
+
+    def __init__(self, pids: list[int], urls: list[str]) -> None:
+        self.stats, self.urls = [ProcStat(p) for p in pids], urls
+
+    def cpu_s(self) -> float:
+        return sum(s.cpu_s() for s in self.stats)
+
+    def rss_bytes(self) -> int:
+        return sum(s.rss_bytes() for s in self.stats)
+
+    def threads(self) -> int:
+        return sum(s.threads() for s in self.stats)
+
+    def fds(self) -> int:
+        return sum(s.fds() for s in self.stats)
+
+    def register(self, n: int, prefix: str) -> list[tuple[str, str]]:
+        """Register ``n`` executions, each at its worker; their (worker URL, API key)."""
+        import httpx
+
+        from gyre.proxy.workers import worker_index
+
+        out = []
+        with httpx.Client(timeout=60) as c:
+            for i in range(n):
+                sid = f"{prefix}-{i:05d}"
+                url = self.urls[worker_index(sid, len(self.urls))]
+                r = c.post(url + "/gyre/executions", json={"execution_id": sid, "task_id": sid, "harness": "generic"})
+                out.append((url, r.json()["api_key"]))
+        return out
+
+    def stage_counts(self) -> list[int]:
+        return [len(stage_times(u)) for u in self.urls]
+
+    def stages_since(self, counts: list[int]) -> list[dict[str, float]]:
+        """The per-call stage times every worker recorded since ``counts``."""
+        return [x for u, n in zip(self.urls, counts) for x in stage_times(u)[n:]]
+
+
 class Load:
     """The load-generator processes of one set of executions."""
 
-    def __init__(self, url: str, keys: list[str], processes: int, args, init_range: tuple[int, int], seed: int,
+    def __init__(self, targets: list[tuple[str, str]], processes: int, args, init_range: tuple[int, int], seed: int,
                  mixed: bool = True):
         self.procs = []
         tmp = Path(tempfile.mkdtemp(prefix="gyre-scale-load-"))
         for p in range(processes):
-            idx = list(range(p, len(keys), processes))
-            cfg = {"url": url, "keys": [keys[i] for i in idx], "indices": idx, "seed": seed * 1000 + p,
+            idx = list(range(p, len(targets), processes))
+            cfg = {"urls": [targets[i][0] for i in idx], "keys": [targets[i][1] for i in idx], "indices": idx, "seed": seed * 1000 + p,
                    "turn_tokens": args.turn_tokens, "init_tokens_min": init_range[0],
                    "init_tokens_max": init_range[1], "subagent_share": args.subagent_share if mixed else 0.0,
                    "compaction_share": args.compaction_share if mixed else 0.0, "chars_per_token": args.chars_per_token}
@@ -173,14 +215,6 @@ class Load:
                 p.kill()
 
 
-def register(url: str, n: int, prefix: str) -> list[str]:
-    import httpx
-
-    with httpx.Client(base_url=url, timeout=60) as c:
-        return [c.post("/gyre/executions", json={"task_id": f"{prefix}-{i}", "harness": "generic"}).json()["api_key"]
-                for i in range(n)]
-
-
 def stage_times(url: str) -> list[dict[str, float]]:
     import httpx
 
@@ -207,14 +241,14 @@ def stages_ms(st: list[dict[str, float]]) -> dict[str, float]:
     return {s[:-2]: 1e3 * float(np.mean([x.get(s, 0.0) for x in st])) for s in STAGES} if st else {}
 
 
-def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: ProcStat, url: str,
+def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: Proxies,
           engine_ms: float) -> dict[str, Any]:
     """Run one phase and measure the proxy over it."""
-    n0 = len(stage_times(url))
+    n0 = proxy.stage_counts()
     c0, t0 = proxy.cpu_s(), time.perf_counter()
     res = load.run(cmd, share)
     wall, cpu = time.perf_counter() - t0, proxy.cpu_s() - c0
-    st = stage_times(url)[n0:]
+    st = proxy.stages_since(n0)
     lat = np.asarray(res["latencies"]) * 1e3
     out = {"phase": name, "calls": res["calls"], "errors": res["num_errors"], "error_examples": res["errors"],
            "wall_s": round(wall, 2), "calls_per_s": res["calls"] / wall if wall else 0.0,
@@ -253,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executions", type=int, default=None,
                     help=f"live executions (default {PAPER_EXECUTIONS}; 512 with --main-job)")
     ap.add_argument("--engines", type=int, default=8)
+    ap.add_argument("--proxy-workers", type=int, default=1,
+                    help="proxy processes (K); each owns the executions whose id hashes to it")
     ap.add_argument("--load-processes", type=int, default=2)
     ap.add_argument("--rates", default="10,38.4", help="offered call rates of the open-loop phases (calls/s)")
     ap.add_argument("--phase-s", type=float, default=30.0)
@@ -292,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     contexts = [int(x) for x in args.context.split(",") if x]
     store = tempfile.mkdtemp(prefix="gyre-scale-store-")
     procs: list[subprocess.Popen] = []
-    result: dict[str, Any] = {"executions": args.executions, "engines": args.engines, "proxy_workers": 1,
+    result: dict[str, Any] = {"executions": args.executions, "engines": args.engines,
+                              "proxy_workers": args.proxy_workers,
                               "paper_demand_calls_per_s": PAPER_EXECUTIONS / PAPER_CALL_INTERVAL_S}
     load = sweep_load = None
     try:
@@ -302,22 +339,22 @@ def main(argv: list[str] | None = None) -> int:
                                "--tokenizer", "qwen"])
             procs.append(p)
             engine_urls.append(u)
-        p, url = _spawn([str(Path(__file__).resolve()), "--store-dir", store, "--serve-proxy", *engine_urls])
-        procs.append(p)
-        proxy = ProcStat(p.pid)
+        workers = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--serve-proxy", *engine_urls])
+                   for _ in range(args.proxy_workers)]
+        procs += [p for p, _ in workers]
+        proxy = Proxies([p.pid for p, _ in workers], [u for _, u in workers])
         rss0 = proxy.rss_bytes()
         print(f"{args.executions} executions, {args.engines} engines, {args.load_processes} load processes; "
-              f"proxy pid {p.pid} RSS {rss0 / 2**20:.0f} MiB", flush=True)
-        keys = register(url, args.executions, "load")
-        load = Load(url, keys, args.load_processes, args, init_range, seed=1)
+              f"{args.proxy_workers} proxy process(es), RSS {rss0 / 2**20:.0f} MiB", flush=True)
+        load = Load(proxy.register(args.executions, "load"), args.load_processes, args, init_range, seed=1)
         engine_ms = engine_round_trip_ms(engine_urls[0], sum(init_range) // 2 + 4 * args.turn_tokens)
         print(f"  engine round trip {engine_ms:.2f} ms (subtracted from latencies)", flush=True)
-        phases = [phase("warm", load, {"op": "warm", "concurrency": 16}, None, proxy, url, engine_ms)]
+        phases = [phase("warm", load, {"op": "warm", "concurrency": 16}, None, proxy, engine_ms)]
         for r in rates:
             phases.append(phase(f"open {r:g}/s", load, {"op": "open", "rate": r, "duration": args.phase_s}, "rate",
-                                proxy, url, engine_ms))
+                                proxy, engine_ms))
         phases.append(phase("saturation", load, {"op": "closed", "concurrency": args.saturation_concurrency,
-                                                 "duration": args.phase_s}, "concurrency", proxy, url, engine_ms))
+                                                 "duration": args.phase_s}, "concurrency", proxy, engine_ms))
         live_tokens = phases[-1]["context_tokens"]
         rss_load = proxy.rss_bytes()
         result["phases"] = phases
@@ -334,17 +371,17 @@ def main(argv: list[str] | None = None) -> int:
         # ------------------------------------------------------------------ context sweep
         sweep = []
         for ctx in contexts:
-            skeys = register(url, args.sweep_executions, f"ctx{ctx}")
-            sweep_load = Load(url, skeys, 1, args, (ctx, ctx), seed=ctx, mixed=False)
+            sweep_load = Load(proxy.register(args.sweep_executions, f"ctx{ctx}"), 1, args, (ctx, ctx), seed=ctx,
+                              mixed=False)
             sweep_load.run({"op": "warm", "concurrency": 1})
             c0 = proxy.cpu_s()
-            n0 = len(stage_times(url))
+            n0 = proxy.stage_counts()
             calls = 0
             for _ in range(args.sweep_calls):
                 res = sweep_load.run({"op": "warm", "concurrency": 1})
                 calls += res["calls"]
             cpu = proxy.cpu_s() - c0
-            st = stage_times(url)[n0:]
+            st = proxy.stages_since(n0)
             row = {"context_tokens": ctx, "calls": calls, "cpu_ms_per_call": 1e3 * cpu / max(calls, 1),
                    "input_tokens": [int(x.get("input_tokens", 0)) for x in st],
                    "rendered_tokens": [int(x.get("rendered_tokens", 0)) for x in st],

@@ -135,6 +135,7 @@ class Execution:
         self.main = self._fresh(texts.system, f"Task {index}: fix the failing tests.\n" + texts.chunk(init_tokens))
         self.sub: Conversation | None = None
         self.context_tokens = 0
+        self.base_url = ""  # the proxy worker that owns it
 
     def _fresh(self, system: str, task: str) -> Conversation:
         c = Conversation(self.api, system)
@@ -210,13 +211,15 @@ async def serve(cfg: dict[str, Any]) -> None:
     execs = [Execution(i, k, random.Random(cfg["seed"] * 100_003 + i), texts,
                        rnd.randint(cfg["init_tokens_min"], cfg["init_tokens_max"]))
              for i, k in zip(cfg["indices"], cfg["keys"])]
+    for ex, url in zip(execs, cfg["urls"]):  # each execution calls the proxy worker that owns it
+        ex.base_url = url
     idle = list(range(len(execs)))
     limits = httpx.Limits(max_connections=len(execs) + 8, max_keepalive_connections=len(execs) + 8)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
-    async with httpx.AsyncClient(base_url=cfg["url"], limits=limits, timeout=600) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         lat: list[float] = []
         errors: list[str] = []
 
@@ -234,10 +237,10 @@ async def serve(cfg: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 t0 = time.perf_counter()
                 if ex.stream:
-                    async with client.stream("POST", PATHS[ex.api], content=data, headers=ex.headers(role)) as r:
+                    async with client.stream("POST", ex.base_url + PATHS[ex.api], content=data, headers=ex.headers(role)) as r:
                         raw = await r.aread()
                 else:
-                    r = await client.post(PATHS[ex.api], content=data, headers=ex.headers(role))
+                    r = await client.post(ex.base_url + PATHS[ex.api], content=data, headers=ex.headers(role))
                     raw = r.content
                 dt = time.perf_counter() - t0
                 if r.status_code != 200:
