@@ -160,6 +160,12 @@ class Proxies:
                 out.append((url, r.json()["api_key"]))
         return out
 
+    def gc(self) -> list[dict[str, list[float]]]:
+        """Each worker's garbage-collector pauses (``GET /gyre/stats``)."""
+        import httpx
+
+        return [httpx.get(u + "/gyre/stats", timeout=120).json()["gc"] for u in self.urls]
+
     def stage_counts(self) -> list[int]:
         return [len(stage_times(u)) for u in self.urls]
 
@@ -409,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         result["proxy_rss_bytes"] = proxy.rss_bytes()
         result["proxy_threads"] = proxy.threads()
         result["proxy_fds"] = proxy.fds()
+        result["proxy_gc"] = proxy.gc()
     finally:
         for ld in (load, sweep_load):
             if ld is not None:
@@ -424,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {result['p99_added_ms']:.1f} ms\n"
           f"proxy RSS {result['proxy_rss_bytes'] / 2**20:.0f} MiB  "
           f"{result['rss_bytes_per_context_token']:.1f} B per live context token "
-          f"({result['live_context_tokens']:,} tokens)  threads {result['proxy_threads']}  fds {result['proxy_fds']}",
-          flush=True)
+          f"({result['live_context_tokens']:,} tokens)  threads {result['proxy_threads']}  fds {result['proxy_fds']}\n"
+          f"garbage collector per worker: {result['proxy_gc']}", flush=True)
     _emit(result, args.json)
     return 0
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from gyre.proxy.api.common import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
+from gyre.proxy.gc_policy import CollectorPolicy
 from gyre.proxy.model_call import RecentCalls
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
@@ -67,6 +68,8 @@ class Execution:
     #: the last few model calls, which a client retry may join (:mod:`gyre.proxy.model_call`)
     recent_calls: RecentCalls = field(default_factory=RecentCalls)
     created: float = field(default_factory=time.time)
+    file_closed: Any = None  # a future: the record file closed, once the execution is finalised
+    uncommitted: int = 0  # model calls started and not yet recorded
     commit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -196,9 +199,29 @@ class ExecutionAdmin:
         return ex.counters
 
     def _finalise(self, ex: Execution) -> None:
+        """Closed, no generation in flight: drop the route, close the record file."""
         self.router.drop_route(ex.execution_id)
         if self._sink is not None:
-            self._sink.close_execution(ex.execution_id)
+            ex.file_closed = self._sink.close_execution(ex.execution_id)
+        self._maybe_release(ex)
+
+    def _maybe_release(self, ex: Execution) -> None:
+        """Closed, every call committed, the record file closed: when a store holds the records,
+        release the session (message trie, tree) so that memory does not grow with every
+        execution the proxy has served; :meth:`tree` then reads the record file."""
+        if not ex.closed or ex.uncommitted or ex.file_closed is None or ex.session.tree is None:
+            return
+        ex.recent_calls.clear()
+        ex.session.release()
+        ex.session.tree = None
+
+    def _tree_of(self, ex: Execution, timeout: float = 60.0):
+        if ex.session.tree is not None:
+            return ex.session.tree
+        from gyre.trajectory.store import load_tree
+
+        ex.file_closed.result(timeout)
+        return load_tree(self.store.path(ex.execution_id))
 
     def set_route(self, execution_id: str, engine_id: str) -> None:
         """Pin an execution to another engine (retries of in-flight requests follow it)."""
@@ -226,9 +249,12 @@ class ExecutionAdmin:
         return self._call(lambda: asdict(self.executions[execution_id].counters))
 
     def tree(self, execution_id: str):
-        """The execution's in-memory :class:`~gyre.trajectory.tree.TrajectoryTree` (read it on
-        the server loop or after the execution's calls finished)."""
-        return self.executions[execution_id].session.tree
+        """The execution's :class:`~gyre.trajectory.tree.TrajectoryTree`: the live one (read it on
+        the server loop or after the execution's calls finished), or, once the execution is
+        closed with nothing in flight and a store holds its records, the one rebuilt from its
+        record file (bit-identical)."""
+        ex = self.executions[execution_id]
+        return ex.session.tree if ex.session.tree is not None else self._tree_of(ex)
 
     def _check_admin(self, request: Request) -> None:
         tok = self.config.admin_token
@@ -285,7 +311,8 @@ class ExecutionAdmin:
                 raise ProxyError(404, f"unknown execution {execution_id!r}")
             return {"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness, "closed": e.closed,
                     "engine_id": self.router.routes.get(e.execution_id), "counters": asdict(e.counters),
-                    "records": len(e.session.tree.records), "leaves": len(e.session.tree.leaves())}
+                    "records": e.counters.calls,
+                    "leaves": len(e.session.tree.leaves()) if e.session.tree is not None else None}
 
         @app.get("/gyre/executions/{execution_id}/tree")
         async def tree_digest(request: Request, execution_id: str):
@@ -293,7 +320,7 @@ class ExecutionAdmin:
             e = self.executions.get(execution_id)
             if e is None:
                 raise ProxyError(404, f"unknown execution {execution_id!r}")
-            tree = e.session.tree  # every record in it is already in the execution's record file
+            tree = await asyncio.to_thread(self._tree_of, e)  # its records are all in its record file
             return {"execution_id": execution_id, "records": len(tree.records), "digest": tree.digest()}
 
         @app.post("/gyre/engines/{engine_id}/abort")
@@ -304,7 +331,7 @@ class ExecutionAdmin:
         @app.get("/gyre/stats")
         async def stats(request: Request):
             self._check_admin(request)
-            return {"stage_times": list(self.stage_times)}
+            return {"stage_times": list(self.stage_times), "gc": CollectorPolicy.install().snapshot()}
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

@@ -91,6 +91,14 @@ class ModelCall:
             self._grew = asyncio.Event()
 
     async def run(self) -> None:
+        self.ex.uncommitted += 1
+        try:
+            await self._run()
+        finally:
+            self.ex.uncommitted -= 1
+            self.server._maybe_release(self.ex)
+
+    async def _run(self) -> None:
         ex, server = self.ex, self.server
         ex.counters.inflight += 1
         try:
@@ -242,6 +250,10 @@ class RecentCalls:
         self._calls[digest] = call
         while len(self._calls) > self.size:
             self._calls.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every call (their ``ex`` links back to the execution would keep it in a cycle)."""
+        self._calls.clear()
 
     def retry_target(self, digest: bytes, retries: int) -> ModelCall | None:
         """The call a request with ``digest`` repeats, if it is a client retry (module doc)."""

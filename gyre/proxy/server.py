@@ -33,6 +33,7 @@ from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
 from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_json
 from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.errors import ProxyError, error_body
+from gyre.proxy.gc_policy import CollectorPolicy
 from gyre.proxy.messages import ChatRequest
 from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
 from gyre.proxy.prompt_size import check_prompt_size, max_token_bytes
@@ -83,6 +84,10 @@ class ProxyConfig:
       adds a disk sync to every call's latency. Give the server a store with ``fsync_every=0``.
     * ``body_check_bytes`` -- a model-call body at least this large is checked in a helper
       process before the proxy parses it (:mod:`gyre.proxy.body_check`); 0 turns that off.
+    * ``gc_freeze_after_ms`` -- after a full garbage collection at least this long (ms), the
+      objects that survived it are frozen (:mod:`gyre.proxy.gc_policy`; ``None``: never);
+      ``gc_unfreeze_interval_s`` -- how often they are handed back to the collector. The first
+      server of a process sets them for the whole process.
     """
 
     model_name: str = "gyre"
@@ -103,6 +108,8 @@ class ProxyConfig:
     durability: str = "flush"
     fsync_interval_s: float = 1.0
     body_check_bytes: int = 8 << 20
+    gc_freeze_after_ms: float | None = 20.0
+    gc_unfreeze_interval_s: float = 1800.0
 
 
 class ProxyServer(ExecutionAdmin):
@@ -174,6 +181,8 @@ class ProxyServer(ExecutionAdmin):
         self._server = None
         self.host, self.port = "127.0.0.1", 0
         self.app = self._build_app()
+        # the process's collector: pauses reported by GET /gyre/stats, old objects frozen
+        self._gc = CollectorPolicy.install(self.config.gc_freeze_after_ms, self.config.gc_unfreeze_interval_s)
 
     # ------------------------------------------------------------------ serving
     @property
@@ -216,7 +225,7 @@ class ProxyServer(ExecutionAdmin):
             asyncio.set_event_loop(loop)
             self._loop = loop
             try:
-                loop.run_until_complete(self._server.serve(sockets=[sock]))
+                loop.run_until_complete(self._serve(sock))
             finally:
                 pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
                 for t in pending:
@@ -233,6 +242,20 @@ class ProxyServer(ExecutionAdmin):
                 raise RuntimeError("proxy HTTP server failed to start")
             time.sleep(0.01)
         return self
+
+    async def _serve(self, sock) -> None:
+        async def gc_ticks() -> None:
+            while True:
+                await asyncio.sleep(0.5)
+                self._gc.tick()
+
+        if self.config.gc_freeze_after_ms is not None:
+            self._gc.freeze_now()
+        ticks = asyncio.ensure_future(gc_ticks())
+        try:
+            await self._server.serve(sockets=[sock])
+        finally:
+            ticks.cancel()
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop a server started with :meth:`start`; closes the store's open files."""

@@ -349,6 +349,21 @@ class TitoSession:
         return plan
 
     # ------------------------------------------------------------------ commit
+    def release(self) -> None:
+        """Drop the message trie, the output index and the caches (the execution is over): the
+        trie's parent/child links are cut so that reference counting frees it at once, without
+        waiting for a full collection of the cyclic garbage collector. ``tree`` is kept."""
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.children = {}
+            node.parent = None
+        self._root = TrieNode(None, None, None)
+        for d in (self._recent, self._outputs, self._by_call_id, self._by_item_id, self._by_key,
+                  self._by_key_noreason, self._gen_cache, self._canon_cache):
+            d.clear()
+
     def next_call_index(self) -> int:
         """Call index the next committed record will get."""
         return self._next_call

@@ -151,8 +151,61 @@ def test_stored_tree_is_bit_identical_to_the_live_one(served):
         for turn in range(3):
             r = c.post("/v1/chat/completions", json={"messages": msgs}, headers={"authorization": f"Bearer {ex.api_key}"})
             msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"more {turn}"}]
-    srv.close_execution(ex.execution_id)
     live = srv.tree(ex.execution_id)
+    srv.close_execution(ex.execution_id)
     _wait(lambda: len(TrajectoryStore(save).read_records(ex.execution_id)) == 3)
     stored = TrajectoryStore(save).load_tree(ex.execution_id)
     assert len(live.leaves()) == 1 and stored.digest() == live.digest()
+    assert srv.tree(ex.execution_id).digest() == live.digest()       # after closing: read from the file
+
+
+def _conversation(srv, ex, turns: int) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for turn in range(turns):
+            r = c.post("/v1/chat/completions", json={"messages": msgs}, headers={"authorization": f"Bearer {ex.api_key}"})
+            msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"more {turn}"}]
+
+
+def test_a_closed_execution_frees_its_state_without_the_cyclic_collector(served):
+    """Nothing of a closed execution waits for a full garbage collection: its message trie, tree
+    and calls are freed by reference counting, and its tree is read from its record file."""
+    import gc
+
+    srv, eng, save = served
+    ex = srv.register_execution()
+    _conversation(srv, ex, 3)
+    digest = srv.tree(ex.execution_id).digest()
+    gc.collect()
+    gc.disable()
+    try:
+        srv.close_execution(ex.execution_id)
+        _wait(lambda: srv.executions[ex.execution_id].session.tree is None)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kinds = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not kinds & {"TrieNode", "Message", "TitoSession", "TrajectoryTree", "Node", "ModelCall", "Execution"}
+    assert srv.tree(ex.execution_id).digest() == digest
+    info = httpx.get(f"{srv.url}/gyre/executions/{ex.execution_id}").json()
+    assert info["closed"] and info["records"] == 3 and info["counters"]["calls"] == 3
+
+
+def test_a_call_in_flight_at_closing_is_in_the_tree_read_after(served):
+    srv, eng, save = served
+    ex = srv.register_execution()
+    _conversation(srv, ex, 1)
+    import threading
+
+    t = threading.Thread(target=_conversation, args=(srv, ex, 1))
+    t.start()
+    _wait(lambda: srv.counters(ex.execution_id)["inflight"] == 1)
+    srv.close_execution(ex.execution_id)                             # while it generates (~0.2 s)
+    assert srv.executions[ex.execution_id].session.tree is not None  # not released with a call uncommitted
+    t.join()
+    _wait(lambda: srv.executions[ex.execution_id].session.tree is None)
+    tree = srv.tree(ex.execution_id)
+    assert len(tree.records) == 2 and len(tree.leaves()) == 2
