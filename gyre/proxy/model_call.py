@@ -145,8 +145,10 @@ class ModelCall:
                 delivered = False
             await self.commit_once(bool(delivered))
         # the record holds the tokens now; a retry joining later needs only the answer's events
+        # (the request's messages and tools, a whole conversation, are not kept with the call)
         self.prep = None
         self.out_ids, self.logprobs = [], []
+        self.req.messages, self.req.tools = [], []
 
     async def commit_once(self, delivered: bool) -> None:
         """Record the call (once; later callers wait for the first): store, then tree, then the
