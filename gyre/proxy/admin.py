@@ -216,6 +216,7 @@ class ExecutionAdmin:
         ex.session.tree = None
 
     def _tree_of(self, ex: Execution, timeout: float = 60.0):
+        """The live tree, or the one read from the record file of a released execution."""
         if ex.session.tree is not None:
             return ex.session.tree
         from gyre.trajectory.store import load_tree
@@ -253,8 +254,14 @@ class ExecutionAdmin:
         the server loop or after the execution's calls finished), or, once the execution is
         closed with nothing in flight and a store holds its records, the one rebuilt from its
         record file (bit-identical)."""
-        ex = self.executions[execution_id]
-        return ex.session.tree if ex.session.tree is not None else self._tree_of(ex)
+        return self._tree_of(self.executions[execution_id])
+
+    def _known(self, execution_id: str) -> Execution:
+        """The registered execution ``execution_id``; 404 in the API's error shape otherwise."""
+        e = self.executions.get(execution_id)
+        if e is None:
+            raise ProxyError(404, f"unknown execution {execution_id!r}")
+        return e
 
     def _check_admin(self, request: Request) -> None:
         tok = self.config.admin_token
@@ -292,8 +299,7 @@ class ExecutionAdmin:
         @app.post("/gyre/executions/{execution_id}/close")
         async def close(request: Request, execution_id: str):
             self._check_admin(request)
-            if execution_id not in self.executions:
-                raise ProxyError(404, f"unknown execution {execution_id!r}")
+            self._known(execution_id)
             return {"execution_id": execution_id, "counters": asdict(self._close(execution_id))}
 
         @app.get("/gyre/executions")
@@ -306,9 +312,7 @@ class ExecutionAdmin:
         @app.get("/gyre/executions/{execution_id}")
         async def get_execution(request: Request, execution_id: str):
             self._check_admin(request)
-            e = self.executions.get(execution_id)
-            if e is None:
-                raise ProxyError(404, f"unknown execution {execution_id!r}")
+            e = self._known(execution_id)
             return {"execution_id": e.execution_id, "task_id": e.task_id, "harness": e.harness, "closed": e.closed,
                     "engine_id": self.router.routes.get(e.execution_id), "counters": asdict(e.counters),
                     "records": e.counters.calls,
@@ -317,9 +321,7 @@ class ExecutionAdmin:
         @app.get("/gyre/executions/{execution_id}/tree")
         async def tree_digest(request: Request, execution_id: str):
             self._check_admin(request)
-            e = self.executions.get(execution_id)
-            if e is None:
-                raise ProxyError(404, f"unknown execution {execution_id!r}")
+            e = self._known(execution_id)
             tree = await asyncio.to_thread(self._tree_of, e)  # its records are all in its record file
             return {"execution_id": execution_id, "records": len(tree.records), "digest": tree.digest()}
 
@@ -340,8 +342,7 @@ class ExecutionAdmin:
             if not isinstance(body, dict) or not isinstance(body.get("execution_id"), str) \
                     or not isinstance(body.get("engine_id"), str):
                 raise ProxyError(400, "body must be {\"execution_id\": str, \"engine_id\": str}")
-            if body["execution_id"] not in self.executions:
-                raise ProxyError(404, f"unknown execution {body['execution_id']!r}")
+            self._known(body["execution_id"])
             try:
                 self.router.set_route(body["execution_id"], body["engine_id"])
             except RouteError as exc:
