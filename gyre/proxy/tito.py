@@ -22,11 +22,13 @@ import numpy as np
 
 from gyre.proxy.messages import ROLE_ASSISTANT, ChatRequest, Message, ToolCall
 from gyre.proxy.render import ChatRenderer, RenderError
-from gyre.proxy.tito_input import InputPlan, OutputEntry, PreparedInput, TextRef, TrieNode
+from gyre.proxy.tito_input import InputPlan, OutputEntry, PreparedInput, TextRef, TrieNode, trie_key
 from gyre.trajectory.records import RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
 __all__ = ["TitoSession", "TitoStats"]
+
+_NO_IDS = np.zeros(0, np.int32)
 
 
 def _canonical_json(text: str) -> str | None:
@@ -75,7 +77,9 @@ class TitoSession:
         restore_reasoning: identify an output whose reasoning the harness dropped (and splice
             the original tokens, reasoning included).
         recent_records: how many records' token arrays to keep for O(1) prefix slicing (older
-            ones are read back from the tree).
+            ones are read back from the tree). They are the records' own arrays (shared with
+            the record store's writer and the tree's insert index), and a record whose whole input
+            a new one continues leaves the cache: one thread keeps one record's arrays here.
         first_call_index: call index of the first record (continuing a stored execution).
     """
 
@@ -96,9 +100,10 @@ class TitoSession:
         self.append = append
         self.restore_reasoning = restore_reasoning
         self.stats = TitoStats()
-        self._root = TrieNode(None, None, None)
+        self._root = TrieNode(None, None)
         self._next_call = int(first_call_index)
-        self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        #: call index -> (input_ids, input_provenance, output_ids, output provenance value)
+        self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = OrderedDict()
         self._recent_max = max(1, int(recent_records))
         self._outputs: dict[int, OutputEntry] = {}
         self._by_call_id: dict[str, tuple[int, int]] = {}
@@ -176,17 +181,24 @@ class TitoSession:
         return out, ident, restored
 
     # ------------------------------------------------------------------ tokens of stored records
-    def _record_arrays(self, call_index: int) -> tuple[np.ndarray, np.ndarray]:
+    def _record_prefix(self, call_index: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The first ``n`` tokens of record ``call_index``'s ``input ++ output``, with their
+        provenance, as one or two ``(ids, provenance)`` pieces (views where possible)."""
         arr = self._recent.get(call_index)
         if arr is not None:
             self._recent.move_to_end(call_index)
-            return arr
-        nid = self.tree.record_node(call_index)
-        arr = (self.tree.path_tokens(nid), self.tree.path_provenance(nid))
-        self._remember(call_index, arr)
-        return arr
+        else:
+            nid = self.tree.record_node(call_index)
+            arr = (self.tree.path_tokens(nid), self.tree.path_provenance(nid), _NO_IDS, 0)
+            self._remember(call_index, arr)
+        ids, prov, out, out_prov = arr
+        m = ids.shape[0]
+        if n <= m:
+            return [(ids[:n], prov[:n])]
+        k = n - m
+        return [(ids, prov), (out[:k], np.full(k, out_prov, np.int8))]
 
-    def _remember(self, call_index: int, arr: tuple[np.ndarray, np.ndarray]) -> None:
+    def _remember(self, call_index: int, arr: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
         self._recent[call_index] = arr
         self._recent.move_to_end(call_index)
         while len(self._recent) > self._recent_max:
@@ -255,7 +267,7 @@ class TitoSession:
         return self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning), t1
 
     def _walk(self, request: ChatRequest, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
-        keys: list[Hashable] = [("out", ci) if ci is not None else m.key() for m, ci in zip(messages, ident)]
+        keys: list[Hashable] = [("out", ci) if ci is not None else trie_key(m) for m, ci in zip(messages, ident)]
         path: list[TrieNode] = []
         node = self._root.children.get(self.header_key(request))
         if node is not None:
@@ -300,18 +312,22 @@ class TitoSession:
         plan = InputPlan(request, messages, ident, restored, starts_in_reasoning, path[:depth])
         if depth > 0:
             anchor = path[depth - 1]
-            toks, prov = self._record_arrays(anchor.ref)
-            plan.add(toks[: anchor.end], prov[: anchor.end])
+            for toks, prov in self._record_prefix(anchor.ref, anchor.end):
+                plan.add(toks, prov)
             if anchor.close:
                 plan.add_ext(np.asarray(anchor.close, np.int32))
         plan.reused = plan.known_len()
         # path[0] is the header node, path[k] the node of messages[k - 1]: with depth d >= 1
         # messages[d - 1:] are new; depth 0 (no header either) renders everything.
         first_new = max(0, depth - 1)
-        prev: Message | None = path[depth - 1].message if depth > 0 else None
+        # the message before the first new one (path[depth - 1] is its node; same key, same rendering)
+        prev: Message | None = None
+        if depth > 1:
+            ci = ident[depth - 2]
+            prev = messages[depth - 2] if ci is None else self._outputs[ci].message
         tools = request.tools
         if depth == 0:
-            plan.pend(self.header_key(request), None, False, [], cut=True)  # type: ignore[arg-type]
+            plan.pend(self.header_key(request), False, [], cut=True)
         n = len(messages)
         i = first_new
         kw = request.template_kwargs
@@ -328,7 +344,7 @@ class TitoSession:
                     plan.add_part(seg.ids)
                     for mi in range(seg.first, seg.last + 1):
                         k = i + mi
-                        plan.pend(keys[k], messages[k], False, [], cut=mi == seg.last)
+                        plan.pend(keys[k], False, [], cut=mi == seg.last)
                 if last:
                     plan.gen_start = len(plan.parts)
                     if isinstance(d.gen_ids, TextRef):
@@ -341,7 +357,7 @@ class TitoSession:
             e = self._outputs[ident[j]]  # type: ignore[index]  # splice the identified output
             plan.add_ext(e.open_ids)
             plan.add(e.output_ids, np.full(e.output_ids.shape[0], e.output_provenance, np.int8))
-            plan.pend(keys[j], messages[j], True, list(e.close_ids), cut=True)
+            plan.pend(keys[j], True, list(e.close_ids), cut=True)
             if e.close_ids:
                 plan.add_ext(np.asarray(e.close_ids, np.int32))
             prev = e.message
@@ -359,7 +375,7 @@ class TitoSession:
             stack.extend(node.children.values())
             node.children = {}
             node.parent = None
-        self._root = TrieNode(None, None, None)
+        self._root = TrieNode(None, None)
         for d in (self._recent, self._outputs, self._by_call_id, self._by_item_id, self._by_key,
                   self._by_key_noreason, self._gen_cache, self._canon_cache):
             d.clear()
@@ -457,9 +473,11 @@ class TitoSession:
         st.restored_tool_calls += prepared.restored_calls
         st.identified_outputs += sum(1 for x in prepared.identified if x is not None)
         out_ids = rec.output_ids
-        full = np.concatenate([rec.input_ids, out_ids])
-        prov = np.concatenate([rec.input_provenance, rec.output_provenance()])
-        self._remember(ci, (full, prov))
+        # a record whose whole input this one continues (same thread) leaves the cache
+        base = self._recent.get(prepared.path[-1].ref) if prepared.path else None
+        if base is not None and prepared.path[-1].end >= base[0].shape[0]:
+            del self._recent[prepared.path[-1].ref]
+        self._remember(ci, (rec.input_ids, rec.input_provenance, out_ids, rec.output_provenance_value()))
         # trie: the matched path now (also) lives in this record
         node = self._root
         for nd in prepared.path:
@@ -468,7 +486,7 @@ class TitoSession:
         for p in prepared.pending:
             child = node.children.get(p.key)
             if child is None:
-                child = TrieNode(p.key, node, p.message)
+                child = TrieNode(p.key, node)
                 child.end = p.end
                 child.close = p.close
                 child.is_output = p.is_output
@@ -495,9 +513,9 @@ class TitoSession:
             self._by_key_noreason[key[:2] + key[3:]] = ci
             out_node = node.children.get(("out", ci))
             if out_node is None:
-                out_node = TrieNode(("out", ci), node, output_message)
+                out_node = TrieNode(("out", ci), node)
                 node.children[("out", ci)] = out_node
-            out_node.end = full.shape[0]
+            out_node.end = rec.num_input_tokens + out_ids.shape[0]
             out_node.ref = ci
             out_node.close = close
             out_node.is_output = True

@@ -2,10 +2,10 @@
 requests and what it hands to the server for one request.
 
 * :class:`TrieNode` -- a node of an execution's *message trie*: the first level is keyed by
-  tools + template kwargs, each deeper level by one message's
-  :meth:`~gyre.proxy.messages.Message.key` (or ``("out", call_index)`` for an output the proxy
-  returned). A node at a cuttable boundary points at a stored record and an offset into its
-  ``input ++ output`` tokens.
+  tools + template kwargs, each deeper level by one message (:func:`trie_key`: its role and a
+  64-bit hash of its :meth:`~gyre.proxy.messages.Message.key`, so the trie keeps no message
+  text; or ``("out", call_index)`` for an output the proxy returned). A node at a cuttable
+  boundary points at a stored record and an offset into its ``input ++ output`` tokens.
 * :class:`OutputEntry` -- a delivered output, kept so that a later request echoing it gets
   the sampled tokens spliced back in.
 * :class:`InputPlan` -- one request's input before encoding: stored token slices (with their
@@ -24,7 +24,8 @@ import numpy as np
 from gyre.proxy.messages import Message
 from gyre.trajectory.records import Provenance
 
-__all__ = ["OutputEntry", "TrieNode", "PendingNode", "PreparedInput", "TextRef", "InputPlan", "EXTERNAL", "POLICY"]
+__all__ = ["OutputEntry", "TrieNode", "PendingNode", "PreparedInput", "TextRef", "InputPlan", "EXTERNAL", "POLICY",
+           "trie_key"]
 
 #: Provenance values (``int8``) of template tokens and of sampled tokens.
 EXTERNAL = int(Provenance.EXTERNAL)
@@ -49,30 +50,38 @@ class OutputEntry:
     output_provenance: int = POLICY
 
 
+def trie_key(message: Message) -> Hashable:
+    """Trie key of a message the proxy did not return: ``(role, len(content), hash(key))``.
+
+    Two messages with equal :meth:`~gyre.proxy.messages.Message.key` (same rendering) get the
+    same trie key. Two different ones at the same trie position share one only on a 64-bit
+    hash collision (about 2**-64 per pair; the hash is the process's, never stored).
+    """
+    return (message.role, len(message.content), hash(message.key()))
+
+
 class TrieNode:
     """Message-trie node. ``end`` >= 0: a cuttable boundary after ``end`` tokens of record
     ``ref``'s ``input ++ output`` path (-1: not cuttable); ``close``: tokens appended when a
     history continues after this node (output nodes only)."""
 
-    __slots__ = ("key", "parent", "children", "ref", "end", "close", "message", "is_output")
+    __slots__ = ("key", "parent", "children", "ref", "end", "close", "is_output")
 
-    def __init__(self, key: Hashable, parent: "TrieNode | None", message: Message | None) -> None:
+    def __init__(self, key: Hashable, parent: "TrieNode | None") -> None:
         self.key = key
         self.parent = parent
         self.children: dict[Hashable, TrieNode] = {}
         self.ref = -1
         self.end = -1
         self.close: list[int] = []
-        self.message = message
         self.is_output = False
 
 
 @dataclass(slots=True)
 class PendingNode:
-    """A trie node to create at commit: key, message, end offset (-1 = not cuttable), close."""
+    """A trie node to create at commit: key, end offset (-1 = not cuttable), close."""
 
     key: Hashable
-    message: Message
     end: int
     close: list[int]
     is_output: bool
@@ -124,7 +133,7 @@ class InputPlan:
         self.restored, self.starts_in_reasoning, self.path = restored, starts_in_reasoning, path
         self.parts: list[tuple[Any, np.ndarray | None]] = []  # (array | TextRef, provenance | None)
         self.texts: list[str] = []
-        self.pending: list[list[Any]] = []  # [key, message, is_output, close, cuttable, after_parts]
+        self.pending: list[list[Any]] = []  # [key, is_output, close, cuttable, after_parts]
         self.reused = 0
         self.gen_start = -1
 
@@ -141,8 +150,8 @@ class InputPlan:
     def add_part(self, ref: Any) -> None:
         self.parts.append((ref, None))
 
-    def pend(self, key, message, is_output: bool, close: list[int], cut: bool) -> None:
-        self.pending.append([key, message, is_output, close, cut, len(self.parts)])
+    def pend(self, key, is_output: bool, close: list[int], cut: bool) -> None:
+        self.pending.append([key, is_output, close, cut, len(self.parts)])
 
     def known_len(self) -> int:
         return sum(p[0].shape[0] for p in self.parts)
@@ -162,9 +171,9 @@ class InputPlan:
             prov_parts.append(prov if prov is not None else np.full(arr.shape[0], EXTERNAL, np.int8))
             ends.append(ends[-1] + arr.shape[0])
         pending = []
-        for key, message, is_output, close, cut, after in self.pending:
+        for key, is_output, close, cut, after in self.pending:
             end = ends[after] if cut else -1  # an identified output's boundary is before its close
-            pending.append(PendingNode(key, message, end, close, is_output))
+            pending.append(PendingNode(key, end, close, is_output))
         input_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
         input_prov = np.concatenate(prov_parts) if prov_parts else np.zeros(0, np.int8)
         return PreparedInput(

@@ -199,3 +199,30 @@ def test_backs_off_from_a_cut_inside_a_tool_group(local_renderer):
     assert p2.input_ids.tolist() == full
     prefix = r.encode(r.render([m.template_dict() for m in base]))
     assert p2.reused_tokens == len(prefix)  # reused up to the assistant turn, not into the tool block
+
+
+def test_record_cache_size_changes_nothing_but_memory(qwen_renderer):
+    """Main agent and a sub-agent interleaved: with a one-record cache every continuation is read
+    back from the tree, with the default the extended record leaves the cache; the inputs are the
+    same token for token, and the default cache holds the threads' latest records only."""
+    r = qwen_renderer
+
+    def run(session):
+        main = [Message("system", "sys"), Message("user", "fix the bug")]
+        sub = [Message("system", "sys"), Message("user", "search the code")]
+        inputs = []
+        for k in range(4):
+            for conv, word in ((main, "main"), (sub, "sub")):
+                p, rec, msg = turn(session, chat(*conv), enc(r, f"{word} step {k}") + [IM_END])
+                inputs.append((p.input_ids.tolist(), p.input_provenance.tolist(), p.reused_tokens))
+                conv += [msg, Message("user", f"{word} result {k} " + "x" * 40)]
+        return inputs
+
+    small, default = TitoSession("e", r, recent_records=1), TitoSession("e", r)
+    a, b = run(small), run(default)
+    assert a == b
+    assert all(reused > 0 for _, _, reused in a[2:])  # every later call continued its thread
+    latest_main, latest_sub = 6, 7
+    assert list(default._recent) == [latest_main, latest_sub]
+    ids, _, out, _ = default._recent[latest_main]
+    assert ids is default.tree._anchors[-2].input_ids and out is default.tree._anchors[-2].output_ids
