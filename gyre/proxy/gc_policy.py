@@ -38,7 +38,7 @@ class CollectorPolicy:
         self.count = [0, 0, 0]
         self.total = [0.0, 0.0, 0.0]
         self.max = [0.0, 0.0, 0.0]
-        self.freezes = self.unfreezes = 0
+        self.freezes = self.unfreezes = self.frozen_objects = 0
         self._t0 = 0.0
         self._freeze_pending = False
         self._started = False
@@ -68,22 +68,26 @@ class CollectorPolicy:
         imports, tokenizer, model)."""
         if not self._started:
             self._started = True
-            gc.freeze()
-            self.freezes += 1
+            self._freeze()
 
     def tick(self) -> None:
         """Freeze after a long full collection; unfreeze every ``unfreeze_interval_s`` (call it
         periodically from the event loop)."""
         if self._freeze_pending:
             self._freeze_pending = False
-            gc.freeze()
-            self.freezes += 1
+            self._freeze()
         if self.freezes and self.clock() - self._last_unfreeze >= self.unfreeze_interval_s:
             self._last_unfreeze = self.clock()
             gc.unfreeze()
             self.unfreezes += 1
+            self.frozen_objects = 0
+
+    def _freeze(self) -> None:
+        gc.freeze()
+        self.freezes += 1
+        self.frozen_objects = gc.get_freeze_count()  # walks the permanent generation: counted once here
 
     def snapshot(self) -> dict[str, object]:
         return {"collections": list(self.count), "total_s": [round(t, 4) for t in self.total],
                 "max_ms": [round(1e3 * m, 2) for m in self.max], "freezes": self.freezes,
-                "unfreezes": self.unfreezes, "frozen_objects": gc.get_freeze_count()}
+                "unfreezes": self.unfreezes, "frozen_objects": self.frozen_objects}

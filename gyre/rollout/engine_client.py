@@ -74,6 +74,8 @@ def flush_when_idle(engine, timeout_s: float = 30.0, poll_s: float = 0.05) -> in
         time.sleep(poll_s)
 
 
+#: how long a stream's body is read after its ``[DONE]`` for the connection to be reused
+_DRAIN_TIMEOUT_S = 1.0
 _LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
 
 
@@ -417,18 +419,35 @@ class AsyncEngineClient(_ClientBase):
                      rid: str | None = None, return_logprob: bool = True) -> AsyncIterator[StreamChunk]:
         norm = StreamNormalizer(await self._incremental_mode())
         body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
+        final: StreamChunk | None = None
         try:
             async with self._http.stream("POST", "/generate", **json_content(body)) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise_for_status(resp)
-                async for line in resp.aiter_lines():
+                lines = resp.aiter_lines()
+                async for line in lines:
                     for event in iter_sse_events([line]):
-                        yield norm.feed(event)
+                        chunk = norm.feed(event)
+                        if chunk.finish_reason is not None:
+                            final = chunk  # yielded once the response is closed (below)
+                        elif final is None:
+                            yield chunk
                     if line.strip() == "data: [DONE]":
-                        return
+                        break
+                # Read the end of the body (the chunked encoding's last chunk follows [DONE]) so
+                # that the connection goes back to the pool instead of being closed; callers stop
+                # at the finish chunk. An engine that keeps the stream open is cut after 1 s.
+                try:
+                    async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                        async for _ in lines:
+                            pass
+                except (TimeoutError, httpx.HTTPError):
+                    pass
         except httpx.TransportError as exc:
             raise self._connection_error("/generate", exc) from exc
+        if final is not None:
+            yield final
 
     async def _incremental_mode(self) -> bool:
         if self._incremental is None:

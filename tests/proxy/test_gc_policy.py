@@ -27,6 +27,7 @@ def test_a_long_full_collection_freezes_survivors_until_the_unfreeze_interval():
         _collection(policy, 2, 0.03)
         policy.tick()
         assert gc.get_freeze_count() > 0 and policy.freezes == 1
+        assert policy.snapshot()["frozen_objects"] == gc.get_freeze_count()
         now[0] = 59.0
         policy.tick()
         assert gc.get_freeze_count() > 0 and policy.unfreezes == 0
@@ -34,6 +35,7 @@ def test_a_long_full_collection_freezes_survivors_until_the_unfreeze_interval():
         policy.tick()
         assert gc.get_freeze_count() == 0 and policy.unfreezes == 1
         snap = policy.snapshot()
+        assert snap["frozen_objects"] == 0
         assert snap["collections"] == [0, 1, 2] and snap["max_ms"][2] >= 30.0 and snap["max_ms"][1] >= 30.0
     finally:
         gc.unfreeze()

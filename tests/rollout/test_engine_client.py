@@ -211,3 +211,56 @@ def test_clearing_the_hicache_store_uses_the_new_path_then_the_old_one():
     c, s = client(lambda path, body: httpx.Response(404) if path.startswith("/hicache") else httpx.Response(200))
     c.clear_hicache_storage()
     assert [p for _, p, _ in s.requests] == ["/hicache/storage-backend/clear", "/clear_hicache_storage_backend"]
+
+
+def test_async_streams_reuse_one_connection_to_a_real_server():
+    """Each stream is read to the end of its body after ``[DONE]``, so consecutive generations go
+    over one kept-alive connection (a new TCP connection per call costs the proxy CPU), and every
+    chunk, the finish chunk last, still arrives."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import StreamingResponse
+
+    app, ports = FastAPI(), []
+
+    @app.get("/get_server_info")
+    async def info():
+        return {"incremental_streaming_output": True}
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        ports.append(request.client.port)
+        events = [result([5], [-0.5]), result([6], [-0.25], finish={"type": "stop", "matched": 6})]
+        return StreamingResponse(iter([_sse(events)]), media_type="text/event-stream")
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    async def run():
+        c = AsyncEngineClient(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        got = []
+        for _ in range(4):
+            async for ch in c.stream([1, 2, 3], {"max_new_tokens": 2}):
+                got.append((ch.delta_output_ids, ch.finish_reason.type if ch.finish_reason else None))
+                if ch.finish_reason is not None:
+                    break  # as the proxy's engine adapter does
+        await c.aclose()
+        return got
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert got == [([5], None), ([6], "stop")] * 4
+    assert len(ports) == 4 and len(set(ports)) == 1
