@@ -162,16 +162,14 @@ class Proxies:
 
     def gc(self) -> list[dict[str, list[float]]]:
         """Each worker's garbage-collector pauses (``GET /gyre/stats``)."""
-        import httpx
-
-        return [httpx.get(u + "/gyre/stats", timeout=120).json()["gc"] for u in self.urls]
+        return [proxy_stats(u, 1 << 62)["gc"] for u in self.urls]
 
     def stage_counts(self) -> list[int]:
-        return [len(stage_times(u)) for u in self.urls]
+        return [proxy_stats(u, 1 << 62)["stages_recorded"] for u in self.urls]
 
     def stages_since(self, counts: list[int]) -> list[dict[str, float]]:
         """The per-call stage times every worker recorded since ``counts``."""
-        return [x for u, n in zip(self.urls, counts) for x in stage_times(u)[n:]]
+        return [x for u, n in zip(self.urls, counts) for x in proxy_stats(u, n)["stage_times"]]
 
 
 class Load:
@@ -221,10 +219,11 @@ class Load:
                 p.kill()
 
 
-def stage_times(url: str) -> list[dict[str, float]]:
+def proxy_stats(url: str, since: int = 0) -> dict[str, Any]:
+    """``GET /gyre/stats?since=``: the stage times recorded at index ``since`` on, ``stages_recorded``."""
     import httpx
 
-    return httpx.get(url + "/gyre/stats", timeout=120).json()["stage_times"]
+    return httpx.get(url + "/gyre/stats", params={"since": since}, timeout=120).json()
 
 
 def engine_round_trip_ms(engine_url: str, tokens: int, n: int = 20) -> float:
@@ -380,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep_load = Load(proxy.register(args.sweep_executions, f"ctx{ctx}"), 1, args, (ctx, ctx), seed=ctx,
                               mixed=False)
             sweep_load.run({"op": "warm", "concurrency": 1})
-            c0 = proxy.cpu_s()
             n0 = proxy.stage_counts()
+            c0 = proxy.cpu_s()
             calls = 0
             for _ in range(args.sweep_calls):
                 res = sweep_load.run({"op": "warm", "concurrency": 1})

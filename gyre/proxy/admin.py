@@ -11,6 +11,7 @@ to call from any thread: they run on the server's event loop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -86,13 +87,15 @@ class ExecutionAdmin:
     * routes: :meth:`set_route` / ``POST /gyre/routes``, :meth:`reroute_engine`,
       :meth:`abort_engine`;
     * inspection: :meth:`counters`, :meth:`tree`, ``GET /gyre/executions[/{id}]``,
-      ``GET /gyre/stats`` (per-call CPU stage times), ``GET /health``."""
+      ``GET /gyre/stats[?since=N]`` (per-call CPU stage times, those recorded at index N on;
+      ``stages_recorded``: how many ever), ``GET /health``."""
 
     executions: dict[str, Execution]
     router: Router
     renderer: ChatRenderer
     config: Any  # ProxyConfig
     stage_times: Any  # deque of per-call stage times
+    stages_recorded: int  # entries ever appended to it
     _by_key: dict[str, Execution]
     _sink: RecordSink | None
     _loop: asyncio.AbstractEventLoop | None
@@ -333,7 +336,15 @@ class ExecutionAdmin:
         @app.get("/gyre/stats")
         async def stats(request: Request):
             self._check_admin(request)
-            return {"stage_times": list(self.stage_times), "gc": CollectorPolicy.install().snapshot()}
+            since = request.query_params.get("since", "0")
+            try:
+                since = int(since)
+            except ValueError:
+                raise ProxyError(400, f"since must be an integer, got {since!r}") from None
+            total, times = self.stages_recorded, self.stage_times
+            new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
+            return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
+                    "gc": CollectorPolicy.install().snapshot()}
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

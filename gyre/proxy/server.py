@@ -176,6 +176,7 @@ class ProxyServer(ExecutionAdmin):
         #: per-call CPU stage times (seconds): parse_s, normalize_s, match_s, render_s, record_s,
         #: with input_tokens and rendered_tokens (bounded; ``GET /gyre/stats``)
         self.stage_times: collections.deque[dict[str, float]] = collections.deque(maxlen=100_000)
+        self.stages_recorded = 0  #: stage-time entries ever appended (the last 100k are kept)
         self._loop: asyncio.AbstractEventLoop | None = None
         # tokenisation of new content runs off the event loop (the tokenizer releases the GIL)
         self._encoders = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-encode")
@@ -339,6 +340,7 @@ class ProxyServer(ExecutionAdmin):
         st["input_tokens"] = int(call.prep.input_ids.shape[0])
         st["rendered_tokens"] = call.prep.rendered_tokens
         self.stage_times.append(st)
+        self.stages_recorded += 1
         c = ex.counters
         c.calls += 1
         c.delivered += int(delivered)

@@ -209,3 +209,17 @@ def test_a_call_in_flight_at_closing_is_in_the_tree_read_after(served):
     _wait(lambda: srv.executions[ex.execution_id].session.tree is None)
     tree = srv.tree(ex.execution_id)
     assert len(tree.records) == 2 and len(tree.leaves()) == 2
+
+
+def test_stats_since_returns_the_stage_times_recorded_from_that_index(served):
+    srv, _, _ = served
+    _conversation(srv, srv.register_execution(), 3)
+    with httpx.Client(base_url=srv.url) as c:
+        full = c.get("/gyre/stats").json()
+        assert full["stages_recorded"] == 3 and len(full["stage_times"]) == 3
+        assert all(st["input_tokens"] > 0 and st["record_s"] >= 0 for st in full["stage_times"])
+        assert c.get("/gyre/stats", params={"since": 2}).json()["stage_times"] == full["stage_times"][2:]
+        none = c.get("/gyre/stats", params={"since": 1 << 62}).json()
+        assert none["stages_recorded"] == 3 and none["stage_times"] == []
+        bad = c.get("/gyre/stats", params={"since": "x"})
+        assert bad.status_code == 400 and "since must be an integer" in bad.text
