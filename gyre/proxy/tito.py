@@ -267,18 +267,44 @@ class TitoSession:
         return self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning), t1
 
     def _walk(self, request: ChatRequest, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
+        """Match the messages against the trie: ``(keys, path)``. An output identified by its
+        content alone may be another output with the same content (an agent that says the same
+        thing twice); where the trie continues with such a sibling output instead, that one is
+        taken (``messages`` and ``ident`` are updated in place)."""
         keys: list[Hashable] = [("out", ci) if ci is not None else trie_key(m) for m, ci in zip(messages, ident)]
         path: list[TrieNode] = []
         node = self._root.children.get(self.header_key(request))
         if node is not None:
             path.append(node)
-            for k in keys:
+            for i, k in enumerate(keys):
                 nxt = node.children.get(k)
+                if nxt is None and ident[i] is not None:
+                    alt = self._same_output_child(node, messages[i])
+                    if alt is not None:
+                        orig, m = self._outputs[alt].message, messages[i]
+                        messages[i] = Message(m.role, orig.content, orig.reasoning, m.tool_calls, m.tool_call_id,
+                                              m.is_error, m.item_ids)
+                        ident[i], keys[i] = alt, ("out", alt)
+                        nxt = node.children[keys[i]]
                 if nxt is None:
                     break
                 path.append(nxt)
                 node = nxt
         return keys, path
+
+    def _same_output_child(self, node: TrieNode, message: Message) -> int | None:
+        """The call index of an output child of ``node`` that ``message`` echoes (same key, or
+        the same without reasoning when ``restore_reasoning``), or ``None``."""
+        key = message.key()
+        for k in node.children:
+            if isinstance(k, tuple) and len(k) == 2 and k[0] == "out" and k[1] in self._outputs:
+                ek = self._outputs[k[1]].message.key()
+                if ek == key or (self.restore_reasoning and not message.reasoning
+                                 and ek[:2] + ek[3:] == key[:2] + key[3:]):
+                    if all(not tc.id or self._by_call_id.get(tc.id, (None,))[0] in (None, k[1])
+                           for tc in message.tool_calls):
+                        return k[1]
+        return None
 
     def _plan(self, request, messages, ident, keys, path, restored, starts_in_reasoning) -> "InputPlan":
         """Back off to the deepest cuttable boundary that the continuation renders after."""

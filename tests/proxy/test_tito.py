@@ -226,3 +226,20 @@ def test_record_cache_size_changes_nothing_but_memory(qwen_renderer):
     assert list(default._recent) == [latest_main, latest_sub]
     ids, _, out, _ = default._recent[latest_main]
     assert ids is default.tree._anchors[-2].input_ids and out is default.tree._anchors[-2].output_ids
+
+
+def test_the_same_text_output_twice_is_identified_by_position(qwen_renderer):
+    """An agent that answers the same text twice: both echoes match by content, and each is taken
+    as the output at its own place in the conversation, so the whole history is reused."""
+    r = qwen_renderer
+    s = TitoSession("e", r)
+    same = enc(r, "Let me look.") + [IM_END]
+    conv = [Message("system", "sys"), Message("user", "task")]
+    for k in range(3):
+        p, rec, msg = turn(s, chat(*conv), same)
+        if k:
+            assert p.reused_tokens == prev_len + len(same) + 1  # the previous call's whole input and output, and its "\n"
+        prev_len = len(p.input_ids)
+        conv += [Message("assistant", msg.content), Message("user", f"result {k}")]
+    assert p.identified == [None, None, 0, None, 1, None]
+    assert s.tree.num_nodes == 3 and len(s.tree.leaves()) == 1  # one node per call: one thread, no branch
