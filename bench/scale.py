@@ -37,7 +37,9 @@ has (``proxy_workers`` cores) / the CPU the paper's demand needs (1,152 executio
 
 At the end: ``records_lost`` = calls answered - records in the store, and the proxy's RSS,
 threads and file descriptors; ``rss_bytes_per_context_token`` = its RSS growth over the live
-context tokens (each execution's last prompt).
+context tokens (each execution's last prompt); ``rss_bytes_per_added_context_token`` = its RSS
+growth over the load phases / the live tokens they added (what a further token costs, without the
+per-execution memory of ``rss_bytes_per_execution_at_warm``).
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
            "cpu_ms_per_call": 1e3 * cpu / res["calls"] if res["calls"] else None,
            "proxy_cpu_share": cpu / wall if wall else 0.0,
            "stages_ms": stages_ms(st),
-           "context_tokens": res["context_tokens"]}
+           "context_tokens": res["context_tokens"], "proxy_rss_bytes": proxy.rss_bytes()}
     if cmd.get("rate"):
         out["offered_calls_per_s"] = cmd["rate"]
     print(*out["error_examples"][:2], file=sys.stderr) if out["errors"] else None
@@ -373,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         result["latency_phase"] = at_demand["phase"]
         result["rss_bytes_per_context_token"] = (rss_load - rss0) / max(live_tokens, 1)
         result["live_context_tokens"] = live_tokens
+        # the growth over the load phases alone: what each further token of context costs, without
+        # the per-execution and per-connection memory the warm phase already paid (the paper's
+        # contexts are ~50x this load's, so that part weighs ~50x less there)
+        warm = phases[0]
+        result["rss_bytes_per_added_context_token"] = (rss_load - warm["proxy_rss_bytes"]) / max(
+            live_tokens - warm["context_tokens"], 1)
+        result["rss_bytes_per_execution_at_warm"] = (warm["proxy_rss_bytes"] - rss0) / args.executions
         # ------------------------------------------------------------------ context sweep
         sweep = []
         for ctx in contexts:
@@ -430,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {result['p99_added_ms']:.1f} ms\n"
           f"proxy RSS {result['proxy_rss_bytes'] / 2**20:.0f} MiB  "
           f"{result['rss_bytes_per_context_token']:.1f} B per live context token "
-          f"({result['live_context_tokens']:,} tokens)  threads {result['proxy_threads']}  fds {result['proxy_fds']}\n"
+          f"({result['live_context_tokens']:,} tokens; {result['rss_bytes_per_added_context_token']:.1f} B per token "
+          f"added by the load phases, {result['rss_bytes_per_execution_at_warm'] / 1024:.0f} KiB per execution "
+          f"after its first call)  threads {result['proxy_threads']}  fds {result['proxy_fds']}\n"
           f"garbage collector per worker: {result['proxy_gc']}", flush=True)
     _emit(result, args.json)
     return 0
