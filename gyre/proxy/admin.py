@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from gyre.proxy.api.common import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
-from gyre.proxy.gc_policy import CollectorPolicy
+from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
 from gyre.proxy.model_call import RecentCalls
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
@@ -344,7 +344,7 @@ class ExecutionAdmin:
             total, times = self.stages_recorded, self.stage_times
             new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
             return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
-                    "gc": CollectorPolicy.install().snapshot()}
+                    "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot()}
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

@@ -1,4 +1,5 @@
-"""Python's cyclic garbage collector in a process that serves the proxy.
+"""Memory policy of a process that serves the proxy: Python's cyclic garbage collector, and the C
+heap's free pages.
 
 A full collection (generation 2) walks every container object the process holds and stops
 every thread meanwhile, the proxy's event loop included. With a thousand live executions the
@@ -17,14 +18,24 @@ An execution's own state has no cycles once it is released at its end
 The first server's start freezes what the process holds then (imports, tokenizer, model). The freeze
 and the unfreeze run on the proxy's event loop (:meth:`CollectorPolicy.tick`), never
 inside the collector's callback.
+
+:class:`HeapTrimmer`: every request body (up to megabytes), its parsed strings and its token
+arrays are freed when the call is recorded, but the C allocator keeps the freed pages between
+the blocks still in use, so the process's resident memory only grows. Every ``interval_s`` the
+trimmer hands those pages back to the operating system (glibc's ``malloc_trim``; nothing where the
+C library is not glibc), off the event loop.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
+import os
 import time
+from typing import Callable
 
-__all__ = ["CollectorPolicy"]
+__all__ = ["CollectorPolicy", "HeapTrimmer"]
 
 
 class CollectorPolicy:
@@ -91,3 +102,67 @@ class CollectorPolicy:
         return {"collections": list(self.count), "total_s": [round(t, 4) for t in self.total],
                 "max_ms": [round(1e3 * m, 2) for m in self.max], "freezes": self.freezes,
                 "unfreezes": self.unfreezes, "frozen_objects": self.frozen_objects}
+
+
+def _glibc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` (another C library, or no C library found)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class HeapTrimmer:
+    """Hands the C heap's free pages back to the operating system every ``interval_s`` seconds
+    (module docstring); one per process. :meth:`due` is asked on the event loop, :meth:`trim`
+    runs in a thread (ctypes releases the GIL; the heap walk takes milliseconds).
+
+    Args:
+        interval_s: seconds between trims; ``None`` never trims.
+        clock, trim, rss: injected for tests (``trim(0)`` is ``malloc_trim``; ``rss()`` bytes).
+    """
+
+    _installed: "HeapTrimmer | None" = None
+
+    def __init__(self, interval_s: float | None = 10.0, *, clock=time.monotonic,
+                 trim: Callable[[int], int] | None = None, rss: Callable[[], int] = _rss_bytes) -> None:
+        self.interval_s, self.clock, self._rss = interval_s, clock, rss
+        self._trim = trim if trim is not None else _glibc_malloc_trim()
+        self._last = clock()
+        self.trims = 0
+        self.max_ms = 0.0
+        self.released_bytes = 0
+
+    @classmethod
+    def install(cls, interval_s: float | None = 10.0) -> "HeapTrimmer":
+        """This process's trimmer (the first call installs it and sets its interval)."""
+        if cls._installed is None:
+            cls._installed = cls(interval_s)
+        return cls._installed
+
+    def due(self) -> bool:
+        """A trim is due (the interval has passed since the last one)."""
+        return (self._trim is not None and self.interval_s is not None
+                and self.clock() - self._last >= self.interval_s)
+
+    def trim(self) -> None:
+        """Trim now; count the time it took and the resident bytes it released."""
+        if self._trim is None:
+            return
+        self._last = self.clock()
+        before, t0 = self._rss(), time.perf_counter()
+        self._trim(0)
+        self.max_ms = max(self.max_ms, 1e3 * (time.perf_counter() - t0))
+        self.released_bytes += max(0, before - self._rss())
+        self.trims += 1
+
+    def snapshot(self) -> dict[str, object]:
+        return {"trims": self.trims, "max_ms": round(self.max_ms, 2), "released_bytes": self.released_bytes}

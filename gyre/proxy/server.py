@@ -33,7 +33,7 @@ from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
 from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_json
 from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.errors import ProxyError, error_body
-from gyre.proxy.gc_policy import CollectorPolicy
+from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
 from gyre.proxy.messages import ChatRequest
 from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
 from gyre.proxy.prompt_size import check_prompt_size, max_token_bytes
@@ -96,8 +96,10 @@ class ProxyConfig:
       process before the proxy parses it (:mod:`gyre.proxy.body_check`); 0 turns that off.
     * ``gc_freeze_after_ms`` -- after a full garbage collection at least this long (ms), the
       objects that survived it are frozen (:mod:`gyre.proxy.gc_policy`; ``None``: never);
-      ``gc_unfreeze_interval_s`` -- how often they are handed back to the collector. The first
-      server of a process sets them for the whole process.
+      ``gc_unfreeze_interval_s`` -- how often they are handed back to the collector;
+      ``heap_trim_interval_s`` -- how often the C heap's free pages go back to the operating
+      system (:class:`~gyre.proxy.gc_policy.HeapTrimmer`; ``None``: never). The first server of
+      a process sets them for the whole process.
     """
 
     model_name: str = "gyre"
@@ -120,6 +122,7 @@ class ProxyConfig:
     body_check_bytes: int = 8 << 20
     gc_freeze_after_ms: float | None = 20.0
     gc_unfreeze_interval_s: float = 1800.0
+    heap_trim_interval_s: float | None = 10.0
 
 
 class ProxyServer(ExecutionAdmin):
@@ -194,6 +197,7 @@ class ProxyServer(ExecutionAdmin):
         self.app = self._build_app()
         # the process's collector: pauses reported by GET /gyre/stats, old objects frozen
         self._gc = CollectorPolicy.install(self.config.gc_freeze_after_ms, self.config.gc_unfreeze_interval_s)
+        self._heap = HeapTrimmer.install(self.config.heap_trim_interval_s)
 
     # ------------------------------------------------------------------ serving
     @property
@@ -259,6 +263,8 @@ class ProxyServer(ExecutionAdmin):
             while True:
                 await asyncio.sleep(0.5)
                 self._gc.tick()
+                if self._heap.due():
+                    await asyncio.get_running_loop().run_in_executor(None, self._heap.trim)
 
         if self.config.gc_freeze_after_ms is not None:
             self._gc.freeze_now()
