@@ -70,7 +70,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_
 
 
 # ----------------------------------------------------------------------------- processes
-def serve_proxy(engine_urls: list[str], store_dir: str) -> None:
+def serve_proxy(engine_urls: list[str], store_dir: str, heap_trim_s: float) -> None:
     """Rank 0's proxy on the Qwen tokenizer over the engines; prints its URL."""
     from gyre.embedded_model import ensure_tiny_model, load_tokenizer
     from gyre.proxy.engines import ClientEngine
@@ -81,7 +81,8 @@ def serve_proxy(engine_urls: list[str], store_dir: str) -> None:
 
     tok = load_tokenizer(ensure_tiny_model("qwen"))
     srv = ProxyServer(ChatRenderer(tok), store=TrajectoryStore(store_dir, fsync_every=0, max_open=4096),
-                      config=ProxyConfig(max_context_tokens=1 << 21, default_max_tokens=256))
+                      config=ProxyConfig(max_context_tokens=1 << 21, default_max_tokens=256,
+                                         heap_trim_interval_s=heap_trim_s or None))
     for i, url in enumerate(engine_urls):
         srv.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{i}"))
     srv.start("127.0.0.1", 0)
@@ -162,9 +163,9 @@ class Proxies:
                 out.append((url, r.json()["api_key"]))
         return out
 
-    def gc(self) -> list[dict[str, list[float]]]:
-        """Each worker's garbage-collector pauses (``GET /gyre/stats``)."""
-        return [proxy_stats(u, 1 << 62)["gc"] for u in self.urls]
+    def gc(self) -> list[dict[str, Any]]:
+        """Each worker's garbage-collector pauses and heap trims (``GET /gyre/stats``)."""
+        return [{k: st[k] for k in ("gc", "heap")} for st in (proxy_stats(u, 1 << 62) for u in self.urls)]
 
     def stage_counts(self) -> list[int]:
         return [proxy_stats(u, 1 << 62)["stages_recorded"] for u in self.urls]
@@ -297,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy-workers", type=int, default=1,
                     help="proxy processes (K); each owns the executions whose id hashes to it")
     ap.add_argument("--load-processes", type=int, default=2)
+    ap.add_argument("--heap-trim-s", type=float, default=60.0,
+                    help="the proxy's ProxyConfig.heap_trim_interval_s (0: never trim)")
     ap.add_argument("--rates", default="10,38.4", help="offered call rates of the open-loop phases (calls/s)")
     ap.add_argument("--phase-s", type=float, default=30.0)
     ap.add_argument("--saturation-concurrency", type=int, default=64)
@@ -319,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     mj.add_argument("--main-job-timeout-s", type=float, default=1800.0)
     args = ap.parse_args(argv)
     if args.serve_proxy:
-        serve_proxy(args.serve_proxy, args.store_dir)
+        serve_proxy(args.serve_proxy, args.store_dir, args.heap_trim_s)
         return 0
     if args.main_job:
         return main_job(args)
@@ -346,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                                "--tokenizer", "qwen"])
             procs.append(p)
             engine_urls.append(u)
-        workers = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--serve-proxy", *engine_urls])
+        workers = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--heap-trim-s", str(args.heap_trim_s),
+                           "--serve-proxy", *engine_urls])
                    for _ in range(args.proxy_workers)]
         procs += [p for p, _ in workers]
         proxy = Proxies([p.pid for p, _ in workers], [u for _, u in workers])
@@ -442,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({result['live_context_tokens']:,} tokens; {result['rss_bytes_per_added_context_token']:.1f} B per token "
           f"added by the load phases, {result['rss_bytes_per_execution_at_warm'] / 1024:.0f} KiB per execution "
           f"after its first call)  threads {result['proxy_threads']}  fds {result['proxy_fds']}\n"
-          f"garbage collector per worker: {result['proxy_gc']}", flush=True)
+          f"garbage collector and heap trims per worker: {result['proxy_gc']}", flush=True)
     _emit(result, args.json)
     return 0
 

@@ -122,7 +122,7 @@ class ProxyConfig:
     body_check_bytes: int = 8 << 20
     gc_freeze_after_ms: float | None = 20.0
     gc_unfreeze_interval_s: float = 1800.0
-    heap_trim_interval_s: float | None = 10.0
+    heap_trim_interval_s: float | None = 60.0
 
 
 class ProxyServer(ExecutionAdmin):
