@@ -167,10 +167,7 @@ class TitoSession:
                     cands.add(ci)
             hit_ci: int | None = None
             for ci in sorted(cands, reverse=True):
-                ek = self._outputs[ci].message.key()
-                if ek == key or (
-                    self.restore_reasoning and not m.reasoning and ek[:2] + ek[3:] == key[:2] + key[3:]
-                ):
+                if self._echoes(ci, m, key):
                     hit_ci = ci
                     break
             if hit_ci is not None:
@@ -179,6 +176,12 @@ class TitoSession:
             out.append(m)
             ident.append(hit_ci)
         return out, ident, restored
+
+    def _echoes(self, call_index: int, message: Message, key: tuple) -> bool:
+        """``message`` (whose :meth:`~gyre.proxy.messages.Message.key` is ``key``) echoes output
+        ``call_index``: the same key, or the same without reasoning when ``restore_reasoning``."""
+        ek = self._outputs[call_index].message.key()
+        return ek == key or (self.restore_reasoning and not message.reasoning and ek[:2] + ek[3:] == key[:2] + key[3:])
 
     # ------------------------------------------------------------------ tokens of stored records
     def _record_prefix(self, call_index: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -298,9 +301,7 @@ class TitoSession:
         key = message.key()
         for k in node.children:
             if isinstance(k, tuple) and len(k) == 2 and k[0] == "out" and k[1] in self._outputs:
-                ek = self._outputs[k[1]].message.key()
-                if ek == key or (self.restore_reasoning and not message.reasoning
-                                 and ek[:2] + ek[3:] == key[:2] + key[3:]):
+                if self._echoes(k[1], message, key):
                     if all(not tc.id or self._by_call_id.get(tc.id, (None,))[0] in (None, k[1])
                            for tc in message.tool_calls):
                         return k[1]
