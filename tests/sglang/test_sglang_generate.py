@@ -118,3 +118,22 @@ def test_shutdown_with_parallel_samples_in_flight_ends_within_30s(sglang_model_d
     took = time.monotonic() - t0
     print(f"stop with n=2 in flight: {took:.1f} s, exit status {eng.proc.returncode}")
     assert eng.proc.poll() is not None and took < 30
+
+
+def test_a_prompt_written_by_the_token_table_is_read_as_the_same_prompt(sglang_server, monkeypatch):
+    """Long prompts are posted as space-padded JSON (:mod:`gyre.rollout.token_json`); SGLang reads them as
+    the same ids: greedy output and log-probs equal those of the same prompt written by orjson."""
+    import numpy as np
+
+    from gyre.rollout import token_json
+
+    prompt = np.arange(300, 900, dtype=np.int32)
+    params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    with sglang_server.client() as c:
+        plain = c.generate(prompt, params, return_logprob=True)
+        monkeypatch.setattr(token_json, "MIN_IDS", 1)
+        padded = c.generate(prompt, params, return_logprob=True)
+    assert b" " in token_json.dumps_with_ids({"input_ids": prompt})
+    assert padded.prompt_tokens == plain.prompt_tokens == 600
+    assert padded.output_ids == plain.output_ids
+    assert max(abs(a - b) for a, b in zip(padded.output_logprobs, plain.output_logprobs)) < 1e-4
