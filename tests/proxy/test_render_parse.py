@@ -124,3 +124,15 @@ def test_streaming_holds_back_partial_tags(local_renderer):
     p = OutputParser(r.decode, [r.eos_id], starts_in_reasoning=True)
     ev = p.feed(r.encode("abc\n</think>\n\nX"))
     assert [(e.kind, e.text) for e in ev] == [("reasoning", "abc"), ("text", "X")]
+
+
+def test_encoding_without_offsets_gives_the_tokenizers_own_ids(qwen_renderer):
+    r = qwen_renderer
+    assert r._fast_batch is not None                      # the offset-free batch encoder is in use
+    texts = ["plain words", "<|im_end|>\n<|im_start|>user\nspecial tokens inside", "ünïcödé 漢字 🙂  \t\n",
+             "x" * 5000, ""]
+    want = [r.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    assert r.encode_batch(texts) == want
+    assert [r.encode(t) for t in texts] == want
+    assert r.encode_batch(texts[1:2]) == want[1:2] and r.encode_batch([]) == []
+    assert 151645 in want[1]                              # <|im_end|> matched as one special token
