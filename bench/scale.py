@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compaction-share", type=float, default=0.01)
     ap.add_argument("--context", default="10000,100000,350000,700000", help="contexts of the sweep (tokens)")
     ap.add_argument("--sweep-executions", type=int, default=3)
-    ap.add_argument("--sweep-calls", type=int, default=4)
+    ap.add_argument("--sweep-calls", type=int, default=10,
+                    help="measured calls per sweep execution (CPU time is read in 10 ms ticks)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 96 executions, 10 s phases, sweep to 100k")
     ap.add_argument("--json", nargs="?", const="-", help="print the results as JSON (or write them to a file)")
     mj = ap.add_argument_group("--main-job: the main job with many executions live (bench/scale_main_job.py)")
