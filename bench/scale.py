@@ -26,8 +26,8 @@ minus the engine's own round trip (``added``), the proxy process's CPU ms per ca
 times (``GET /gyre/stats``).
 
 The ``--context`` sweep then gives a few executions an initial context of each size (10k to 700k
-tokens), lets each make ``--sweep-calls`` calls one at a time, and reports the proxy's CPU ms per
-call by context. The paper's context mix (contexts spread evenly from 0 to 700k tokens) is the
+tokens), waits until the proxy is idle, lets each make ``--sweep-calls`` calls one at a time, and
+reports the proxy's CPU ms per call by context. The paper's context mix (contexts spread evenly from 0 to 700k tokens) is the
 mean of that curve, interpolated linearly (``cpu_ms_per_call``). **Headroom** = the CPU the proxy
 has (``proxy_workers`` cores) / the CPU the paper's demand needs (1,152 executions x one call per
 30 s = 38.4 calls/s x ``cpu_ms_per_call``).
@@ -141,6 +141,19 @@ class Proxies:
 
     def rss_bytes(self) -> int:
         return sum(s.rss_bytes() for s in self.stats)
+
+    def settle(self, timeout_s: float = 20.0) -> float:
+        """Wait until the proxies are idle (under 2 % of a core for half a second: records of the
+        earlier phases written, collections done), at most ``timeout_s``; the seconds waited."""
+        t0 = time.monotonic()
+        prev = self.cpu_s()
+        while time.monotonic() - t0 < timeout_s:
+            time.sleep(0.5)
+            now = self.cpu_s()
+            if now - prev <= 0.01:
+                break
+            prev = now
+        return time.monotonic() - t0
 
     def threads(self) -> int:
         return sum(s.threads() for s in self.stats)
@@ -393,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep_load = Load(proxy.register(args.sweep_executions, f"ctx{ctx}"), 1, args, (ctx, ctx), seed=ctx,
                               mixed=False)
             sweep_load.run({"op": "warm", "concurrency": 1})
+            proxy.settle()  # what the load phases left (records to write) is not this context's cost
             n0 = proxy.stage_counts()
             c0 = proxy.cpu_s()
             calls = 0
