@@ -130,3 +130,24 @@ def test_a_dead_helper_is_started_again_and_a_failing_one_leaves_the_check_to_th
     finally:
         srv.stop()
     assert srv._body_checker._proc is None                           # stop() ends the helper
+
+
+@pytest.mark.parametrize("depth,status", [(1015, 200), (5000, 400)])
+def test_deeply_nested_json_is_served_or_refused_never_a_server_error(local_renderer, depth, status):
+    """orjson reads nesting up to 1,024 levels, deeper than the standard library's recursion limit:
+    such a body in a field the API ignores is answered; deeper bodies are refused as before."""
+    srv = _served(local_renderer)
+    try:
+        ex = srv.register_execution()
+        for api, path in [("chat", "/v1/chat/completions"), ("anthropic", "/v1/messages"),
+                          ("responses", "/v1/responses")]:
+            if api == "responses":
+                body = {"model": "m", "input": "hi", "max_output_tokens": 4}
+            else:
+                body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            raw = json.dumps(body).encode()[:-1] + b', "metadata": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+            r = _post(srv, raw, ex.api_key, path)
+            assert r.status_code == status, (api, r.text[:300])
+        assert srv.counters(ex.execution_id)["calls"] == (3 if status == 200 else 0)
+    finally:
+        srv.stop()
