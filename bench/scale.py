@@ -27,8 +27,8 @@ times (``GET /gyre/stats``).
 
 The ``--context`` sweep then gives a few executions an initial context of each size (10k to 700k
 tokens), waits until the proxy is idle, lets each make ``--sweep-calls`` calls one at a time, and
-reports the proxy's CPU ms per call by context. The paper's context mix (contexts spread evenly from 0 to 700k tokens) is the
-mean of that curve, interpolated linearly (``cpu_ms_per_call``). **Headroom** = the CPU the proxy
+reports the proxy's CPU ms per call by context. The paper's context mix (contexts spread evenly
+from 0 to 700k tokens) is the mean of that curve, interpolated linearly (``cpu_ms_per_call``). **Headroom** = the CPU the proxy
 has (``proxy_workers`` cores) / the CPU the paper's demand needs (1,152 executions x one call per
 30 s = 38.4 calls/s x ``cpu_ms_per_call``).
 

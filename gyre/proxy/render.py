@@ -124,21 +124,20 @@ class ChatRenderer:
         """Token ids of ``text`` (no BOS/EOS added; special tokens in the text are matched)."""
         if not text:
             return []
-        if self._fast_batch is not None:
-            return self._fast_batch([text], add_special_tokens=False)[0].ids
-        if self._fast is not None:
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, as :meth:`encode` (the fast tokenizer's batch encoder releases the
         GIL; ``encode_batch_fast``, where the tokenizers library has it, skips the character offsets
         Gyre never reads: ~25 % less CPU)."""
-        if self._fast_batch is not None and texts:
-            return [e.ids for e in self._fast_batch(list(texts), add_special_tokens=False)]
-        if self._fast is not None and len(texts) > 1:
-            return [e.ids for e in self._fast.encode_batch(list(texts), add_special_tokens=False)]
-        return [self.encode(t) for t in texts]
+        texts = list(texts)
+        if not texts:
+            return []
+        if self._fast_batch is not None:
+            return [e.ids for e in self._fast_batch(texts, add_special_tokens=False)]
+        if self._fast is not None:
+            return [e.ids for e in self._fast.encode_batch(texts, add_special_tokens=False)]
+        return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept (``skip_special_tokens=False``)."""
