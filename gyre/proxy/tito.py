@@ -20,6 +20,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
+from gyre.proxy.context_buffer import ContextBuffer
 from gyre.proxy.messages import ROLE_ASSISTANT, ChatRequest, Message, ToolCall
 from gyre.proxy.render import ChatRenderer, RenderError
 from gyre.proxy.tito_input import InputPlan, OutputEntry, PreparedInput, TextRef, TrieNode, trie_key
@@ -29,6 +30,7 @@ from gyre.trajectory.tree import TrajectoryTree
 __all__ = ["TitoSession", "TitoStats"]
 
 _NO_IDS = np.zeros(0, np.int32)
+_Recent = tuple[np.ndarray, np.ndarray, np.ndarray, int, "ContextBuffer | None"]
 
 
 def _canonical_json(text: str) -> str | None:
@@ -102,8 +104,9 @@ class TitoSession:
         self.stats = TitoStats()
         self._root = TrieNode(None, None)
         self._next_call = int(first_call_index)
-        #: call index -> (input_ids, input_provenance, output_ids, output provenance value)
-        self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = OrderedDict()
+        #: call index -> (input_ids, input_provenance, output_ids, output provenance value,
+        #: the context buffer input_ids is a prefix of, or None)
+        self._recent: OrderedDict[int, _Recent] = OrderedDict()
         self._recent_max = max(1, int(recent_records))
         self._outputs: dict[int, OutputEntry] = {}
         self._by_call_id: dict[str, tuple[int, int]] = {}
@@ -184,24 +187,27 @@ class TitoSession:
         return ek == key or (self.restore_reasoning and not message.reasoning and ek[:2] + ek[3:] == key[:2] + key[3:])
 
     # ------------------------------------------------------------------ tokens of stored records
-    def _record_prefix(self, call_index: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _record_prefix(self, call_index: int, n: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], ContextBuffer | None]:
         """The first ``n`` tokens of record ``call_index``'s ``input ++ output``, with their
-        provenance, as one or two ``(ids, provenance)`` pieces (views where possible)."""
+        provenance, as one or two ``(ids, provenance)`` pieces (views where possible), and the
+        context buffer whose prefix the first piece is when it is the record's whole input."""
         arr = self._recent.get(call_index)
         if arr is not None:
             self._recent.move_to_end(call_index)
         else:
             nid = self.tree.record_node(call_index)
-            arr = (self.tree.path_tokens(nid), self.tree.path_provenance(nid), _NO_IDS, 0)
+            arr = (self.tree.path_tokens(nid), self.tree.path_provenance(nid), _NO_IDS, 0, None)
             self._remember(call_index, arr)
-        ids, prov, out, out_prov = arr
+        ids, prov, out, out_prov, buffer = arr
         m = ids.shape[0]
-        if n <= m:
-            return [(ids[:n], prov[:n])]
+        if n < m:
+            return [(ids[:n], prov[:n])], None
+        if n == m:
+            return [(ids, prov)], buffer
         k = n - m
-        return [(ids, prov), (out[:k], np.full(k, out_prov, np.int8))]
+        return [(ids, prov), (out[:k], np.full(k, out_prov, np.int8))], buffer
 
-    def _remember(self, call_index: int, arr: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
+    def _remember(self, call_index: int, arr: _Recent) -> None:
         self._recent[call_index] = arr
         self._recent.move_to_end(call_index)
         while len(self._recent) > self._recent_max:
@@ -339,7 +345,10 @@ class TitoSession:
         plan = InputPlan(request, messages, ident, restored, starts_in_reasoning, path[:depth])
         if depth > 0:
             anchor = path[depth - 1]
-            for toks, prov in self._record_prefix(anchor.ref, anchor.end):
+            pieces, buffer = self._record_prefix(anchor.ref, anchor.end)
+            if buffer is not None:
+                plan.continue_buffer(buffer, pieces[0][0].shape[0])
+            for toks, prov in pieces:
                 plan.add(toks, prov)
             if anchor.close:
                 plan.add_ext(np.asarray(anchor.close, np.int32))
@@ -491,7 +500,8 @@ class TitoSession:
             raise ValueError(f"record {rec.call_index} is not the next call ({self._next_call})")
         ci = rec.call_index
         delivered = rec.delivered
-        self.tree.insert(rec)
+        shared = prepared.buffer is not None and rec.input_ids is prepared.input_ids
+        self.tree.insert(rec, share_input=shared, replaces=prepared.replaced if shared else None)
         self._next_call += 1
         st = self.stats
         st.calls += 1
@@ -504,7 +514,8 @@ class TitoSession:
         base = self._recent.get(prepared.path[-1].ref) if prepared.path else None
         if base is not None and prepared.path[-1].end >= base[0].shape[0]:
             del self._recent[prepared.path[-1].ref]
-        self._remember(ci, (rec.input_ids, rec.input_provenance, out_ids, rec.output_provenance_value()))
+        self._remember(ci, (rec.input_ids, rec.input_provenance, out_ids, rec.output_provenance_value(),
+                            prepared.buffer if shared else None))
         # trie: the matched path now (also) lives in this record
         node = self._root
         for nd in prepared.path:

@@ -21,6 +21,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
+from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import Message
 from gyre.trajectory.records import Provenance
 
@@ -98,6 +99,9 @@ class PreparedInput:
       the proxy output it was identified with (or ``None``).
     * ``restored_calls`` -- tool calls whose argument text was restored from the cache.
     * ``starts_in_reasoning`` -- the generation prompt opens a ``<think>`` block.
+    * ``buffer`` -- the :class:`~gyre.proxy.context_buffer.ContextBuffer` whose prefix
+      ``input_ids`` is; ``replaced`` -- the ``ids`` array of the buffer it continued, when the
+      kept input had to be copied into a new one (else ``None``).
     """
 
     input_ids: np.ndarray
@@ -113,6 +117,8 @@ class PreparedInput:
     pending: list[PendingNode] = field(default_factory=list)
     tool_kinds: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    buffer: ContextBuffer | None = None
+    replaced: np.ndarray | None = None
 
 
 class TextRef:
@@ -136,6 +142,14 @@ class InputPlan:
         self.pending: list[list[Any]] = []  # [key, is_output, close, cuttable, after_parts]
         self.reused = 0
         self.gen_start = -1
+        #: the context buffer whose first ``keep`` tokens are the first part (see ``continue_buffer``)
+        self.buffer: ContextBuffer | None = None
+        self.keep = 0
+
+    def continue_buffer(self, buffer: ContextBuffer | None, keep: int) -> None:
+        """The first part added was ``buffer.ids[:keep]``: write the input after it, in place
+        where nothing else was written there (:func:`~gyre.proxy.context_buffer.write_input`)."""
+        self.buffer, self.keep = buffer, keep
 
     def text(self, text: str) -> TextRef:
         self.texts.append(text)
@@ -174,11 +188,10 @@ class InputPlan:
         for key, is_output, close, cut, after in self.pending:
             end = ends[after] if cut else -1  # an identified output's boundary is before its close
             pending.append(PendingNode(key, end, close, is_output))
-        input_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
-        input_prov = np.concatenate(prov_parts) if prov_parts else np.zeros(0, np.int8)
+        input_ids, input_prov, buffer, replaced = write_input(ids_parts, prov_parts, self.buffer, self.keep)
         return PreparedInput(
-            input_ids=input_ids.astype(np.int32, copy=False),
-            input_provenance=input_prov.astype(np.int8, copy=False),
+            input_ids=input_ids,
+            input_provenance=input_prov,
             reused_tokens=self.reused,
             rendered_tokens=rendered,
             messages=self.messages,
@@ -189,4 +202,6 @@ class InputPlan:
             path=self.path,
             pending=pending,
             tool_kinds=dict(self.request.tool_kinds),
+            buffer=buffer,
+            replaced=replaced,
         )

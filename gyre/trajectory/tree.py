@@ -53,6 +53,8 @@ class Node:
       above this node's first token: a node ``amb_parent`` with several children starting
       with the same token (independent sibling outputs), ``amb_child`` being the one on this
       path; ``-1`` if none. The insert index uses this chain to stay exact.
+    * ``shared`` -- ``tokens`` is a read-only view of a record's input array (see
+      :meth:`TrajectoryTree.insert`'s ``share_input``), not an array of the tree's own.
     """
 
     node_id: int
@@ -67,6 +69,7 @@ class Node:
     index: dict[int, list[int]] = field(default_factory=dict)
     amb_parent: int = -1
     amb_child: int = -1
+    shared: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -287,7 +290,9 @@ class TrajectoryTree:
             stack.extend((c, d + 1) for c in reversed(self.nodes[nid].children))
 
     def nbytes(self) -> int:
-        """Bytes held by node arrays (tokens, provenance, log-probs), excluding anchors."""
+        """Bytes of the arrays the nodes keep alive (tokens, provenance, log-probs): each
+        underlying array once, whole (a shared context buffer with its spare room), anchors
+        excluded."""
         seen: set[int] = set()
         total = 0
         for nd in self.nodes:
@@ -453,7 +458,9 @@ class TrajectoryTree:
         return res
 
     # ------------------------------------------------------------------ insertion
-    def insert(self, record: RequestRecord) -> InsertResult:
+    def insert(
+        self, record: RequestRecord, *, share_input: bool = False, replaces: np.ndarray | None = None
+    ) -> InsertResult:
         """Insert one request record as one new node holding its new input tokens and its output.
 
         The longest stored path its ``input_ids`` extend (inputs *and* outputs of earlier nodes
@@ -468,6 +475,13 @@ class TrajectoryTree:
         Outputs are never matched against each other, so a retried identical request gives a
         sibling output node even when the sampled tokens coincide.  Cost: O(new tokens)
         Python-level work plus one vectorised comparison of the reused prefix.
+
+        The new node's arrays are the tree's own. With ``share_input`` the nodes on the reused
+        prefix may instead keep read-only views of ``record.input_ids`` (the same tokens), so a
+        thread whose every input is a prefix of one buffer (see
+        :mod:`gyre.proxy.context_buffer`) holds its tokens once: :meth:`_share` gives the rule.
+        The caller must then never modify that array. ``replaces``: an array whose views on this
+        path may be moved to ``record.input_ids`` (the buffer it was copied from).
 
         Raises:
             ValueError: the record belongs to another execution, or its ``call_index`` is
@@ -525,6 +539,8 @@ class TrajectoryTree:
             )
         )
         self._by_call[record.call_index] = rec_idx
+        if share_input and depth:
+            self._share(nid, x, replaces)
         # Index update: the record replaces the anchor it extended (same thread), else the
         # least recently added anchor is evicted.
         if anchor_pos >= 0:
@@ -553,7 +569,7 @@ class TrajectoryTree:
             head_lp, tail_lp = nd.logprobs[: k - n_in], nd.logprobs[k - n_in:]
         head = Node(
             head_id, nd.parent, nd.record, nd.start, nd.tokens[:k], nd.provenance[:k], head_lp, min(k, n_in),
-            children=[node_id], index={int(nd.tokens[k]): [node_id]},
+            children=[node_id], index={int(nd.tokens[k]): [node_id]}, shared=nd.shared,
         )
         nodes.append(head)
         parent = nodes[nd.parent]
@@ -571,6 +587,39 @@ class TrajectoryTree:
             head.amb_child = head_id
             self._repoint(node_id, (nd.amb_parent, node_id), (nd.amb_parent, head_id))
         return head_id
+
+    def _share(self, node_id: int, x: np.ndarray, replaces: np.ndarray | None) -> None:
+        """Point the tokens of the nodes on the path to ``node_id`` (which ends within ``x``'s
+        matched prefix) at read-only views of ``x``, walking up from ``node_id``.
+
+        The walk stops at a node that already views ``x``'s memory, or at the root. It passes
+        the tree's own arrays and views of ``replaces``. A view of another array is passed only
+        where the path joins it near the root (its end at most a quarter into ``x``: a shared
+        system prompt, the start of a compacted context); where it joins deeper (a branch forked
+        from a long context) nothing is moved, so that ``x``'s copy of that long prefix is not
+        kept alive by the tree. O(nodes moved); once a thread's path views its buffer, a call
+        moves one or two nodes.
+        """
+        nodes = self.nodes
+        xb = x if x.base is None else x.base
+        todo: list[Node] = []
+        joined = False
+        nid = node_id
+        while nid != ROOT:
+            nd = nodes[nid]
+            b = nd.tokens.base
+            if b is xb:
+                break
+            if nd.shared and b is not replaces and not joined:
+                if 4 * nd.end > x.shape[0]:
+                    return
+                joined = True
+            todo.append(nd)
+            nid = nd.parent
+        for nd in todo:
+            nd.tokens = x[nd.start:nd.end]
+            nd.tokens.flags.writeable = False
+            nd.shared = True
 
     def _repoint(self, top: int, old: tuple[int, int], new: tuple[int, int]) -> None:
         """Set ``amb`` to ``new`` on ``top`` and the descendants that inherit ``old`` from it."""

@@ -224,8 +224,9 @@ def test_record_cache_size_changes_nothing_but_memory(qwen_renderer):
     assert all(reused > 0 for _, _, reused in a[2:])  # every later call continued its thread
     latest_main, latest_sub = 6, 7
     assert list(default._recent) == [latest_main, latest_sub]
-    ids, _, out, _ = default._recent[latest_main]
+    ids, _, out, _, buffer = default._recent[latest_main]
     assert ids is default.tree._anchors[-2].input_ids and out is default.tree._anchors[-2].output_ids
+    assert ids.base is buffer.ids  # every main input was written after the previous one, in place
 
 
 def test_the_same_text_output_twice_is_identified_by_position(qwen_renderer):

@@ -307,3 +307,26 @@ def test_insert_properties(data, n_records, slots):
             if cn.num_tokens and len(tree.nodes[cn.parent].index[int(cn.tokens[0])]) > 1:
                 expected = (cn.parent, c)
         assert (nd.amb_parent, nd.amb_child) == expected
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.integers(1, 14))
+def test_sharing_input_views_changes_no_content(data, n_records):
+    """``share_input``: nodes may become views of the records' inputs; the tree is bit-identical
+    to one built with copies, every view shows the tokens it replaced and is read-only, and the
+    records' arrays are not modified."""
+    draw_int = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731
+    records = random_execution(draw_int, n_records)
+    before = [(r.input_ids.copy(), r.output_ids.copy()) for r in records]
+    plain, shared = TrajectoryTree(), TrajectoryTree()
+    for r in records:
+        plain.insert(r)
+        shared.insert(r, share_input=True)
+        for a, b in zip(plain.nodes, shared.nodes):
+            assert a.tokens.tolist() == b.tokens.tolist()
+            assert not b.shared or not b.tokens.flags.writeable
+    assert shared.digest() == plain.digest()
+    assert any(nd.shared for nd in shared.nodes) == any(r.input_ids.size and shared.record_info(r.call_index).matched_tokens
+                                                          for r in records)
+    for r, (i, o) in zip(records, before):
+        assert r.input_ids.tolist() == i.tolist() and r.output_ids.tolist() == o.tolist()
