@@ -30,14 +30,17 @@ def _capacity(n: int) -> int:
 class ContextBuffer:
     """``ids`` (``int32``) and ``prov`` (``int8``) arrays of one capacity; ``used`` tokens of them
     are claimed by inputs already handed out (``ids[:used]`` is the latest, the earlier ones are
-    prefixes of it). Positions past ``used`` are free."""
+    prefixes of it). Positions past ``used`` are free. ``copied_from``: the ``ids`` array this
+    buffer's first tokens were copied from, while views of it may still be moved here (the
+    caller clears it once the tree has moved them)."""
 
-    __slots__ = ("ids", "prov", "used")
+    __slots__ = ("ids", "prov", "used", "copied_from")
 
     def __init__(self, capacity: int) -> None:
         self.ids = np.empty(capacity, np.int32)
         self.prov = np.empty(capacity, np.int8)
         self.used = 0
+        self.copied_from: np.ndarray | None = None
 
     @property
     def capacity(self) -> int:
@@ -58,21 +61,28 @@ def write_input(
     With ``buffer`` given, the first part must be ``buffer.ids[:keep]`` (with its provenance):
     when nothing was written past it (``buffer.used == keep``) the other parts are written after
     it in place. When the buffer is full, or another input claimed the space after the first
-    part, the first part is copied into a new, larger buffer and the rest written after it;
-    ``replaced`` is then the old buffer's ``ids`` array (views of its first ``keep`` tokens can
-    be moved to the new one), else ``None``. Without ``buffer``, everything goes into a new one.
+    part, the first part is copied into a new, larger buffer (its ``copied_from``) and the rest
+    written after it. ``replaced`` is the buffer's ``copied_from``: an array whose views of the
+    first ``keep`` tokens can be moved to this input's buffer, or ``None``. Without ``buffer``,
+    everything goes into a new one.
+
+    Raises:
+        ValueError: ``buffer`` is given and the first part is not ``buffer.ids[:keep]``.
     """
     total = sum(int(p.shape[0]) for p in ids_parts)
-    replaced = None
     start = 0
     if buffer is not None and keep > 0:
-        if buffer.used == keep and total <= buffer.capacity:
-            start = 1  # in place: the first part is already there
-        else:  # full, or something claimed the space after the kept input: carry it over
+        first = ids_parts[0] if ids_parts else None
+        if first is None or first.shape[0] != keep or first.ctypes.data != buffer.ids.ctypes.data:
+            raise ValueError("the first part is not the kept prefix of the buffer")
+        start = 1
+        if buffer.used != keep or total > buffer.capacity:
+            # full, or something claimed the space after the kept input: carry it over
             grown = ContextBuffer(_capacity(total))
             grown.ids[:keep] = buffer.ids[:keep]
             grown.prov[:keep] = buffer.prov[:keep]
-            replaced, buffer, start = buffer.ids, grown, 1
+            grown.copied_from = buffer.ids
+            buffer = grown
     else:
         buffer, keep = ContextBuffer(_capacity(total)), 0
     pos = keep
@@ -85,4 +95,4 @@ def write_input(
     input_ids, input_prov = buffer.ids[:total], buffer.prov[:total]
     input_ids.flags.writeable = False
     input_prov.flags.writeable = False
-    return input_ids, input_prov, buffer, replaced
+    return input_ids, input_prov, buffer, buffer.copied_from

@@ -20,7 +20,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from gyre.proxy.context_buffer import ContextBuffer
+from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import ROLE_ASSISTANT, ChatRequest, Message, ToolCall
 from gyre.proxy.render import ChatRenderer, RenderError
 from gyre.proxy.tito_input import InputPlan, OutputEntry, PreparedInput, TextRef, TrieNode, trie_key
@@ -194,9 +194,11 @@ class TitoSession:
         arr = self._recent.get(call_index)
         if arr is not None:
             self._recent.move_to_end(call_index)
-        else:
+        else:  # read back from the tree into a buffer the next input can continue in place
             nid = self.tree.record_node(call_index)
-            arr = (self.tree.path_tokens(nid), self.tree.path_provenance(nid), _NO_IDS, 0, None)
+            path_ids, path_prov, buffer, _ = write_input([self.tree.path_tokens(nid)], [self.tree.path_provenance(nid)])
+            buffer.copied_from = self.tree.view_base(nid)
+            arr = (path_ids, path_prov, _NO_IDS, 0, buffer)
             self._remember(call_index, arr)
         ids, prov, out, out_prov, buffer = arr
         m = ids.shape[0]
@@ -502,6 +504,8 @@ class TitoSession:
         delivered = rec.delivered
         shared = prepared.buffer is not None and rec.input_ids is prepared.input_ids
         self.tree.insert(rec, share_input=shared, replaces=prepared.replaced if shared else None)
+        if shared:
+            prepared.buffer.copied_from = None  # the tree moved what it could
         self._next_call += 1
         st = self.stats
         st.calls += 1

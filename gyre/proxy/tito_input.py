@@ -100,8 +100,9 @@ class PreparedInput:
     * ``restored_calls`` -- tool calls whose argument text was restored from the cache.
     * ``starts_in_reasoning`` -- the generation prompt opens a ``<think>`` block.
     * ``buffer`` -- the :class:`~gyre.proxy.context_buffer.ContextBuffer` whose prefix
-      ``input_ids`` is; ``replaced`` -- the ``ids`` array of the buffer it continued, when the
-      kept input had to be copied into a new one (else ``None``).
+      ``input_ids`` is; ``replaced`` -- the array its first tokens were copied from (a full
+      buffer, or the tree's views when the record was read back from it), whose views the tree
+      may move to ``buffer``; else ``None``.
     """
 
     input_ids: np.ndarray

@@ -26,6 +26,7 @@ import numpy as np
 
 from gyre.common_prefix import common_prefix_len
 from gyre.trajectory.records import RequestRecord
+from gyre.trajectory.tree_sharing import share_input_views, view_base
 
 __all__ = ["ROOT", "Node", "RecordInfo", "InsertResult", "PrefixMatch", "TrajectoryTree"]
 
@@ -277,6 +278,11 @@ class TrajectoryTree:
             parts.append(lp)
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
+    def view_base(self, node_id: int) -> np.ndarray | None:
+        """The array that the deepest view on the path to ``node_id`` shows (see
+        :meth:`insert`'s ``share_input``), or ``None`` if the path holds only the tree's own."""
+        return view_base(self.nodes, node_id)
+
     def _concat(self, node_id: int, attr: str, empty: np.ndarray) -> np.ndarray:
         parts = [getattr(self.nodes[n], attr) for n in self.path(node_id)]
         return np.concatenate(parts) if parts else empty.copy()
@@ -479,7 +485,8 @@ class TrajectoryTree:
         The new node's arrays are the tree's own. With ``share_input`` the nodes on the reused
         prefix may instead keep read-only views of ``record.input_ids`` (the same tokens), so a
         thread whose every input is a prefix of one buffer (see
-        :mod:`gyre.proxy.context_buffer`) holds its tokens once: :meth:`_share` gives the rule.
+        :mod:`gyre.proxy.context_buffer`) holds its tokens once:
+        :func:`~gyre.trajectory.tree_sharing.share_input_views` gives the rule.
         The caller must then never modify that array. ``replaces``: an array whose views on this
         path may be moved to ``record.input_ids`` (the buffer it was copied from).
 
@@ -540,7 +547,7 @@ class TrajectoryTree:
         )
         self._by_call[record.call_index] = rec_idx
         if share_input and depth:
-            self._share(nid, x, replaces)
+            share_input_views(self.nodes, self.records, nid, x, replaces)
         # Index update: the record replaces the anchor it extended (same thread), else the
         # least recently added anchor is evicted.
         if anchor_pos >= 0:
@@ -587,39 +594,6 @@ class TrajectoryTree:
             head.amb_child = head_id
             self._repoint(node_id, (nd.amb_parent, node_id), (nd.amb_parent, head_id))
         return head_id
-
-    def _share(self, node_id: int, x: np.ndarray, replaces: np.ndarray | None) -> None:
-        """Point the tokens of the nodes on the path to ``node_id`` (which ends within ``x``'s
-        matched prefix) at read-only views of ``x``, walking up from ``node_id``.
-
-        The walk stops at a node that already views ``x``'s memory, or at the root. It passes
-        the tree's own arrays and views of ``replaces``. A view of another array is passed only
-        where the path joins it near the root (its end at most a quarter into ``x``: a shared
-        system prompt, the start of a compacted context); where it joins deeper (a branch forked
-        from a long context) nothing is moved, so that ``x``'s copy of that long prefix is not
-        kept alive by the tree. O(nodes moved); once a thread's path views its buffer, a call
-        moves one or two nodes.
-        """
-        nodes = self.nodes
-        xb = x if x.base is None else x.base
-        todo: list[Node] = []
-        joined = False
-        nid = node_id
-        while nid != ROOT:
-            nd = nodes[nid]
-            b = nd.tokens.base
-            if b is xb:
-                break
-            if nd.shared and b is not replaces and not joined:
-                if 4 * nd.end > x.shape[0]:
-                    return
-                joined = True
-            todo.append(nd)
-            nid = nd.parent
-        for nd in todo:
-            nd.tokens = x[nd.start:nd.end]
-            nd.tokens.flags.writeable = False
-            nd.shared = True
 
     def _repoint(self, top: int, old: tuple[int, int], new: tuple[int, int]) -> None:
         """Set ``amb`` to ``new`` on ``top`` and the descendants that inherit ``old`` from it."""

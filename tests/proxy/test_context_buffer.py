@@ -146,8 +146,44 @@ def test_a_branch_forked_deep_in_a_context_keeps_its_own_arrays():
     prefix = (main[0].input_ids[:10], main[0].input_provenance[:10])
     side, side_buf = _thread(tree, 4, 70_000, prefix=prefix, new=200)
     side_path = tree.path(tree.record_node(side[-1].call_index))
-    assert _viewing(tree, side_buf) == set(side_path[:-1])  # the 10 shared tokens too
+    head = side_path[0]  # the 10 shared tokens stay where they are
+    assert tree.nodes[head].end == 10 and tree.nodes[head].tokens.base is main_buf.ids
+    assert _viewing(tree, side_buf) == set(side_path[1:-1])
     assert tree.digest() == _copy(main + fork + side).digest()
+
+
+def test_one_call_branches_keep_no_buffer_alive():
+    """Ten one-call branches joining a thread near its start, then the thread goes on: no
+    branch's buffer stays alive, and the tree holds about what a tree of copies holds (one
+    anchor, so that the insert index keeps no branch's input either)."""
+    tree, plain = TrajectoryTree(anchor_slots=1), TrajectoryTree(anchor_slots=1)
+    main, main_buf = _thread(tree, 20, 0, new=2000)
+    for r in main:
+        plain.insert(r)
+    weak = []
+    for k in range(10):
+        at = 6000 - 500 * k
+        prefix = (main[-1].input_ids[:at], main[-1].input_provenance[:at])
+        branch, buf = _thread(tree, 1, 200_000 + 10_000 * k, prefix=prefix, new=4 * at)
+        plain.insert(branch[0])
+        weak.append(weakref.ref(buf.ids))
+        del branch, buf
+    more, main_buf = _thread(tree, 3, 500_000, prev=main[-1], buf=main_buf, new=2000)
+    for r in more:
+        plain.insert(r)
+    gc.collect()
+    assert all(w() is None for w in weak)
+    # the main thread's buffer (with its spare room) instead of its nodes' own arrays
+    assert tree.nbytes() <= plain.nbytes() + main_buf.ids.nbytes
+
+
+def test_the_first_part_must_be_the_kept_prefix():
+    x1, p1, buf, _ = write_input(*parts((0, 10, 0)))
+    with pytest.raises(ValueError, match="kept prefix"):
+        write_input([], [], buf, 10)
+    with pytest.raises(ValueError, match="kept prefix"):
+        write_input([x1.copy(), np.ones(2, np.int32)], [p1, np.zeros(2, np.int8)], buf, 10)
+    assert buf.used == 10 and x1.tolist() == list(range(10))
 
 
 def test_a_session_keeps_each_thread_once(qwen_renderer):
@@ -164,4 +200,27 @@ def test_a_session_keeps_each_thread_once(qwen_renderer):
     assert p.reused_tokens > 0 and rec.input_ids.base is p.buffer.ids
     path = s.tree.path(s.tree.record_node(rec.call_index))
     assert _viewing(s.tree, p.buffer) == set(path[:-1])
+    assert s.tree.digest() == _copy(records).digest()
+
+
+def test_a_thread_read_back_from_the_tree_shares_again(qwen_renderer):
+    """A main agent and two sub-agents taking turns with a one-record cache: each thread's
+    record leaves the cache, so every input is read back from the tree. The read-back is put in
+    a buffer the input continues in place, the tree's views move to it, and each thread's path
+    views its latest buffer."""
+    r = qwen_renderer
+    s = TitoSession("e", r, recent_records=1)
+    convs = [[Message("system", f"agent {a}"), Message("user", f"task {a}")] for a in range(3)]
+    records, last = [], {}
+    for k in range(5):
+        for a, conv in enumerate(convs):
+            p, rec, msg = turn(s, chat(*conv), enc(r, f"agent {a} step {k}") + [IM_END])
+            records.append(rec)
+            last[a] = p
+            conv += [msg, Message("user", f"result {a}.{k} " + "z" * 200)]
+    for a, p in last.items():
+        path = s.tree.path(s.tree.record_node(records[-3 + a].call_index))
+        # all but the tip; the 5 tokens every thread starts with view one of the buffers
+        assert _viewing(s.tree, p.buffer) - {path[0]} == set(path[1:-1])
+        assert s.tree.nodes[path[0]].end == 5 and s.tree.nodes[path[0]].shared
     assert s.tree.digest() == _copy(records).digest()

@@ -326,7 +326,5 @@ def test_sharing_input_views_changes_no_content(data, n_records):
             assert a.tokens.tolist() == b.tokens.tolist()
             assert not b.shared or not b.tokens.flags.writeable
     assert shared.digest() == plain.digest()
-    assert any(nd.shared for nd in shared.nodes) == any(r.input_ids.size and shared.record_info(r.call_index).matched_tokens
-                                                          for r in records)
     for r, (i, o) in zip(records, before):
         assert r.input_ids.tolist() == i.tolist() and r.output_ids.tolist() == o.tolist()
