@@ -38,7 +38,7 @@ execution with ``--flat-turn-tokens`` new tokens per turn from 1k to ``--max-con
 tokens in-process (no HTTP, no other load; each call's read-only stages repeated 5 times) and
 prints those stage times by context length (target: matching/encoding flat).
 
-Targets (issue 10): (b) <= 1.5 x (a) at each concurrency; matching + encoding per call
+Targets: (b) <= 1.5 x (a) at each concurrency; matching + encoding per call
 independent of the context length.
 """
 
@@ -56,6 +56,8 @@ import threading
 import time
 from typing import Any
 
+import orjson
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TOOL_REPLY = '<tool_call>\n{"name": "bash", "arguments": {"command": "cat src/module.py"}}\n</tool_call>'
@@ -71,43 +73,40 @@ def _tokenizer(kind: str):
 
 
 def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool) -> None:
-    """The stand-in SGLang engine (see the module docstring)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    """The stand-in SGLang engine (see the module docstring), on aiohttp with orjson: it shares
+    this machine's cores with the proxy it answers, so it is kept cheap."""
+    from aiohttp import web
 
     _, tok = _tokenizer(kind)
     out_ids = tok.encode(TOOL_REPLY, add_special_tokens=False) + [tok.eos_token_id]
     lps = [[-0.1, i, None] for i in out_ids]
-    app = FastAPI()
 
     def meta(rid, n_in):
         return {"id": rid, "finish_reason": {"type": "stop", "matched": tok.eos_token_id}, "prompt_tokens": n_in,
                 "completion_tokens": len(out_ids), "cached_tokens": 0, "weight_version": "0",
                 "output_token_logprobs": lps}
 
-    @app.get("/get_server_info")
-    async def info():
-        return {"incremental_streaming_output": False}
+    def json_response(obj) -> web.Response:
+        return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
-    @app.post("/abort_request")
-    async def abort():
-        return {}
+    async def info(_request):
+        return json_response({"incremental_streaming_output": False})
 
-    @app.post("/generate")
-    async def generate(request: Request):
-        body = json.loads(await request.body())
+    async def abort(_request):
+        return json_response({})
+
+    async def generate(request):
+        body = orjson.loads(await request.read())
         n_in = len(body["input_ids"])
         if decode_ms:
             await asyncio.sleep(decode_ms / 1000)
-        res = {"text": TOOL_REPLY, "output_ids": out_ids, "meta_info": meta(body.get("rid") or "r", n_in)}
-        if body.get("stream"):
-            data = f"data: {json.dumps(res)}\n\ndata: [DONE]\n\n"
-            return StreamingResponse(iter([data]), media_type="text/event-stream")
-        return Response(json.dumps(res), media_type="application/json")
+        res = orjson.dumps({"text": TOOL_REPLY, "output_ids": out_ids, "meta_info": meta(body.get("rid") or "r", n_in)})
+        if body.get("stream"):  # the whole SSE stream in one body: no per-event work in the stand-in
+            return web.Response(body=b"data: " + res + b"\n\ndata: [DONE]\n\n", content_type="text/event-stream")
+        return web.Response(body=res, content_type="application/json")
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = json.loads(await request.body())
+    async def chat(request):
+        body = orjson.loads(await request.read())
         if tokenizes:  # what SGLang's OpenAI server does before generating
             n_in = len(tok.apply_chat_template(body["messages"], tools=body.get("tools"), add_generation_prompt=True,
                                                tokenize=True, return_dict=False))
@@ -115,40 +114,60 @@ def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool) -> Non
             n_in = sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4
         if decode_ms:
             await asyncio.sleep(decode_ms / 1000)
-        return JSONResponse({
+        return json_response({
             "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
                 "role": "assistant", "content": "", "tool_calls": [{"id": f"call_{random.getrandbits(48):x}",
                 "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat src/module.py"}'}}]}}],
             "usage": {"prompt_tokens": n_in, "completion_tokens": len(out_ids), "total_tokens": n_in + len(out_ids)}})
 
-    _run(app, port)
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_get("/get_server_info", info)
+    app.router.add_post("/abort_request", abort)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/chat/completions", chat)
+    _serve_aiohttp(app, port)
 
 
 def serve_forwarder(port: int, upstream: str) -> None:
     """A plain aiohttp pass-through: forwards the body bytes, returns the response bytes."""
     from aiohttp import ClientSession, TCPConnector, web
 
+    session: ClientSession | None = None
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal session
+        session = session or ClientSession(connector=TCPConnector(limit=1024))
+        body = await request.read()
+        async with session.post(upstream + request.path, data=body,
+                                headers={"content-type": request.headers.get("content-type", "application/json")}) as r:
+            data = await r.read()
+            return web.Response(body=data, status=r.status, content_type=r.content_type)
+
+    app = web.Application(client_max_size=1 << 28)
+    app.router.add_post("/{tail:.*}", handle)
+    _serve_aiohttp(app, port)
+
+
+def _serve_aiohttp(app, port: int) -> None:
+    """Serve ``app`` on 127.0.0.1 (uvloop where installed), print its URL as one JSON line, run
+    until killed."""
+    from aiohttp import web
+
     async def main():
-        session = ClientSession(connector=TCPConnector(limit=1024))
-
-        async def handle(request: web.Request) -> web.Response:
-            body = await request.read()
-            async with session.post(upstream + request.path, data=body,
-                                    headers={"content-type": request.headers.get("content-type", "application/json")}) as r:
-                data = await r.read()
-                return web.Response(body=data, status=r.status, content_type=r.content_type)
-
-        app = web.Application(client_max_size=1 << 28)
-        app.router.add_post("/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=3600)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
         await site.start()
         print(json.dumps({"url": f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"}), flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    try:
+        from uvloop import new_event_loop
+    except ImportError:
+        new_event_loop = None
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(main())
 
 
 def serve_gyre(port: int, upstream: str, kind: str, store_dir: str, durability: str) -> None:
@@ -166,23 +185,6 @@ def serve_gyre(port: int, upstream: str, kind: str, store_dir: str, durability: 
     srv.start("127.0.0.1", port)
     print(json.dumps({"url": srv.url}), flush=True)
     threading.Event().wait()
-
-
-def _run(app, port: int) -> None:
-    import socket
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
-    sock.bind(("127.0.0.1", port))
-    sock.listen(4096)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                           timeout_keep_alive=3600, backlog=4096))
-    threading.Thread(target=lambda: (time.sleep(0.5), print(json.dumps(
-        {"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)), daemon=True).start()
-    server.run(sockets=[sock])
 
 
 def _spawn(*args: str) -> tuple[subprocess.Popen, str]:

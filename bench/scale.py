@@ -129,6 +129,15 @@ class ProcStat:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """CPU seconds this machine's cores have spent busy (all processes and the kernel) and stolen
+    by the hypervisor for other guests (``/proc/stat``): a phase's steal share says how much of
+    the cores this virtual machine did not get."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return (user + nice + system + irq + softirq) / ProcStat.TICK, steal / ProcStat.TICK
+
+
 class Proxies:
     """Rank 0's proxy processes (``--proxy-workers``): an execution belongs to the worker its id
     hashes to (:func:`gyre.proxy.workers.worker_index`); CPU, RSS, threads and fds are summed."""
@@ -263,12 +272,19 @@ def stages_ms(st: list[dict[str, float]]) -> dict[str, float]:
 
 
 def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: Proxies,
-          engine_ms: float) -> dict[str, Any]:
-    """Run one phase and measure the proxy over it."""
+          engine_ms: float, engines: list[ProcStat]) -> dict[str, Any]:
+    """Run one phase and measure the proxy over it, and the CPU of the load generator's processes
+    and of the engines, which share this machine's cores with the proxy."""
     n0 = proxy.stage_counts()
-    c0, t0 = proxy.cpu_s(), time.perf_counter()
+    loads = [ProcStat(p.pid) for p in load.procs]
+
+    def cpu_of(stats: list[ProcStat]) -> float:
+        return sum(s.cpu_s() for s in stats)
+
+    c0, l0, e0, m0, t0 = proxy.cpu_s(), cpu_of(loads), cpu_of(engines), machine_cpu_s(), time.perf_counter()
     res = load.run(cmd, share)
     wall, cpu = time.perf_counter() - t0, proxy.cpu_s() - c0
+    load_cpu, engine_cpu, m1 = cpu_of(loads) - l0, cpu_of(engines) - e0, machine_cpu_s()
     st = proxy.stages_since(n0)
     lat = np.asarray(res["latencies"]) * 1e3
     out = {"phase": name, "calls": res["calls"], "errors": res["num_errors"], "error_examples": res["errors"],
@@ -277,6 +293,10 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
            "p99_added_ms": float(np.percentile(lat, 99)) - engine_ms if lat.size else None,
            "cpu_ms_per_call": 1e3 * cpu / res["calls"] if res["calls"] else None,
            "proxy_cpu_share": cpu / wall if wall else 0.0,
+           "load_cpu_share": load_cpu / wall if wall else 0.0,
+           "engines_cpu_share": engine_cpu / wall if wall else 0.0,
+           "machine_busy_cores": (m1[0] - m0[0]) / wall if wall else 0.0,
+           "machine_stolen_cores": (m1[1] - m0[1]) / wall if wall else 0.0,
            "stages_ms": stages_ms(st),
            "context_tokens": res["context_tokens"], "proxy_rss_bytes": proxy.rss_bytes()}
     if cmd.get("rate"):
@@ -284,7 +304,9 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
     print(*out["error_examples"][:2], file=sys.stderr) if out["errors"] else None
     print(f"  {name:<14} calls {out['calls']:>6}  errors {out['errors']:>3}  served {out['calls_per_s']:7.1f}/s  "
           f"added p50 {out['p50_added_ms'] or 0:8.1f} ms  p99 {out['p99_added_ms'] or 0:8.1f} ms  "
-          f"proxy CPU {out['cpu_ms_per_call'] or 0:7.2f} ms/call ({out['proxy_cpu_share']:.0%} of a core)  "
+          f"proxy CPU {out['cpu_ms_per_call'] or 0:7.2f} ms/call ({out['proxy_cpu_share']:.0%} of a core; "
+          f"load {out['load_cpu_share']:.0%}, engines {out['engines_cpu_share']:.0%}; {out['machine_busy_cores']:.2f} of "
+          f"{os.cpu_count()} cores busy, {out['machine_stolen_cores']:.2f} stolen)  "
           f"stages {json.dumps({k: round(v, 2) for k, v in out['stages_ms'].items()})}", flush=True)
     return out
 
@@ -372,14 +394,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.executions} executions, {args.engines} engines, {args.load_processes} load processes; "
               f"{args.proxy_workers} proxy process(es), RSS {rss0 / 2**20:.0f} MiB", flush=True)
         load = Load(proxy.register(args.executions, "load"), args.load_processes, args, init_range, seed=1)
+        engines = [ProcStat(p.pid) for p in procs[:args.engines]]
         engine_ms = engine_round_trip_ms(engine_urls[0], sum(init_range) // 2 + 4 * args.turn_tokens)
         print(f"  engine round trip {engine_ms:.2f} ms (subtracted from latencies)", flush=True)
-        phases = [phase("warm", load, {"op": "warm", "concurrency": 16}, None, proxy, engine_ms)]
+        phases = [phase("warm", load, {"op": "warm", "concurrency": 16}, None, proxy, engine_ms, engines)]
         for r in rates:
             phases.append(phase(f"open {r:g}/s", load, {"op": "open", "rate": r, "duration": args.phase_s}, "rate",
-                                proxy, engine_ms))
+                                proxy, engine_ms, engines))
         phases.append(phase("saturation", load, {"op": "closed", "concurrency": args.saturation_concurrency,
-                                                 "duration": args.phase_s}, "concurrency", proxy, engine_ms))
+                                                 "duration": args.phase_s}, "concurrency", proxy, engine_ms,
+                            engines))
         live_tokens = phases[-1]["context_tokens"]
         rss_load = proxy.rss_bytes()
         result["phases"] = phases

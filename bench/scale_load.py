@@ -1,6 +1,8 @@
 """The load generator of ``bench/scale.py``: synthetic black-box executions in their own process.
 
-One process owns a slice of the executions and runs them on one asyncio loop with httpx. Each
+One process owns a slice of the executions and runs them on one asyncio loop (uvloop) with an
+aiohttp client and orjson (the generator shares this machine's cores with the proxy it loads,
+so it is kept cheap). Each
 execution is a tool-calling agent on one of the three APIs (Anthropic Messages, OpenAI Chat,
 OpenAI Responses), streaming or not, that sends its *whole* conversation on every call (as a
 black-box harness does) and appends the reply's tool call and a tool result of about
@@ -33,6 +35,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}
 ARGS = '{"command": "cat src/module.py"}'
@@ -92,7 +96,7 @@ class Conversation:
 def reply_of(api: str, stream: bool, raw: bytes) -> tuple[str, int]:
     """``(tool call id, prompt tokens)`` of a reply (whole body, or all SSE bytes when streamed)."""
     if not stream:
-        r = json.loads(raw)
+        r = orjson.loads(raw)
         if api == "chat":
             return r["choices"][0]["message"]["tool_calls"][0]["id"], r["usage"]["prompt_tokens"]
         if api == "anthropic":
@@ -103,7 +107,7 @@ def reply_of(api: str, stream: bool, raw: bytes) -> tuple[str, int]:
     for line in raw.decode().splitlines():
         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue
-        ev = json.loads(line[5:])
+        ev = orjson.loads(line[5:])
         if api == "chat":
             for ch in ev.get("choices") or ():
                 for tc in (ch.get("delta") or {}).get("tool_calls") or ():
@@ -204,7 +208,7 @@ def chars_per_token(tokenizer, seed: int = 0) -> float:
 
 
 async def serve(cfg: dict[str, Any]) -> None:
-    import httpx
+    import aiohttp
 
     rnd = random.Random(cfg["seed"])
     texts = Texts(cfg["seed"], cfg["chars_per_token"])
@@ -214,12 +218,12 @@ async def serve(cfg: dict[str, Any]) -> None:
     for ex, url in zip(execs, cfg["urls"]):  # each execution calls the proxy worker that owns it
         ex.base_url = url
     idle = list(range(len(execs)))
-    limits = httpx.Limits(max_connections=len(execs) + 8, max_keepalive_connections=len(execs) + 8)
+    connector = aiohttp.TCPConnector(limit=len(execs) + 8, limit_per_host=0)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
-    async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
         lat: list[float] = []
         errors: list[str] = []
 
@@ -234,17 +238,13 @@ async def serve(cfg: dict[str, Any]) -> None:
                     extra = ({"type": "message", "role": "user", "content": summary} if ex.api == "responses"
                              else {"role": "user", "content": summary})
                     body[key] = [*body[key], extra]
-                data = json.dumps(body).encode()
+                data = orjson.dumps(body)
                 t0 = time.perf_counter()
-                if ex.stream:
-                    async with client.stream("POST", ex.base_url + PATHS[ex.api], content=data, headers=ex.headers(role)) as r:
-                        raw = await r.aread()
-                else:
-                    r = await client.post(ex.base_url + PATHS[ex.api], content=data, headers=ex.headers(role))
-                    raw = r.content
+                async with client.post(ex.base_url + PATHS[ex.api], data=data, headers=ex.headers(role)) as r:
+                    raw, status = await r.read(), r.status  # the whole body, or every SSE event
                 dt = time.perf_counter() - t0
-                if r.status_code != 200:
-                    errors.append(f"{ex.api}: HTTP {r.status_code}: {raw[:200]!r}")
+                if status != 200:
+                    errors.append(f"{ex.api}: HTTP {status}: {raw[:200]!r}")
                     return
                 call_id, tokens = reply_of(ex.api, ex.stream, raw)
                 lat.append(dt)
@@ -319,7 +319,12 @@ async def serve(cfg: dict[str, Any]) -> None:
 
 def main() -> int:
     cfg = json.loads(open(sys.argv[1]).read())
-    asyncio.run(serve(cfg))
+    try:
+        from uvloop import new_event_loop
+    except ImportError:  # the stdlib loop: more CPU per call, same behaviour
+        new_event_loop = None
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(serve(cfg))
     return 0
 
 
