@@ -23,7 +23,10 @@ at each offered rate of ``--rates`` (calls/s, Poisson), **saturation** (``--satu
 callers back to back: ``calls_per_s_max``). Per phase it reports calls/s served, latency p50/p99
 minus the engine's own round trip (``added``), the proxy process's CPU ms per call (from its
 ``/proc`` CPU time, so the load generators sharing the cores do not count) and its per-stage
-times (``GET /gyre/stats``).
+times (``GET /gyre/stats``), and the CPU share of the load generators, of the engines, of the
+whole machine (busy cores) and of the hypervisor's steal. A phase ends when its calls are
+answered for its rates and latencies, and when the proxy has gone idle (their records written)
+for its CPU and RSS.
 
 The ``--context`` sweep then gives a few executions an initial context of each size (10k to 700k
 tokens), waits until the proxy is idle, lets each make ``--sweep-calls`` calls one at a time, and
@@ -283,8 +286,10 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
 
     c0, l0, e0, m0, t0 = proxy.cpu_s(), cpu_of(loads), cpu_of(engines), machine_cpu_s(), time.perf_counter()
     res = load.run(cmd, share)
-    wall, cpu = time.perf_counter() - t0, proxy.cpu_s() - c0
+    wall = time.perf_counter() - t0
     load_cpu, engine_cpu, m1 = cpu_of(loads) - l0, cpu_of(engines) - e0, machine_cpu_s()
+    proxy.settle()  # the records still queued are this phase's calls: their CPU and memory count here
+    cpu = proxy.cpu_s() - c0
     st = proxy.stages_since(n0)
     lat = np.asarray(res["latencies"]) * 1e3
     out = {"phase": name, "calls": res["calls"], "errors": res["num_errors"], "error_examples": res["errors"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -321,13 +322,44 @@ def cpu_server_launcher() -> Path | None:
     return path if path.is_file() else None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on ``host``."""
+def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A currently free TCP port on ``host``, below the kernel's ephemeral port range where there
+    is room (``/proc/sys/net/ipv4/ip_local_port_range``). A port from that range can be handed to
+    another socket between this check and the server's own bind (any ``bind`` to port 0 or
+    outgoing connection, the server's own included); one below it is taken only by a process that
+    asks for it by number. ``rng`` picks the candidates (default: the system's randomness)."""
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    rng = rng or random.SystemRandom()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_port_low()
+    for _ in range(64 if low > _LOWEST_PORT else 0):
+        port = rng.randrange(_LOWEST_PORT, low)
+        with socket.socket(family) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family) as s:  # no room below the range, or every candidate taken
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+#: The lowest port :func:`free_port` picks (below it: the ports services are usually given).
+_LOWEST_PORT = 10_000
+
+
+def _ephemeral_port_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: How many times :meth:`SGLangEngine.start` chooses another port when the one it chose was taken.
+_PORT_RETRIES = 2
 
 
 class SGLangEngine:
@@ -404,19 +436,31 @@ class SGLangEngine:
         """
         import tempfile
 
-        from gyre.rollout.engine_client import EngineClient
-
-        cmd = self.command()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="sglang-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=server_environment(self.env),
-                                     start_new_session=True)
-        track_process_group(self.proc.pid)
-        if not wait_healthy:
-            return self
+        chosen_port, launches = self.port is None, 0
+        while True:
+            launches += 1
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            self._log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=server_environment(self.env), start_new_session=True)
+            track_process_group(self.proc.pid)
+            if not wait_healthy:
+                return self
+            try:
+                return self._wait_healthy()
+            except RuntimeError:
+                # a port chosen here that another socket took before the server bound it: choose again
+                if not (chosen_port and launches <= _PORT_RETRIES and self._log_says_port_taken(log_start)):
+                    raise
+                self.port = None
+
+    def _wait_healthy(self) -> "SGLangEngine":
+        from gyre.rollout.engine_client import EngineClient
+
         deadline = time.monotonic() + self.startup_timeout
         with EngineClient(self.url, timeout=10.0) as c:
             while True:
@@ -431,6 +475,15 @@ class SGLangEngine:
                     self.stop()
                     raise RuntimeError(f"SGLang server not healthy after {self.startup_timeout:.0f} s: {tail}")
                 time.sleep(0.5)
+
+    def _log_says_port_taken(self, since: int) -> bool:
+        """The server's log since byte ``since`` reports its HTTP port already in use."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(since)
+                return b"address already in use" in f.read().lower()
+        except OSError:
+            return False
 
     def log_tail(self, lines: int = 20) -> str:
         """Last lines of the server log."""

@@ -7,19 +7,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from gyre.rollout.sglang_engine import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "serving.md"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def page_script(engine_port: int, proxy_port: int, demo_dir: Path) -> str:
@@ -35,7 +30,8 @@ def page_script(engine_port: int, proxy_port: int, demo_dir: Path) -> str:
 
 def test_serving_page_runs_as_written(tmp_path):
     demo = tmp_path / "gyre-demo"
-    script = page_script(_free_port(), _free_port(), demo)
+    engine_port = free_port()
+    script = page_script(engine_port, next(p for p in iter(free_port, None) if p != engine_port), demo)
     assert script.count("tools/serve_rollout.py --engine-url") == 1
     proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)

@@ -3,13 +3,14 @@ server standing in for ``python -m sglang.launch_server``)."""
 
 import argparse
 import json
+import socket
 import sys
 import textwrap
 
 import pytest
 
 from gyre.arguments import parse_args
-from gyre.rollout.sglang_engine import SGLangEngine, add_sglang_arguments, sglang_server_argv
+from gyre.rollout.sglang_engine import SGLangEngine, add_sglang_arguments, free_port, sglang_server_argv
 
 
 def test_gyre_flags_map_to_sglang_flags():
@@ -103,6 +104,14 @@ FAKE_SERVER = textwrap.dedent("""
         print("fake sglang: bad flag --crash", flush=True)
         sys.exit(3)
     port = int(argv[argv.index("--port") + 1])
+    if "--taken-once" in argv:  # the first launch finds its port taken, as uvicorn reports it
+        marker = argv[argv.index("--taken-once") + 1]
+        tried = open(marker).read().split() if os.path.exists(marker) else []
+        open(marker, "a").write(f"{port}\\n")
+        if not tried:
+            print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+                  "address already in use", flush=True)
+            sys.exit(3)
     record = argv[argv.index("--record") + 1]
     open(record, "w").write(json.dumps(argv))
     open(record + ".env", "w").write(json.dumps(sorted(os.environ)))
@@ -150,6 +159,51 @@ def test_engine_start_failure_reports_the_log(tmp_path):
     eng = SGLangEngine("/m", server_argv=["--crash"], launcher=[sys.executable, str(script)], startup_timeout=60)
     with pytest.raises(RuntimeError, match="bad flag --crash"):
         eng.start()
+
+
+def test_a_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    marker, record = tmp_path / "ports", tmp_path / "argv.json"
+    eng = SGLangEngine("/m", server_argv=["--taken-once", str(marker), "--record", str(record)],
+                       launcher=[sys.executable, str(script)], log_path=tmp_path / "server.log", startup_timeout=60)
+    with eng:
+        with eng.client() as c:
+            assert c.health()
+        first, second = (int(p) for p in marker.read_text().split())
+        assert first != second == eng.port
+        assert "address already in use" in (tmp_path / "server.log").read_text()  # the first launch's log kept
+
+    # a port the caller chose is the caller's: the failure is reported, not retried
+    marker.unlink()
+    fixed = SGLangEngine("/m", port=free_port(), server_argv=["--taken-once", str(marker), "--record", str(record)],
+                         launcher=[sys.executable, str(script)], startup_timeout=60)
+    with pytest.raises(RuntimeError, match="address already in use"):
+        fixed.start()
+    assert len(marker.read_text().split()) == 1
+
+
+class _Candidates:
+    """A stand-in for ``random.Random`` whose ``randrange`` returns the given ports in order."""
+
+    def __init__(self, ports):
+        self.ports = list(ports)
+
+    def randrange(self, lo, hi):
+        port = self.ports.pop(0)
+        assert lo <= port < hi
+        return port
+
+
+def test_free_port_is_below_the_ephemeral_range_and_skips_taken_ports():
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(10_000 <= p < low for p in ports) and len(ports) > 1
+    taken, free = sorted(ports)[:2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", taken))
+        s.listen()
+        assert free_port(rng=_Candidates([taken, free])) == free
 
 
 def test_from_args_uses_model_dir_and_passthrough():
