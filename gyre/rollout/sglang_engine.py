@@ -428,7 +428,9 @@ class SGLangEngine:
 
     def start(self, wait_healthy: bool = True) -> "SGLangEngine":
         """Launch and wait until ``/health`` answers 200 (``wait_healthy=False``: launch only, for
-        a multi-node server's process on a node other than its first, which serves no HTTP).
+        a multi-node server's process on a node other than its first, which serves no HTTP). When
+        the port was chosen here (``port=None``) and the server's log reports it already in use,
+        the server is launched again on another port, up to :data:`_PORT_RETRIES` times.
 
         Raises:
             RuntimeError: the process exited, or was not healthy within ``startup_timeout`` s
