@@ -141,6 +141,11 @@ def machine_cpu_s() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / ProcStat.TICK, steal / ProcStat.TICK
 
 
+def total_cpu_s(stats: list[ProcStat]) -> float:
+    """CPU seconds of ``stats``' processes together."""
+    return sum(s.cpu_s() for s in stats)
+
+
 class Proxies:
     """Rank 0's proxy processes (``--proxy-workers``): an execution belongs to the worker its id
     hashes to (:func:`gyre.proxy.workers.worker_index`); CPU, RSS, threads and fds are summed."""
@@ -149,7 +154,7 @@ class Proxies:
         self.stats, self.urls = [ProcStat(p) for p in pids], urls
 
     def cpu_s(self) -> float:
-        return sum(s.cpu_s() for s in self.stats)
+        return total_cpu_s(self.stats)
 
     def rss_bytes(self) -> int:
         return sum(s.rss_bytes() for s in self.stats)
@@ -280,14 +285,10 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
     and of the engines, which share this machine's cores with the proxy."""
     n0 = proxy.stage_counts()
     loads = [ProcStat(p.pid) for p in load.procs]
-
-    def cpu_of(stats: list[ProcStat]) -> float:
-        return sum(s.cpu_s() for s in stats)
-
-    c0, l0, e0, m0, t0 = proxy.cpu_s(), cpu_of(loads), cpu_of(engines), machine_cpu_s(), time.perf_counter()
+    c0, l0, e0, m0, t0 = proxy.cpu_s(), total_cpu_s(loads), total_cpu_s(engines), machine_cpu_s(), time.perf_counter()
     res = load.run(cmd, share)
     wall = time.perf_counter() - t0
-    load_cpu, engine_cpu, m1 = cpu_of(loads) - l0, cpu_of(engines) - e0, machine_cpu_s()
+    load_cpu, engine_cpu, m1 = total_cpu_s(loads) - l0, total_cpu_s(engines) - e0, machine_cpu_s()
     proxy.settle()  # the records still queued are this phase's calls: their CPU and memory count here
     cpu = proxy.cpu_s() - c0
     st = proxy.stages_since(n0)
