@@ -20,6 +20,7 @@ import zlib
 import httpx
 import pytest
 
+from gyre.rollout.engine_client import AsyncEngineClient
 from gyre.trajectory.store import TrajectoryStore
 
 PATHS = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
@@ -27,17 +28,16 @@ MAX_KEY = {"anthropic": "max_tokens", "chat": "max_tokens", "responses": "max_ou
 ENGINE_CONTEXT = 96  # the engines' context length; the proxy allows much more
 
 
-class CountingTransport(httpx.AsyncHTTPTransport):
-    """The proxy's transport to an engine, counting ``/generate`` requests."""
+class CountingClient(AsyncEngineClient):
+    """The proxy's client of an engine, counting the generations it asks for."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
         self.generate_calls = 0
 
-    async def handle_async_request(self, request):
-        if request.url.path == "/generate":
-            self.generate_calls += 1
-        return await super().handle_async_request(request)
+    def stream(self, *args, **kwargs):
+        self.generate_calls += 1
+        return super().stream(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +48,25 @@ def setup(tiny_model_dir, tmp_path_factory):
     from gyre.proxy.server import ProxyConfig, ProxyServer
     from gyre.rollout.config import EngineConfig
     from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import AsyncEngineClient
 
     engines = [EngineServer(EngineConfig(model_dir=str(tiny_model_dir), max_running_requests=4,
                                          context_length=ENGINE_CONTEXT)).start() for _ in range(2)]
-    transports = [CountingTransport() for _ in engines]
+    clients = [CountingClient(e.url) for e in engines]
     save = tmp_path_factory.mktemp("records")
     srv = ProxyServer(ChatRenderer(load_tokenizer(tiny_model_dir)), store=TrajectoryStore(save, fsync_every=0),
                       config=ProxyConfig(max_context_tokens=4096, max_tokens_cap=64, default_max_tokens=8,
                                          retry_timeout_s=30))
-    for i, (e, t) in enumerate(zip(engines, transports)):
-        srv.add_engine(ClientEngine(AsyncEngineClient(e.url, transport=t), f"engine-{i}"))
+    for i, (e, t) in enumerate(zip(engines, clients)):
+        srv.add_engine(ClientEngine(t, f"engine-{i}"))
     srv.start()
-    yield srv, transports, save
+    yield srv, clients, save
     srv.stop()
     for e in engines:
         e.stop()
 
 
-def _calls(transports) -> int:
-    return sum(t.generate_calls for t in transports)
+def _calls(clients) -> int:
+    return sum(t.generate_calls for t in clients)
 
 
 def _body(api: str, content: str = "hi", **fields) -> dict:
@@ -122,33 +121,33 @@ BAD_SAMPLING = {
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("api", list(PATHS))
 def test_bad_sampling_answers_400_at_once_without_an_engine_call(setup, api, stream):
-    srv, transports, _ = setup
+    srv, clients, _ = setup
     ex = srv.register_execution(engine_id="engine-0")
     for name, (fields, param) in BAD_SAMPLING.items():
         fields = {(MAX_KEY[api] if k == "__max__" else k): v for k, v in fields.items()}
         param = MAX_KEY[api] if param == "__max__" else param
-        before = _calls(transports)
+        before = _calls(clients)
         status, head, text, dt = _post(srv, ex.api_key, api, _body(api, **fields), stream=stream)
         assert status == 400, (name, text)
         assert head.startswith("application/json") and dt < 5.0, name
         msg = _check_error_shape(api, text, param=param)
         assert param in msg, (name, msg)
-        assert _calls(transports) == before, name
+        assert _calls(clients) == before, name
     assert srv.counters(ex.execution_id)["rejected"] == len(BAD_SAMPLING)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("api", list(PATHS))
 def test_engine_4xx_is_the_clients_4xx_at_once_never_retried(setup, api, stream):
-    srv, transports, _ = setup
+    srv, clients, _ = setup
     ex = srv.register_execution(engine_id="engine-1")
     long_prompt = " ".join(["word"] * 200)  # within the proxy's limit, beyond the engine's context
-    before = _calls(transports)
+    before = _calls(clients)
     status, head, text, dt = _post(srv, ex.api_key, api, _body(api, long_prompt), stream=stream)
     assert status == 400 and head.startswith("application/json"), text
     msg = _check_error_shape(api, text)
     assert msg.startswith("the engine refused the request") and "context length" in msg
-    assert _calls(transports) - before == 1  # one engine call, no retry
+    assert _calls(clients) - before == 1  # one engine call, no retry
     assert dt < 5.0
     c = srv.counters(ex.execution_id)
     assert c["rejected"] == 1 and c["retries"] == 0 and c["calls"] == 0
@@ -202,16 +201,16 @@ def _undecodable() -> dict[str, tuple[bytes, str]]:
 
 @pytest.mark.parametrize("api", list(PATHS))
 def test_undecodable_bodies_answer_400(setup, api):
-    srv, transports, _ = setup
+    srv, clients, _ = setup
     ex = srv.register_execution(engine_id="engine-0")
-    before = _calls(transports)
+    before = _calls(clients)
     for name, (raw, enc) in _undecodable().items():
         status, head, text, dt = _post(srv, ex.api_key, api, None, raw=raw,
                                        headers={"content-encoding": enc} if enc else None)
         assert status == 400, (name, text)
         _check_error_shape(api, text)
         assert dt < 5.0
-    assert _calls(transports) == before
+    assert _calls(clients) == before
 
 
 @pytest.mark.parametrize("api", list(PATHS))

@@ -1,5 +1,6 @@
-"""The engine client (gyre/rollout/engine_client.py, engine_messages.py) against a scripted transport: request bodies,
-typed results, stream normalisation (cumulative and incremental), error mapping."""
+"""The engine clients (gyre/rollout/engine_client.py, engine_messages.py): the blocking one against a scripted
+httpx transport, the asyncio one (aiohttp) against scripted servers on 127.0.0.1: request bodies, typed results,
+stream normalisation (cumulative and incremental), error mapping."""
 
 import asyncio
 import json
@@ -40,6 +41,58 @@ class Script:
 def client(handler, **kw):
     s = Script(handler)
     return EngineClient("http://engine", transport=httpx.MockTransport(s), **kw), s
+
+
+class ScriptServer:
+    """An HTTP server on 127.0.0.1 (aiohttp, in a thread) answering every request from
+    ``handler(path, body) -> httpx.Response``; ``requests`` as :class:`Script`'s.  ``raw`` maps a
+    path to a coroutine ``(request) -> response`` for answers a whole body cannot script (a stall,
+    a connection cut mid-stream)."""
+
+    def __init__(self, handler=None, raw=None):
+        self.handler, self.raw, self.requests = handler, raw or {}, []
+
+    async def _answer(self, request):
+        from aiohttp import web
+
+        if request.path in self.raw:
+            return await self.raw[request.path](request)
+        data = await request.read()
+        body = json.loads(data) if data else None
+        self.requests.append((request.method, request.path, body))
+        r = self.handler(request.path, body)
+        return web.Response(status=r.status_code, body=r.content,
+                            headers={k: v for k, v in r.headers.items() if k.lower() != "content-length"})
+
+    def __enter__(self):
+        import threading
+
+        from aiohttp import web
+
+        ready = threading.Event()
+
+        async def main():
+            app = web.Application(client_max_size=1 << 26)
+            app.router.add_route("*", "/{tail:.*}", self._answer)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+            self._stop = asyncio.Event()
+            ready.set()
+            await self._stop.wait()
+            await self._runner.cleanup()
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(main(),), daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
 
 
 def test_generate_body_and_typed_result():
@@ -155,13 +208,14 @@ def test_stream_normalises_cumulative_and_incremental_events(incremental):
     assert chunks[-1].output_ids == [1, 2, 3, 9] and chunks[-1].finished and not chunks[0].finished
     assert "".join(ch.delta_text for ch in chunks) == chunks[-1].text == "bcdj"
 
-    async def astream():
-        ac = AsyncEngineClient("http://engine", transport=httpx.MockTransport(Script(handler)))
+    async def astream(url):
+        ac = AsyncEngineClient(url)
         out = [ch async for ch in ac.stream([1])]
         await ac.aclose()
         return out
 
-    achunks = asyncio.run(astream())
+    with ScriptServer(handler) as server:
+        achunks = asyncio.run(astream(server.url))
     assert [ch.delta_output_ids for ch in achunks] == [[1], [2, 3], [9]]
 
 
@@ -177,16 +231,103 @@ def test_stream_error_event_raises():
 
 
 def test_async_client_generate_and_health():
-    async def main():
-        s = Script(lambda path, body: httpx.Response(200, json=result([4], [-0.4])))
-        async with AsyncEngineClient("http://engine", transport=httpx.MockTransport(s)) as c:
-            r = await c.generate([1, 2])
+    async def main(url):
+        async with AsyncEngineClient(url) as c:
+            r = await c.generate([1, 2], {"max_new_tokens": 1}, rid="g")
             ok = await c.health()
             assert await c.abort("x") is True
         return r, ok
 
-    r, ok = asyncio.run(main())
-    assert r.output_ids == [4] and ok
+    with ScriptServer(lambda path, body: httpx.Response(200, json=result([4], [-0.4]))) as server:
+        r, ok = asyncio.run(main(server.url))
+    assert r.output_ids == [4] and r.output_logprobs == [-0.4] and ok
+    assert [(m, p) for m, p, _ in server.requests] == [("POST", "/generate"), ("GET", "/health"), ("POST", "/abort_request")]
+    assert server.requests[0][2] == {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1},
+                                     "return_logprob": True, "stream": False, "rid": "g"}
+
+
+def test_async_client_errors_map_to_engine_errors():
+    """An error status (its message from the body, in a stream too), a refused connection, a server
+    that stalls past the read timeout and one that cuts a stream short each raise the engine error
+    the proxy's adapter expects."""
+    from aiohttp import web
+
+    async def stall(request):
+        await asyncio.sleep(3)
+        return web.json_response({})
+
+    async def cut(request):
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(_sse([result([1], [-0.1])]).split("data: [DONE]")[0].encode())
+        request.transport.close()  # the engine died mid-stream
+        return resp
+
+    def handler(path, body):
+        if path == "/server_info":
+            return httpx.Response(200, json={"incremental_streaming_output": True})
+        return httpx.Response(400, json={"error": {"message": "prompt is too long"}})
+
+    async def main(url, dead_url):
+        c = AsyncEngineClient(url, timeout=0.5)
+        with pytest.raises(EngineError, match="prompt is too long") as err:
+            await c.generate([1])
+        assert err.value.status_code == 400 and not isinstance(err.value, EngineConnectionError)
+        with pytest.raises(EngineError, match="prompt is too long"):
+            [ch async for ch in c.stream([1])]
+        with pytest.raises(EngineConnectionError, match="/flush_cache"):
+            await c.flush_cache()  # stalls 3 s, read timeout 0.5 s
+        await c.aclose()
+        dead = AsyncEngineClient(dead_url)
+        with pytest.raises(EngineConnectionError, match="/generate"):
+            await dead.generate([1])
+        assert await dead.health() is False
+        await dead.aclose()
+
+    async def cut_stream(url):
+        async with AsyncEngineClient(url) as c:
+            got = []
+            with pytest.raises(EngineConnectionError, match="/generate"):
+                async for ch in c.stream([1]):
+                    got.append(ch.delta_output_ids)
+            return got
+
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_url = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+        with ScriptServer(handler, raw={"/flush_cache": stall}) as server:
+            asyncio.run(main(server.url, dead_url))
+        with ScriptServer(handler, raw={"/generate": cut}) as server:
+            assert asyncio.run(cut_stream(server.url)) == [[1]]
+
+
+def test_async_stream_reads_long_lines_and_serves_two_event_loops():
+    """A cumulative stream repeats every output id and logprob in each event, so a line can be far
+    longer than aiohttp's line buffer (128 KiB); and one client serves a second event loop after
+    the first one closed."""
+    n = 40_000
+    events = [result(list(range(1, k + 1)), [-0.5] * k, finish=STOP if k == n else None) for k in (1, n // 2, n)]
+
+    def handler(path, body):
+        if path == "/server_info":
+            return httpx.Response(200, json={})
+        return httpx.Response(200, text=_sse(events), headers={"content-type": "text/event-stream"})
+
+    c = AsyncEngineClient("http://unset")
+
+    async def run():
+        return [ch async for ch in c.stream([1])]
+
+    with ScriptServer(handler) as server:
+        assert len(_sse(events[-1:])) > 512 * 1024
+        c.base_url = server.url
+        first = asyncio.run(run())
+        second = asyncio.run(run())
+    for chunks in (first, second):
+        assert [len(ch.delta_output_ids) for ch in chunks] == [1, n // 2 - 1, n // 2]
+        assert chunks[-1].output_ids == list(range(1, n + 1)) and chunks[-1].finished
 
 
 def test_info_calls_use_sglang_0_5_10_paths_and_fall_back_on_older_engines():
