@@ -16,6 +16,20 @@ SHARED = Path(os.environ.get("GYRE_SHARED_DIR", ROOT.parent / "shared"))
 EXTRA_TRACES = SHARED / "traces"
 
 
+INTEGRATION = ROOT / "tests" / "integration"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests under ``tests/integration`` start servers, processes and whole jobs: they are marked
+    ``slow`` (``-m "not slow"`` is the smoke tier) and run first, so that two workers
+    (``tools/test.sh`` runs ``-n 2 --dist loadfile``) start on the long files and end together on the
+    short ones."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: INTEGRATION not in item.path.parents)  # stable: file order kept within
+
+
 def trace_sources() -> list[str]:
     """``["recorded"]``, plus ``"extra"`` when the extra trace set exists."""
     return ["recorded"] + (["extra"] if EXTRA_TRACES.is_dir() else [])

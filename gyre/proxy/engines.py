@@ -139,7 +139,7 @@ class ClientEngine:
                 yield EngineChunk(ids, lps, fr, parse_version(ch.weight_version))
                 if fr is not None:
                     return
-        except Exception as exc:  # the client's EngineError/EngineConnectionError, httpx errors
+        except Exception as exc:  # the client's EngineError/EngineConnectionError and anything else it raises
             if isinstance(exc, (asyncio.CancelledError, GeneratorExit, EngineRejected)):
                 raise
             if is_rejection(exc):
