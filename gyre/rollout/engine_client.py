@@ -396,7 +396,8 @@ def _as_httpx(resp: aiohttp.ClientResponse, content: bytes) -> httpx.Response:
 
 
 def _import_kv_body(payload: bytes | dict) -> dict:
-    return {"json": {"mooncake": payload}} if isinstance(payload, dict) else {"content": payload, "headers": _OCTETS}
+    """``content`` and ``headers`` of an import: a Mooncake handle as JSON, staged bytes as they are."""
+    return json_content({"mooncake": payload}) if isinstance(payload, dict) else {"content": payload, "headers": _OCTETS}
 
 
 class AsyncEngineClient(_ClientBase):
@@ -537,9 +538,7 @@ class AsyncEngineClient(_ClientBase):
 
     async def import_kv(self, payload: bytes | dict) -> dict:
         """As :meth:`EngineClient.import_kv`."""
-        body = _import_kv_body(payload)
-        resp = await self._request("POST", "/gyre/import_kv",
-                                   **(json_content(body["json"]) if "json" in body else body))
+        resp = await self._request("POST", "/gyre/import_kv", **_import_kv_body(payload))
         raise_for_status(resp)
         return resp.json()
 
