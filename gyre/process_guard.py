@@ -1,8 +1,11 @@
 """Keeping a job's processes tied together: no rank outlives its launcher, no child outlives its rank.
 
-* :func:`track_process_group` / :func:`untrack_process_group`: every process group this process
-  starts (harnesses, evaluation commands, engine servers) is registered while it runs;
-  :func:`kill_tracked_process_groups` sends ``SIGKILL`` to all of them.
+* :func:`popen_process_group` starts a command as a new process group and registers it
+  (:func:`track_process_group`; :func:`untrack_process_group` once it is reaped): every group this
+  process starts (harnesses, evaluation commands, engine servers) is registered while it runs.
+  :func:`kill_tracked_process_groups` sends ``SIGKILL`` to all of them: it first waits (a few
+  seconds at most) for groups other threads are starting, and a group registered afterwards is
+  killed as it is registered, so a child started while the process ends does not outlive it.
 * :func:`die_with_parent`: the kernel sends this process ``SIGTERM`` when its parent dies
   (``PR_SET_PDEATHSIG``, Linux), and a watchdog thread polls the parent process id: when the
   parent is gone it kills the tracked groups and ends the process itself. A rank thus ends when
@@ -19,42 +22,81 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 _groups: set[int] = set()
-_lock = threading.Lock()
+_starting: dict[int, int] = {}  # thread id -> process groups it is starting now
+_killing = False  # kill_tracked_process_groups was called: the process is ending
+_cond = threading.Condition()
 _PR_SET_PDEATHSIG = 1
 
 
+def _killpg(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def track_process_group(pgid: int) -> None:
-    with _lock:
+    """Register ``pgid``; once :func:`kill_tracked_process_groups` was called it is killed at once."""
+    with _cond:
         _groups.add(pgid)
+        killing = _killing
+    if killing:
+        _killpg(pgid)
 
 
 def untrack_process_group(pgid: int) -> None:
-    with _lock:
+    with _cond:
         _groups.discard(pgid)
 
 
 def tracked_process_groups() -> set[int]:
-    with _lock:
+    with _cond:
         return set(_groups)
 
 
-def kill_tracked_process_groups() -> int:
-    """``SIGKILL`` every tracked process group; returns how many were signalled."""
-    n = 0
-    for pgid in tracked_process_groups():
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-            n += 1
-        except (ProcessLookupError, PermissionError):
-            pass
-    return n
+def popen_process_group(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv, start_new_session=True, **kwargs)``, its group registered.
+
+    A :func:`kill_tracked_process_groups` that comes while the child is being started (between
+    ``fork`` and the registration, which takes long on a loaded machine) waits for it and kills it
+    too. Raises what ``Popen`` raises."""
+    me = threading.get_ident()
+    with _cond:
+        _starting[me] = _starting.get(me, 0) + 1
+    try:
+        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        track_process_group(proc.pid)  # a session leader: its group id is its pid
+        return proc
+    finally:
+        with _cond:
+            _starting[me] -= 1
+            if not _starting[me]:
+                del _starting[me]
+            _cond.notify_all()
+
+
+def kill_tracked_process_groups(wait_s: float = 5.0) -> int:
+    """``SIGKILL`` every tracked process group; returns how many were signalled.
+
+    For the end of the process: first waits up to ``wait_s`` seconds for the groups other threads
+    are starting (:func:`popen_process_group`), and every group registered from now on is killed
+    as it is registered."""
+    global _killing
+    me = threading.get_ident()
+    with _cond:
+        _killing = True
+        _cond.wait_for(lambda: not (_starting.keys() - {me}), timeout=wait_s)
+        groups = set(_groups)
+    return sum(_killpg(pgid) for pgid in groups)
 
 
 def die_with_parent(sig: int = signal.SIGTERM, poll_s: float = 0.5) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gyre.process_guard import RunDirectoryLock, RunDirectoryLockedError
-from tests.processes import alive, wait_until
+from tests.processes import alive, descendants, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,3 +141,34 @@ def test_a_failing_job_exits_at_once_with_its_children(tmp_path):
     assert "RuntimeError: cell 1 failed to carry out switch_to_training: boom" in p.stderr
     child = int(p.stdout.split()[0])
     assert wait_until(lambda: not alive(child))
+
+
+def test_a_child_being_started_when_the_rank_ends_dies_with_it():
+    """SIGTERM reaches the rank while another thread is starting a harness (forked, not yet
+    registered: on a loaded machine the start takes a while); the child must not outlive it."""
+    script = textwrap.dedent(f"""
+        import os, sys, threading, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from gyre.process_guard import exit_on_termination, popen_process_group
+        exit_on_termination()
+        slow_start = lambda: time.sleep(2.0)  # in the child, between fork and exec
+        threading.Thread(target=popen_process_group, daemon=True,
+                         args=([sys.executable, "-c", "import time; time.sleep(120)"],),
+                         kwargs=dict(preexec_fn=slow_start)).start()
+        time.sleep(0.5)
+        print(os.getpid(), flush=True)
+        while True:
+            time.sleep(0.05)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        rank = int(p.stdout.readline())
+        (child,) = descendants(rank)  # forked, still starting
+        os.kill(rank, signal.SIGTERM)
+        assert p.wait(timeout=20) == 128 + signal.SIGTERM
+        assert wait_until(lambda: not alive(child)), "a child started as its rank ended outlived it"
+    finally:
+        p.kill()
+        p.wait()
+        for pid in descendants(p.pid):
+            os.kill(pid, signal.SIGKILL)

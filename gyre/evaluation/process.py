@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre.process_guard import track_process_group, untrack_process_group
+from gyre.process_guard import popen_process_group, untrack_process_group
 
 __all__ = ["CommandRun", "run_command", "readonly_mounts_supported", "READONLY_SETUP_FAILED"]
 
@@ -169,10 +169,8 @@ def run_command(
         argv = [*prefix, "--", "sh", "-c", _RO_SCRIPT, "sh", str(len(ro)), *ro, *argv]
     start = time.monotonic()
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(argv, cwd=str(cwd), env=dict(env), stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True)
+        proc = popen_process_group(argv, cwd=str(cwd), env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=err)
     pgid = proc.pid  # session leader: pgid == pid
-    track_process_group(pgid)
     timed_out = False
     try:
         if not _wait_exit(proc.pid, timeout_s):

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre.process_guard import track_process_group, untrack_process_group
+from gyre.process_guard import popen_process_group, untrack_process_group
 
 __all__ = ["HarnessProcess", "ProcessExit", "isolation_supported", "ISOLATION_SETUP_FAILED"]
 
@@ -196,9 +196,8 @@ class HarnessProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.started_at = time.monotonic()
-            self.proc = subprocess.Popen(argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        track_process_group(self.proc.pid)
+            self.proc = popen_process_group(argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=subprocess.STDOUT)
 
     def _exited(self) -> bool:
         assert self.proc is not None

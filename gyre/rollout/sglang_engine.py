@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gyre.process_guard import track_process_group, untrack_process_group
+from gyre.process_guard import popen_process_group, untrack_process_group
 from gyre.rollout.sglang_weights import (  # noqa: F401  (re-exported: the cell clients live there)
     SGLangGroupClient,
     SGLangTensorClient,
@@ -447,9 +447,8 @@ class SGLangEngine:
             launches += 1
             log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
             self._log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                         env=server_environment(self.env), start_new_session=True)
-            track_process_group(self.proc.pid)
+            self.proc = popen_process_group(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                            env=server_environment(self.env))
             if not wait_healthy:
                 return self
             try:
