@@ -88,7 +88,8 @@ class ExecutionAdmin:
       :meth:`abort_engine`;
     * inspection: :meth:`counters`, :meth:`tree`, ``GET /gyre/executions[/{id}]``,
       ``GET /gyre/stats[?since=N]`` (per-call CPU stage times, those recorded at index N on;
-      ``stages_recorded``: how many ever), ``GET /health``."""
+      ``stages_recorded``: how many ever; ``process_cpu_s``: the process's CPU seconds, all
+      threads, at nanosecond resolution), ``GET /health``."""
 
     executions: dict[str, Execution]
     router: Router
@@ -344,7 +345,8 @@ class ExecutionAdmin:
             total, times = self.stages_recorded, self.stage_times
             new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
             return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
-                    "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot()}
+                    "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
+                    "process_cpu_s": time.process_time()}
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

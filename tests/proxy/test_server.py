@@ -221,5 +221,7 @@ def test_stats_since_returns_the_stage_times_recorded_from_that_index(served):
         assert c.get("/gyre/stats", params={"since": 2}).json()["stage_times"] == full["stage_times"][2:]
         none = c.get("/gyre/stats", params={"since": 1 << 62}).json()
         assert none["stages_recorded"] == 3 and none["stage_times"] == []
+        # the server shares this test's process: its CPU clock, read between two of the test's own
+        assert full["process_cpu_s"] <= none["process_cpu_s"] <= time.process_time()
         bad = c.get("/gyre/stats", params={"since": "x"})
         assert bad.status_code == 400 and "since must be an integer" in bad.text
