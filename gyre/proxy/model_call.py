@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import xxhash
 from sse_starlette import ServerSentEvent
 
 from gyre.proxy.api.common import ResponseBuilder, Sse
@@ -225,9 +225,12 @@ class ModelCall:
 
 
 def request_digest(api: str, raw: bytes, content_encoding: str) -> bytes:
-    """Digest of one request's bytes (with its API and content encoding): SHA-256, which x86 and
-    Arm CPUs compute in hardware (twice blake2b's speed on a 1.4 MB body here)."""
-    h = hashlib.sha256(f"{api}\0{content_encoding.strip().lower()}\0".encode())
+    """Digest of one request's bytes (with its API and content encoding), which finds a client's
+    retry of the same body among its execution's recent calls: XXH3-128, ~20x faster than
+    SHA-256 (0.08 against 1.8 ms for a 2.8 MB body, a 700k-token conversation, here). It is not
+    collision-resistant against crafted input; bodies are only compared within one execution,
+    so a harness could at most have its own call answered with its own earlier answer."""
+    h = xxhash.xxh3_128(f"{api}\0{content_encoding.strip().lower()}\0".encode())
     h.update(raw)
     return h.digest()
 

@@ -411,7 +411,7 @@ class ProxyServer(ExecutionAdmin):
                 return Response(status_code=499)
             encoding = request.headers.get("content-encoding", "")
             large = 0 < self.config.body_check_bytes <= len(raw)
-            if large:  # hashing tens of MB off the loop (hashlib releases the GIL)
+            if large:  # hashing tens of MB off the loop (xxhash releases the GIL)
                 digest = await asyncio.get_running_loop().run_in_executor(self._body_checks, request_digest, api,
                                                                           raw, encoding)
             else:

@@ -148,3 +148,17 @@ def test_a_retry_of_a_failed_call_generates_again(served):
     assert "retry" in _post(srv, "chat", raw, ex.api_key, retry=1)
     _wait(lambda: srv.counters(ex.execution_id)["calls"] == 1)
     assert _records(save, srv, ex) == [True] and srv.counters(ex.execution_id)["joined_retries"] == 0
+
+
+def test_the_request_digest_covers_the_api_the_encoding_and_every_byte():
+    import xxhash
+
+    from gyre.proxy.model_call import request_digest
+
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 100_000}]}).encode()
+    d = request_digest("chat", body, " GZIP ")
+    assert d == xxhash.xxh3_128(b"chat\0gzip\0" + body).digest() and len(d) == 16
+    assert request_digest("chat", body, "gzip") == d  # the header's case and spaces do not count
+    flipped = body[:50_000] + bytes([body[50_000] ^ 1]) + body[50_001:]
+    assert len({d, request_digest("messages", body, "gzip"), request_digest("chat", body, ""),
+                request_digest("chat", flipped, "gzip"), request_digest("chat", body + b" ", "gzip")}) == 5
