@@ -26,7 +26,8 @@ section that did not run is 0):
   counts delivered ones beyond one; ``retry_client_timeouts`` the attempts that hit the read
   timeout.
 * ``huge_bodies`` -- a 33 MB Chat body (a tool name of millions of tokens; the proxy's context is
-  131,072 tokens) alone, then ``--huge-bodies`` of them at once, each from its own execution,
+  131,072 tokens) alone, then ``--huge-bodies`` of them at once, each from its own execution
+  (its sender process started and the body read before any sends),
   while two threads of other executions make 10 small calls each: ``huge_alone_s`` and
   ``huge_refused_s_max`` (time to the answer), ``huge_not_400``, ``huge_small_p50_s`` /
   ``huge_small_p99_s`` and ``huge_small_failed``.
@@ -369,6 +370,8 @@ def section_huge_bodies(n: int, small_per_thread: int = 10) -> dict:
     body_file.write_bytes(raw)
     sender = ("import sys, time, httpx\n"
               "raw = open(sys.argv[1], 'rb').read()\n"
+              "print('ready', flush=True)\n"
+              "sys.stdin.readline()\n"  # go
               "t0 = time.perf_counter()\n"
               "try:\n"
               "    st = httpx.post(sys.argv[2], content=raw, timeout=%r,\n"
@@ -378,10 +381,18 @@ def section_huge_bodies(n: int, small_per_thread: int = 10) -> dict:
               "print(st, time.perf_counter() - t0)\n" % CLIENT_TIMEOUT_S)
 
     def big_senders(k: int) -> list[subprocess.Popen]:
-        """``k`` client processes (the load generator stays off the proxy's process)."""
-        return [subprocess.Popen([sys.executable, "-c", sender, str(body_file), srv.url + PATHS["chat"],
-                                  srv.register_execution().api_key], stdout=subprocess.PIPE, text=True, env=ENV)
-                for _ in range(k)]
+        """``k`` client processes (the load generator stays off the proxy's process), started and
+        their body read before any sends: what is measured is the proxy with ``k`` bodies
+        arriving, not ``k`` interpreters starting on the same cores."""
+        procs = [subprocess.Popen([sys.executable, "-c", sender, str(body_file), srv.url + PATHS["chat"],
+                                   srv.register_execution().api_key], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=ENV) for _ in range(k)]
+        for pr in procs:
+            assert pr.stdout.readline().strip() == "ready"
+        for pr in procs:
+            pr.stdin.write("go\n")
+            pr.stdin.flush()
+        return procs
 
     def collect(procs: list[subprocess.Popen]) -> None:
         for pr in procs:

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gyre.proxy.admin import Execution, ExecutionAdmin
 from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
-from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_json
+from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_body, read_json
 from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
@@ -406,7 +406,7 @@ class ProxyServer(ExecutionAdmin):
         ex = self._auth(request)
         try:
             try:
-                raw = await request.body()
+                raw = await read_body(request)
             except ClientDisconnect:  # the client left while sending: nothing to answer or record
                 return Response(status_code=499)
             encoding = request.headers.get("content-encoding", "")

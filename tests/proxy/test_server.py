@@ -225,3 +225,51 @@ def test_stats_since_returns_the_stage_times_recorded_from_that_index(served):
         assert full["process_cpu_s"] <= none["process_cpu_s"] <= time.process_time()
         bad = c.get("/gyre/stats", params={"since": "x"})
         assert bad.status_code == 400 and "since must be an integer" in bad.text
+
+
+class _ChunkedRequest:
+    """What read_body uses of a Starlette request: headers and stream()."""
+
+    def __init__(self, chunks, declared):
+        self.headers = {"content-length": str(declared)}
+        self._chunks = chunks
+
+    async def stream(self):
+        for c in self._chunks:
+            yield c
+        yield b""
+
+    async def body(self):
+        return b"".join(self._chunks)
+
+
+@pytest.mark.parametrize("declared_delta", [0, -7, 5], ids=["as-declared", "longer-than-declared", "shorter"])
+def test_read_body_copies_a_large_body_into_one_buffer(declared_delta):
+    import asyncio
+
+    from gyre.proxy.api.common import PREALLOCATE_BODY_BYTES, read_body
+
+    data = bytes(range(256)) * (PREALLOCATE_BODY_BYTES // 256 + 1000)
+    chunks = [data[i:i + 65_536] for i in range(0, len(data), 65_536)]
+    got = asyncio.run(read_body(_ChunkedRequest(chunks, len(data) + declared_delta)))
+    assert isinstance(got, bytearray) and got == data
+    small = asyncio.run(read_body(_ChunkedRequest([b'{"a":', b"1}"], 6)))
+    assert small == b'{"a":1}' and isinstance(small, bytes)
+
+
+def test_a_large_body_is_answered_whether_its_length_is_declared_or_chunked(served):
+    srv, _, save = served
+    body = json.dumps(dict(BODY, stream=False)).encode()
+    padded = body[:-1] + b" " * (3 << 20) + b"}"  # 3 MB of JSON whitespace, a two-token prompt
+    answers = []
+    for declared in (True, False):
+        ex = srv.register_execution()
+        content = padded if declared else iter([padded[i:i + 100_000] for i in range(0, len(padded), 100_000)])
+        with httpx.Client(base_url=srv.url) as c:
+            r = c.post("/v1/messages", content=content, headers={"x-api-key": ex.api_key,
+                                                                  "content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        assert ("content-length" in r.request.headers) == declared
+        answers.append((r.json()["content"], TrajectoryStore(save).read_records(ex.execution_id)[0].input_ids.tolist()))
+    assert answers[0][0][0]["text"] == "Hello there, this is a longer answer."
+    assert answers[0] == answers[1]

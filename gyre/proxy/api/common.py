@@ -104,6 +104,35 @@ def _orjson_value(raw: bytes | bytearray) -> Any:
     return value
 
 
+#: A body declared at least this large is read into one buffer as it arrives (:func:`read_body`).
+PREALLOCATE_BODY_BYTES = 1 << 20
+
+
+async def read_body(request: Any) -> bytes | bytearray:
+    """A Starlette request's body. One whose ``Content-Length`` is at least
+    :data:`PREALLOCATE_BODY_BYTES` is copied, chunk by chunk as it arrives, into a buffer of that
+    size: joining the chunks at the end instead holds the event loop (and, as a copy under the
+    GIL, every thread) for the whole body at once, ~45 ms for 33 MB here. A body that turns out
+    longer than declared is kept whole all the same. Raises what ``request.stream()`` raises
+    (``ClientDisconnect``)."""
+    try:
+        declared = int(request.headers.get("content-length", ""))
+    except ValueError:
+        declared = 0
+    if declared < PREALLOCATE_BODY_BYTES:
+        return await request.body()
+    buf, n = bytearray(declared), 0
+    async for chunk in request.stream():
+        if n + len(chunk) > declared:
+            buf[n:] = chunk  # grows the buffer
+        else:
+            buf[n:n + len(chunk)] = chunk
+        n += len(chunk)
+    if n < declared:
+        del buf[n:]
+    return buf
+
+
 async def read_json(request: Any) -> Any:
     """:func:`decode_json` of a Starlette request's body."""
     return decode_json(await request.body(), request.headers.get("content-encoding", ""))
