@@ -29,8 +29,9 @@ answered for its rates and latencies, and when the proxy has gone idle (their re
 for its CPU and RSS.
 
 The ``--context`` sweep then gives a few executions an initial context of each size (10k to 700k
-tokens), waits until the proxy is idle, lets each make ``--sweep-calls`` calls one at a time, and
-reports the proxy's CPU ms per call by context. The paper's context mix (contexts spread evenly
+tokens), waits until the proxy is idle, and lets them make calls one at a time: ``--sweep-calls``
+rounds, the sizes taking turns in each (a slow spell of the machine then weighs on all sizes
+alike); it reports the proxy's CPU ms per call by context, read from the workers' own clocks. The paper's context mix (contexts spread evenly
 from 0 to 700k tokens) is the mean of that curve, interpolated linearly (``cpu_ms_per_call``). **Headroom** = the CPU the proxy
 has (``proxy_workers`` cores) / the CPU the paper's demand needs (1,152 executions x one call per
 30 s = 38.4 calls/s x ``cpu_ms_per_call``).
@@ -388,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"executions": args.executions, "engines": args.engines,
                               "proxy_workers": args.proxy_workers,
                               "paper_demand_calls_per_s": PAPER_EXECUTIONS / PAPER_CALL_INTERVAL_S}
-    load = sweep_load = None
+    load = None
+    sweep_loads: list[Load] = []
     try:
         engine_urls = []
         for _ in range(args.engines):
@@ -436,29 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             live_tokens - warm["context_tokens"], 1)
         result["rss_bytes_per_execution_at_warm"] = (warm["proxy_rss_bytes"] - rss0) / args.executions
         # ------------------------------------------------------------------ context sweep
-        sweep = []
-        for ctx in contexts:
-            sweep_load = Load(proxy.register(args.sweep_executions, f"ctx{ctx}"), 1, args, (ctx, ctx), seed=ctx,
-                              mixed=False)
-            sweep_load.run({"op": "warm", "concurrency": 1})
-            proxy.settle()  # what the load phases left (records to write) is not this context's cost
-            n0 = proxy.stage_counts()
-            c0 = proxy.process_cpu_s()
-            calls = 0
-            for _ in range(args.sweep_calls):
-                res = sweep_load.run({"op": "warm", "concurrency": 1})
-                calls += res["calls"]
-            cpu = proxy.process_cpu_s() - c0
-            st = proxy.stages_since(n0)
-            row = {"context_tokens": ctx, "calls": calls, "cpu_ms_per_call": 1e3 * cpu / max(calls, 1),
-                   "input_tokens": [int(x.get("input_tokens", 0)) for x in st],
-                   "rendered_tokens": [int(x.get("rendered_tokens", 0)) for x in st],
-                   "stages_ms": stages_ms(st)}
-            sweep.append(row)
-            print(f"  context {ctx:>7,}: proxy CPU {row['cpu_ms_per_call']:8.2f} ms/call  stages "
-                  f"{json.dumps({k: round(v, 2) for k, v in row['stages_ms'].items()})}", flush=True)
-            sweep_load.close()
-            sweep_load = None
+        sweep = context_sweep(proxy, contexts, args, sweep_loads)
         result["context_sweep"] = sweep
         if sweep:
             result["cpu_ms_per_call"] = paper_mix([(r["context_tokens"], r["cpu_ms_per_call"]) for r in sweep])
@@ -479,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         result["proxy_fds"] = proxy.fds()
         result["proxy_gc"] = proxy.gc()
     finally:
-        for ld in (load, sweep_load):
+        for ld in (load, *sweep_loads):
             if ld is not None:
                 ld.close()
         for p in procs:
@@ -499,6 +479,47 @@ def main(argv: list[str] | None = None) -> int:
           f"garbage collector and heap trims per worker: {result['proxy_gc']}", flush=True)
     _emit(result, args.json)
     return 0
+
+
+def context_sweep(proxy: Proxies, contexts: list[int], args, loads: list[Load]) -> list[dict[str, Any]]:
+    """The proxy's CPU ms per call at each context size: ``--sweep-executions`` executions per
+    size, warmed, then ``--sweep-calls`` rounds of one call per execution, the sizes taking turns
+    within each round, so that a slower spell of the machine weighs on every size alike. CPU is
+    read from the workers' own clocks around each size's calls (less what one reading costs);
+    stage times are assigned to the largest size at or below the call's input tokens."""
+    if not contexts:
+        return []
+    for ctx in contexts:
+        loads.append(Load(proxy.register(args.sweep_executions, f"ctx{ctx}"), 1, args, (ctx, ctx), seed=ctx,
+                          mixed=False))
+        loads[-1].run({"op": "warm", "concurrency": 1})
+    proxy.settle()  # what the load phases left (records to write) is not a context's cost
+    readings = [proxy.process_cpu_s() for _ in range(11)]
+    reading_s = float(np.median(np.diff(readings)))  # one reading's own CPU, included in each difference
+    n0 = proxy.stage_counts()
+    cpu = dict.fromkeys(contexts, 0.0)
+    calls = dict.fromkeys(contexts, 0)
+    for _ in range(args.sweep_calls):
+        for ctx, ld in zip(contexts, loads):
+            c0 = proxy.process_cpu_s()
+            calls[ctx] += ld.run({"op": "warm", "concurrency": 1})["calls"]
+            cpu[ctx] += proxy.process_cpu_s() - c0 - reading_s
+    stages: dict[int, list[dict[str, float]]] = {ctx: [] for ctx in contexts}
+    for st in proxy.stages_since(n0):
+        below = [c for c in contexts if c <= st.get("input_tokens", 0)]
+        stages[max(below) if below else contexts[0]].append(st)
+    sweep = []
+    for ctx in contexts:
+        st = stages[ctx]
+        row = {"context_tokens": ctx, "calls": calls[ctx], "cpu_ms_per_call": 1e3 * cpu[ctx] / max(calls[ctx], 1),
+               "input_tokens": [int(x.get("input_tokens", 0)) for x in st],
+               "rendered_tokens": [int(x.get("rendered_tokens", 0)) for x in st],
+               "stages_ms": stages_ms(st)}
+        sweep.append(row)
+        print(f"  context {ctx:>7,}: proxy CPU {row['cpu_ms_per_call']:8.2f} ms/call  stages "
+              f"{json.dumps({k: round(v, 2) for k, v in row['stages_ms'].items()})}", flush=True)
+    print(f"  (a CPU reading of the workers costs them {1e3 * reading_s:.2f} ms, subtracted)", flush=True)
+    return sweep
 
 
 def _emit(result: dict[str, Any], to: str | None) -> None:
