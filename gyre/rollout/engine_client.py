@@ -442,7 +442,7 @@ class AsyncEngineClient(_ClientBase):
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, *, content: bytes | None = None,
+    async def _request(self, method: str, path: str, *, content: bytes | memoryview | None = None,
                        headers: Mapping[str, str] | None = None) -> httpx.Response:
         """One request, its answer read whole (as an ``httpx.Response`` for the shared parsers)."""
         try:
@@ -453,7 +453,7 @@ class AsyncEngineClient(_ClientBase):
             raise self._connection_error(path, exc) from exc
 
     async def _do(self, op: Op) -> Any:
-        return op.parse(await self._request(op.method, op.path, **json_content(op.body)))
+        return op.parse(await self._request(op.method, op.path, **json_content(op.body, buffer=True)))
 
     async def generate(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *,
                        rid: str | None = None, return_logprob: bool = True, top_logprobs_num: int = 0,
@@ -472,7 +472,7 @@ class AsyncEngineClient(_ClientBase):
                      rid: str | None = None, return_logprob: bool = True) -> AsyncIterator[StreamChunk]:
         norm = StreamNormalizer(await self._incremental_mode())
         body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
-        post = json_content(body)
+        post = json_content(body, buffer=True)
         final: StreamChunk | None = None
         try:
             async with self._session().post(self.base_url + "/generate", data=post["content"],

@@ -35,13 +35,14 @@ _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 JSON_HEADERS = {"content-type": "application/json"}
 
 
-def json_content(body: Any) -> dict[str, Any]:
+def json_content(body: Any, *, buffer: bool = False) -> dict[str, Any]:
     """httpx keyword arguments posting ``body`` as JSON (none for ``None``). Serialised by
     orjson, so token ids may be numpy arrays or scalars; a long ``input_ids`` array is written by
-    table lookup (:mod:`gyre.rollout.token_json`)."""
+    table lookup (:mod:`gyre.rollout.token_json`), with ``buffer`` into a ``memoryview`` that is
+    not copied into ``bytes`` (for aiohttp; httpx needs ``bytes``)."""
     if body is None:
         return {}
-    return {"content": dumps_with_ids(body, _ORJSON_OPTS), "headers": JSON_HEADERS}
+    return {"content": dumps_with_ids(body, _ORJSON_OPTS, buffer=buffer), "headers": JSON_HEADERS}
 
 
 def ids_json(x: Any) -> Any:

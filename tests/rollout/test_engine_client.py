@@ -405,3 +405,32 @@ def test_async_streams_reuse_one_connection_to_a_real_server():
         thread.join(10)
     assert got == [([5], None), ([6], "stop")] * 4
     assert len(ports) == 4 and len(set(ports)) == 1
+
+
+def test_async_client_posts_a_long_numpy_prompt_from_its_buffer():
+    """A prompt long enough for the table-written body (a memoryview, not bytes) arrives whole, in
+    a plain call and in a stream."""
+    import numpy as np
+
+    ids = np.random.default_rng(3).integers(0, 151_936, 60_000).astype(np.int32)
+
+    def handler(path, body):
+        if path == "/server_info":
+            return httpx.Response(200, json={})
+        if body.get("stream"):
+            return httpx.Response(200, text=_sse([result([5], [-0.1], finish=STOP)]),
+                                  headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=result([4], [-0.4]))
+
+    async def main(url):
+        async with AsyncEngineClient(url) as c:
+            r = await c.generate(ids, {"max_new_tokens": 1}, rid="g")
+            chunks = [ch async for ch in c.stream(ids, {"max_new_tokens": 1}, rid="s")]
+        return r, chunks
+
+    with ScriptServer(handler) as server:
+        r, chunks = asyncio.run(main(server.url))
+    assert r.output_ids == [4] and chunks[-1].output_ids == [5]
+    posted = [b for _, p, b in server.requests if p == "/generate"]
+    assert [b["rid"] for b in posted] == ["g", "s"]
+    assert all(b["input_ids"] == ids.tolist() for b in posted)

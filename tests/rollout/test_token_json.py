@@ -31,6 +31,8 @@ def test_long_prompts_parse_to_the_same_body(dtype):
     assert raw != orjson.dumps(body, option=OPTS)            # the table path wrote it
     assert json.loads(raw) == json.loads(orjson.dumps(body, option=OPTS))
     assert json.loads(raw)["input_ids"] == [int(x) for x in ids]
+    view = dumps_with_ids(body, OPTS, buffer=True)              # the same text, not copied into bytes
+    assert isinstance(view, memoryview) and view.tobytes() == raw and raw.startswith(b'{"input_ids":  [')
 
 
 def test_a_body_of_ids_alone_and_the_content_posted():
@@ -38,6 +40,8 @@ def test_a_body_of_ids_alone_and_the_content_posted():
     assert json.loads(dumps_with_ids({"input_ids": ids})) == {"input_ids": list(range(MIN_IDS))}
     posted = json_content({"input_ids": ids, "rid": "x"})
     assert json.loads(posted["content"]) == {"input_ids": list(range(MIN_IDS)), "rid": "x"}
+    assert bytes(json_content({"input_ids": ids, "rid": "x"}, buffer=True)["content"]) == posted["content"]
+    assert json_content({"rid": "x"}, buffer=True)["content"] == b'{"rid":"x"}'  # a body without ids
     assert posted["headers"] == {"content-type": "application/json"}
 
 
