@@ -18,6 +18,10 @@ Processes, each its own Python process on this machine:
   streaming, every call sending the whole conversation, growing it by ``--turn-tokens``; some
   calls are a sub-agent's, some executions compact.
 
+The engines and load generators stand for other machines (GPU nodes, the harnesses' sandboxes);
+here they share the proxy's cores, at ``--helpers-nice`` (default 10) so that they take the CPU the
+proxy leaves instead of preempting it at every wakeup. Their CPU is measured and printed per phase.
+
 Phases: **warm** (every execution's first call: its whole initial context is new), **open loop**
 at each offered rate of ``--rates`` (calls/s, Poisson), **saturation** (``--saturation-concurrency``
 callers back to back: ``calls_per_s_max``). Per phase it reports calls/s served, latency p50/p99
@@ -94,9 +98,14 @@ def serve_proxy(engine_urls: list[str], store_dir: str, heap_trim_s: float) -> N
     threading.Event().wait()
 
 
-def _spawn(argv: list[str]) -> tuple[subprocess.Popen, str]:
+def _niceness(n: int):
+    """A ``preexec_fn`` that lowers the child's scheduling priority by ``n`` (None for 0)."""
+    return (lambda: os.nice(n)) if n else None
+
+
+def _spawn(argv: list[str], nice: int = 0) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_niceness(nice))
     line = proc.stdout.readline()
     try:
         return proc, json.loads(line)["url"]
@@ -227,7 +236,8 @@ class Load:
             (tmp / f"{p}.json").write_text(json.dumps(cfg))
             self.procs.append(subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale_load.py"),
                                                 str(tmp / f"{p}.json")], stdin=subprocess.PIPE,
-                                               stdout=subprocess.PIPE, text=True, env=ENV))
+                                               stdout=subprocess.PIPE, text=True, env=ENV,
+                                               preexec_fn=_niceness(args.helpers_nice)))
 
     def run(self, cmd: dict[str, Any], share: str | None = None) -> dict[str, Any]:
         """Send ``cmd`` to every process (``share``: the key divided between them), merge the results."""
@@ -345,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy-workers", type=int, default=1,
                     help="proxy processes (K); each owns the executions whose id hashes to it")
     ap.add_argument("--load-processes", type=int, default=2)
+    ap.add_argument("--helpers-nice", type=int, default=10,
+                    help="niceness of the load generators and engines (0: the proxy's priority)")
     ap.add_argument("--heap-trim-s", type=float, default=60.0,
                     help="the proxy's ProxyConfig.heap_trim_interval_s (0: never trim)")
     ap.add_argument("--rates", default="10,38.4", help="offered call rates of the open-loop phases (calls/s)")
@@ -387,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     store = tempfile.mkdtemp(prefix="gyre-scale-store-")
     procs: list[subprocess.Popen] = []
     result: dict[str, Any] = {"executions": args.executions, "engines": args.engines,
-                              "proxy_workers": args.proxy_workers,
+                              "proxy_workers": args.proxy_workers, "helpers_nice": args.helpers_nice,
                               "paper_demand_calls_per_s": PAPER_EXECUTIONS / PAPER_CALL_INTERVAL_S}
     load = None
     sweep_loads: list[Load] = []
@@ -395,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_urls = []
         for _ in range(args.engines):
             p, u = _spawn([str(ROOT / "bench" / "proxy.py"), "--serve", "engine", "--transport-only-engine",
-                               "--tokenizer", "qwen"])
+                               "--tokenizer", "qwen"], nice=args.helpers_nice)
             procs.append(p)
             engine_urls.append(u)
         workers = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--heap-trim-s", str(args.heap_trim_s),
