@@ -91,9 +91,10 @@ def count_input_ids(raw: bytes) -> tuple[int, dict[str, Any]]:
     return n, orjson.loads(b"{" + rest[1:]) if rest.startswith(b",") else {}
 
 
-def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool) -> None:
+def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool, sites: int = 1) -> None:
     """The stand-in SGLang engine (see the module docstring), on aiohttp with orjson: it shares
-    this machine's cores with the proxy it answers, so it is kept cheap."""
+    this machine's cores with the proxy it answers, so it is kept cheap. ``sites`` > 1 serves as
+    many engines, each on its own port, from this one process (one event loop wakes for all)."""
     from aiohttp import web
 
     _, tok = _tokenizer(kind)
@@ -144,7 +145,7 @@ def serve_engine(port: int, kind: str, decode_ms: float, tokenizes: bool) -> Non
     app.router.add_post("/abort_request", abort)
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/chat/completions", chat)
-    _serve_aiohttp(app, port)
+    _serve_aiohttp(app, port, sites)
 
 
 def serve_forwarder(port: int, upstream: str) -> None:
@@ -167,17 +168,21 @@ def serve_forwarder(port: int, upstream: str) -> None:
     _serve_aiohttp(app, port)
 
 
-def _serve_aiohttp(app, port: int) -> None:
-    """Serve ``app`` on 127.0.0.1 (uvloop where installed), print its URL as one JSON line, run
+def _serve_aiohttp(app, port: int, sites: int = 1) -> None:
+    """Serve ``app`` on 127.0.0.1 (uvloop where installed) on ``sites`` ports (``port`` the first,
+    0: any free ones), print their URLs as one JSON line (``url``: the first, ``urls``: all), run
     until killed."""
     from aiohttp import web
 
     async def main():
         runner = web.AppRunner(app, access_log=None, keepalive_timeout=3600)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
-        await site.start()
-        print(json.dumps({"url": f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"}), flush=True)
+        urls = []
+        for i in range(sites):
+            site = web.TCPSite(runner, "127.0.0.1", port + i if port else 0, backlog=4096)
+            await site.start()
+            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+        print(json.dumps({"url": urls[0], "urls": urls}), flush=True)
         await asyncio.Event().wait()
 
     try:
@@ -384,6 +389,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve", choices=("engine", "forwarder", "gyre"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--sites", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--upstream", help=argparse.SUPPRESS)
     ap.add_argument("--store-dir", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", default="1,64,256")
@@ -404,7 +410,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.serve == "engine":
-        serve_engine(args.port, args.tokenizer, args.decode_ms, not args.transport_only_engine)
+        serve_engine(args.port, args.tokenizer, args.decode_ms, not args.transport_only_engine, args.sites)
         return 0
     if args.serve == "forwarder":
         serve_forwarder(args.port, args.upstream)

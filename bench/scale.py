@@ -9,10 +9,13 @@ Usage::
 Processes, each its own Python process on this machine:
 
 * ``--engines`` transport-only engines: ``bench/proxy.py``'s stand-in SGLang server answering
-  ``/generate`` at once with a short tool call (no model, no tokenizing);
+  ``/generate`` at once with a short tool call (no model, no tokenizing), each engine on its own
+  port, served by ``--engine-processes`` processes (one event loop waking for several engines'
+  requests costs less CPU than a process per engine);
 * **rank 0's proxy**: :class:`gyre.proxy.server.ProxyServer` with the Qwen tokenizer, a record
   store (every record written before its response completes) and trajectory trees, routing the
-  executions over the engines; one process, so ``proxy_workers`` is 1;
+  executions over the engines; ``--proxy-workers`` processes, each owning the executions whose
+  id hashes to it;
 * ``--load-processes`` load generators (``bench/scale_load.py``): the executions, split between
   them; a third each on Anthropic Messages, OpenAI Chat and OpenAI Responses, half of them
   streaming, every call sending the whole conversation, growing it by ``--turn-tokens``; some
@@ -103,15 +106,36 @@ def _niceness(n: int):
     return (lambda: os.nice(n)) if n else None
 
 
-def _spawn(argv: list[str], nice: int = 0) -> tuple[subprocess.Popen, str]:
+def _spawn_info(argv: list[str], nice: int = 0) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start a server process; it and the JSON line it prints first (its ``url``)."""
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True, preexec_fn=_niceness(nice))
     line = proc.stdout.readline()
     try:
-        return proc, json.loads(line)["url"]
-    except (ValueError, KeyError):
+        info = json.loads(line)
+        info["url"]
+        return proc, info
+    except (ValueError, KeyError, TypeError):
         proc.kill()
         raise RuntimeError(f"{argv[:3]} did not start: {line!r}") from None
+
+
+def _spawn(argv: list[str], nice: int = 0) -> tuple[subprocess.Popen, str]:
+    proc, info = _spawn_info(argv, nice)
+    return proc, info["url"]
+
+
+def start_engines(engines: int, processes: int, nice: int) -> tuple[list[subprocess.Popen], list[str]]:
+    """``engines`` stand-in engines (``bench/proxy.py``'s), each on its own port, served by
+    ``processes`` processes: the processes and the engines' URLs."""
+    procs, urls = [], []
+    for i in range(min(processes, engines)):
+        sites = engines // processes + (i < engines % processes)
+        proc, info = _spawn_info([str(ROOT / "bench" / "proxy.py"), "--serve", "engine", "--transport-only-engine",
+                                  "--tokenizer", "qwen", "--sites", str(sites)], nice)
+        procs.append(proc)
+        urls += info["urls"]
+    return procs, urls
 
 
 class ProcStat:
@@ -352,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executions", type=int, default=None,
                     help=f"live executions (default {PAPER_EXECUTIONS}; 512 with --main-job)")
     ap.add_argument("--engines", type=int, default=8)
+    ap.add_argument("--engine-processes", type=int, default=2, help="processes serving the engines (each its share)")
     ap.add_argument("--proxy-workers", type=int, default=1,
                     help="proxy processes (K); each owns the executions whose id hashes to it")
     ap.add_argument("--load-processes", type=int, default=2)
@@ -399,17 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     store = tempfile.mkdtemp(prefix="gyre-scale-store-")
     procs: list[subprocess.Popen] = []
     result: dict[str, Any] = {"executions": args.executions, "engines": args.engines,
+                              "engine_processes": args.engine_processes,
                               "proxy_workers": args.proxy_workers, "helpers_nice": args.helpers_nice,
                               "paper_demand_calls_per_s": PAPER_EXECUTIONS / PAPER_CALL_INTERVAL_S}
     load = None
     sweep_loads: list[Load] = []
     try:
-        engine_urls = []
-        for _ in range(args.engines):
-            p, u = _spawn([str(ROOT / "bench" / "proxy.py"), "--serve", "engine", "--transport-only-engine",
-                               "--tokenizer", "qwen"], nice=args.helpers_nice)
-            procs.append(p)
-            engine_urls.append(u)
+        engine_procs, engine_urls = start_engines(args.engines, args.engine_processes, args.helpers_nice)
+        procs += engine_procs
         workers = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--heap-trim-s", str(args.heap_trim_s),
                            "--serve-proxy", *engine_urls])
                    for _ in range(args.proxy_workers)]
@@ -419,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.executions} executions, {args.engines} engines, {args.load_processes} load processes; "
               f"{args.proxy_workers} proxy process(es), RSS {rss0 / 2**20:.0f} MiB", flush=True)
         load = Load(proxy.register(args.executions, "load"), args.load_processes, args, init_range, seed=1)
-        engines = [ProcStat(p.pid) for p in procs[:args.engines]]
+        engines = [ProcStat(p.pid) for p in engine_procs]
         engine_ms = engine_round_trip_ms(engine_urls[0], sum(init_range) // 2 + 4 * args.turn_tokens)
         print(f"  engine round trip {engine_ms:.2f} ms (subtracted from latencies)", flush=True)
         phases = [phase("warm", load, {"op": "warm", "concurrency": 16}, None, proxy, engine_ms, engines)]

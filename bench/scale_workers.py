@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from scale import (PAPER_EXECUTIONS, Load, Proxies, ProcStat, _emit, _spawn, count_records,  # noqa: E402
-                   engine_round_trip_ms, phase)
+                   engine_round_trip_ms, phase, start_engines)
 
 SCALE = str(ROOT / "bench" / "scale.py")
 
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-s", type=float, default=10.0)
     ap.add_argument("--executions", type=int, default=PAPER_EXECUTIONS, help="live executions per proxy")
     ap.add_argument("--engines", type=int, default=8)
+    ap.add_argument("--engine-processes", type=int, default=2, help="processes serving the engines (each its share)")
     ap.add_argument("--load-processes", type=int, default=2, help="load-generator processes per proxy")
     ap.add_argument("--helpers-nice", type=int, default=10,
                     help="niceness of the load generators and engines (0: the proxy's priority)")
@@ -92,12 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     procs, loads = [], []
     sets: dict[int, dict[str, Any]] = {}
     try:
-        engine_urls = []
-        for _ in range(args.engines):
-            p, u = _spawn([str(ROOT / "bench" / "proxy.py"), "--serve", "engine", "--transport-only-engine",
-                           "--tokenizer", "qwen"], nice=args.helpers_nice)
-            procs.append(p)
-            engine_urls.append(u)
+        procs, engine_urls = start_engines(args.engines, args.engine_processes, args.helpers_nice)
         engines = [ProcStat(p.pid) for p in procs]
         for k in sizes:
             store = tempfile.mkdtemp(prefix=f"gyre-scale-workers-{k}-")
@@ -129,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         loads = []
         result: dict[str, Any] = {"workers": sizes, "rounds": args.rounds, "round_s": args.round_s,
                                   "executions": args.executions, "engines": args.engines,
+                                  "engine_processes": args.engine_processes,
                                   "helpers_nice": args.helpers_nice, "by_workers": {}}
         for k in sizes:
             rs = sets[k]["rounds"]
