@@ -113,11 +113,12 @@ def _spawn_info(argv: list[str], nice: int = 0) -> tuple[subprocess.Popen, dict[
     line = proc.stdout.readline()
     try:
         info = json.loads(line)
-        info["url"]
+    except ValueError:
+        info = None
+    if isinstance(info, dict) and "url" in info:
         return proc, info
-    except (ValueError, KeyError, TypeError):
-        proc.kill()
-        raise RuntimeError(f"{argv[:3]} did not start: {line!r}") from None
+    proc.kill()
+    raise RuntimeError(f"{argv[:3]} did not start: {line!r}")
 
 
 def _spawn(argv: list[str], nice: int = 0) -> tuple[subprocess.Popen, str]:
