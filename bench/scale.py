@@ -370,34 +370,59 @@ def paper_mix(points: list[tuple[int, float]], max_context: int = PAPER_MAX_CONT
     return float(np.mean(np.interp(grid, xs, ys)))
 
 
+def add_load_arguments(ap: argparse.ArgumentParser) -> None:
+    """The engines, load, proxy and output options ``bench/scale.py`` and ``bench/scale_workers.py``
+    share."""
+    ap.add_argument("--engines", type=int, default=8)
+    ap.add_argument("--engine-processes", type=int, default=2, help="processes serving the engines (each its share)")
+    ap.add_argument("--load-processes", type=int, default=2, help="load-generator processes (per proxy)")
+    ap.add_argument("--helpers-nice", type=int, default=10,
+                    help="niceness of the load generators and engines (0: the proxy's priority)")
+    ap.add_argument("--heap-trim-s", type=float, default=60.0,
+                    help="the proxy's ProxyConfig.heap_trim_interval_s (0: never trim)")
+    ap.add_argument("--saturation-concurrency", type=int, default=64)
+    ap.add_argument("--turn-tokens", type=int, default=2000, help="new tokens per call (a tool result)")
+    ap.add_argument("--init-tokens", default="0,8000", help="initial context range of the load executions (tokens)")
+    ap.add_argument("--subagent-share", type=float, default=0.05)
+    ap.add_argument("--compaction-share", type=float, default=0.01)
+    ap.add_argument("--json", nargs="?", const="-", help="print the results as JSON (or write them to a file)")
+
+
+def prepare_load(args) -> tuple[int, int]:
+    """Set ``args.chars_per_token`` (the filler text on the proxy's tokenizer); the initial
+    context range of ``--init-tokens``."""
+    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
+    from scale_load import chars_per_token
+
+    args.chars_per_token = chars_per_token(load_tokenizer(ensure_tiny_model("qwen")))
+    lo, hi = (int(x) for x in args.init_tokens.split(","))
+    return lo, hi
+
+
+def start_proxy(workers: int, engine_urls: list[str], store: str, heap_trim_s: float
+                ) -> tuple[list[subprocess.Popen], Proxies]:
+    """Rank 0's proxy as ``workers`` processes over the engines, recording into ``store``."""
+    started = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--heap-trim-s", str(heap_trim_s),
+                       "--serve-proxy", *engine_urls]) for _ in range(workers)]
+    return [p for p, _ in started], Proxies([p.pid for p, _ in started], [u for _, u in started])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve-proxy", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--store-dir", help=argparse.SUPPRESS)
     ap.add_argument("--executions", type=int, default=None,
                     help=f"live executions (default {PAPER_EXECUTIONS}; 512 with --main-job)")
-    ap.add_argument("--engines", type=int, default=8)
-    ap.add_argument("--engine-processes", type=int, default=2, help="processes serving the engines (each its share)")
     ap.add_argument("--proxy-workers", type=int, default=1,
                     help="proxy processes (K); each owns the executions whose id hashes to it")
-    ap.add_argument("--load-processes", type=int, default=2)
-    ap.add_argument("--helpers-nice", type=int, default=10,
-                    help="niceness of the load generators and engines (0: the proxy's priority)")
-    ap.add_argument("--heap-trim-s", type=float, default=60.0,
-                    help="the proxy's ProxyConfig.heap_trim_interval_s (0: never trim)")
     ap.add_argument("--rates", default="10,38.4", help="offered call rates of the open-loop phases (calls/s)")
     ap.add_argument("--phase-s", type=float, default=30.0)
-    ap.add_argument("--saturation-concurrency", type=int, default=64)
-    ap.add_argument("--turn-tokens", type=int, default=2000, help="new tokens per call (a tool result)")
-    ap.add_argument("--init-tokens", default="0,8000", help="initial context range of the load executions (tokens)")
-    ap.add_argument("--subagent-share", type=float, default=0.05)
-    ap.add_argument("--compaction-share", type=float, default=0.01)
+    add_load_arguments(ap)
     ap.add_argument("--context", default="10000,100000,350000,700000", help="contexts of the sweep (tokens)")
     ap.add_argument("--sweep-executions", type=int, default=3)
     ap.add_argument("--sweep-calls", type=int, default=10,
                     help="measured calls per sweep execution")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 96 executions, 10 s phases, sweep to 100k")
-    ap.add_argument("--json", nargs="?", const="-", help="print the results as JSON (or write them to a file)")
     mj = ap.add_argument_group("--main-job: the main job with many executions live (bench/scale_main_job.py)")
     mj.add_argument("--main-job", action="store_true",
                     help="run the main job instead (3 cells, --executions live at once, default 512)")
@@ -415,11 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     args.executions = args.executions or PAPER_EXECUTIONS
     if args.quick:
         args.executions, args.phase_s, args.context, args.engines = 96, 10.0, "10000,100000", 2
-    init_range = tuple(int(x) for x in args.init_tokens.split(","))
-    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
-    from scale_load import chars_per_token
-
-    args.chars_per_token = chars_per_token(load_tokenizer(ensure_tiny_model("qwen")))
+    init_range = prepare_load(args)
     rates = [float(x) for x in args.rates.split(",") if x]
     contexts = [int(x) for x in args.context.split(",") if x]
     store = tempfile.mkdtemp(prefix="gyre-scale-store-")
@@ -433,11 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine_procs, engine_urls = start_engines(args.engines, args.engine_processes, args.helpers_nice)
         procs += engine_procs
-        workers = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--heap-trim-s", str(args.heap_trim_s),
-                           "--serve-proxy", *engine_urls])
-                   for _ in range(args.proxy_workers)]
-        procs += [p for p, _ in workers]
-        proxy = Proxies([p.pid for p, _ in workers], [u for _, u in workers])
+        worker_procs, proxy = start_proxy(args.proxy_workers, engine_urls, store, args.heap_trim_s)
+        procs += worker_procs
         rss0 = proxy.rss_bytes()
         print(f"{args.executions} executions, {args.engines} engines, {args.load_processes} load processes; "
               f"{args.proxy_workers} proxy process(es), RSS {rss0 / 2**20:.0f} MiB", flush=True)

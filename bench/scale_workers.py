@@ -35,10 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from scale import (PAPER_EXECUTIONS, Load, Proxies, ProcStat, _emit, _spawn, count_records,  # noqa: E402
-                   engine_round_trip_ms, phase, start_engines)
-
-SCALE = str(ROOT / "bench" / "scale.py")
+from scale import (PAPER_EXECUTIONS, Load, ProcStat, _emit, add_load_arguments, count_records,  # noqa: E402
+                   engine_round_trip_ms, phase, prepare_load, start_engines, start_proxy)
 
 
 def round_order(sizes: list[int], rounds: int) -> list[int]:
@@ -66,18 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="rounds of turns (each size measured once per round)")
     ap.add_argument("--round-s", type=float, default=10.0)
     ap.add_argument("--executions", type=int, default=PAPER_EXECUTIONS, help="live executions per proxy")
-    ap.add_argument("--engines", type=int, default=8)
-    ap.add_argument("--engine-processes", type=int, default=2, help="processes serving the engines (each its share)")
-    ap.add_argument("--load-processes", type=int, default=2, help="load-generator processes per proxy")
-    ap.add_argument("--helpers-nice", type=int, default=10,
-                    help="niceness of the load generators and engines (0: the proxy's priority)")
-    ap.add_argument("--saturation-concurrency", type=int, default=64)
-    ap.add_argument("--turn-tokens", type=int, default=2000)
-    ap.add_argument("--init-tokens", default="0,8000")
-    ap.add_argument("--subagent-share", type=float, default=0.05)
-    ap.add_argument("--compaction-share", type=float, default=0.01)
-    ap.add_argument("--heap-trim-s", type=float, default=60.0)
-    ap.add_argument("--json", nargs="?", const="-", help="print the results as JSON (or write them to a file)")
+    add_load_arguments(ap)
     args = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in args.workers.split(",") if x]
@@ -85,11 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--workers takes sizes like 1,2, not {args.workers!r}")
     if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1 or args.rounds < 1 or args.round_s <= 0:
         ap.error("--workers needs two or more different sizes >= 1; --rounds and --round-s must be positive")
-    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
-    from scale_load import chars_per_token
-
-    args.chars_per_token = chars_per_token(load_tokenizer(ensure_tiny_model("qwen")))
-    init_range = tuple(int(x) for x in args.init_tokens.split(","))
+    init_range = prepare_load(args)
     procs, loads = [], []
     sets: dict[int, dict[str, Any]] = {}
     try:
@@ -97,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         engines = [ProcStat(p.pid) for p in procs]
         for k in sizes:
             store = tempfile.mkdtemp(prefix=f"gyre-scale-workers-{k}-")
-            workers = [_spawn([SCALE, "--store-dir", store, "--heap-trim-s", str(args.heap_trim_s),
-                               "--serve-proxy", *engine_urls]) for _ in range(k)]
-            procs += [p for p, _ in workers]
-            proxy = Proxies([p.pid for p, _ in workers], [u for _, u in workers])
+            worker_procs, proxy = start_proxy(k, engine_urls, store, args.heap_trim_s)
+            procs += worker_procs
             load = Load(proxy.register(args.executions, f"k{k}"), args.load_processes, args, init_range, seed=1)
             loads.append(load)
             sets[k] = {"proxy": proxy, "load": load, "store": store, "calls": 0, "rounds": []}
