@@ -22,8 +22,8 @@ Processes, each its own Python process on this machine:
   calls are a sub-agent's, some executions compact.
 
 The engines and load generators stand for other machines (GPU nodes, the harnesses' sandboxes);
-here they share the proxy's cores, at ``--helpers-nice`` (default 10) so that they take the CPU the
-proxy leaves instead of preempting it at every wakeup. Their CPU is measured and printed per phase.
+here they share the proxy's cores, at ``--helpers-nice`` (default 10), below the proxy's priority.
+Their CPU is measured and printed per phase.
 
 Phases: **warm** (every execution's first call: its whole initial context is new), **open loop**
 at each offered rate of ``--rates`` (calls/s, Poisson), **saturation** (``--saturation-concurrency``
