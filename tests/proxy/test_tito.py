@@ -244,3 +244,42 @@ def test_the_same_text_output_twice_is_identified_by_position(qwen_renderer):
         conv += [Message("assistant", msg.content), Message("user", f"result {k}")]
     assert p.identified == [None, None, 0, None, 1, None]
     assert s.tree.num_nodes == 3 and len(s.tree.leaves()) == 1  # one node per call: one thread, no branch
+
+
+class _CountingPool:
+    """A thread pool that counts what it is given (``loop.run_in_executor`` calls ``submit``)."""
+
+    def __init__(self):
+        import concurrent.futures
+
+        self.pool, self.texts = concurrent.futures.ThreadPoolExecutor(1), []
+
+    def submit(self, fn, texts):
+        self.texts.append(list(texts))
+        return self.pool.submit(fn, texts)
+
+
+@pytest.mark.parametrize("chars, off_loop", [(200, False), (900, False), (1100, True), (4000, True)])
+def test_long_new_text_is_encoded_in_the_pool_with_the_same_ids(qwen_renderer, chars, off_loop):
+    import asyncio
+
+    from gyre.proxy.tito import INLINE_ENCODE_MAX_CHARS
+
+    assert INLINE_ENCODE_MAX_CHARS == 1024
+    text = ("def f(x):\n    return x * 2\n" * 200)[:chars]
+    reqs = [chat(Message("user", "run it")),
+            chat(Message("user", "run it"), Message("assistant", "ok"), Message("user", text))]
+    sync, pooled, pool = TitoSession("a", qwen_renderer), TitoSession("b", qwen_renderer), _CountingPool()
+    for req in reqs:
+        want = sync.prepare(req)
+        got = asyncio.run(pooled.prepare_async(req, pool))
+        assert got.input_ids.tolist() == want.input_ids.tolist()
+        for s, p in ((sync, want), (pooled, got)):
+            s.commit(p, output_ids=enc(qwen_renderer, "ok") + [IM_END], output_logprobs=np.full(2, -0.5),
+                     finish_reason="stop", output_message=Message("assistant", "ok"), role="main")
+    # the first request's few characters are encoded inline; the second's new text (the template's
+    # text around it included) in the pool only when it is over the limit
+    assert len(pool.texts) == int(off_loop)
+    if off_loop:
+        assert text in "".join(pool.texts[0]) and sum(map(len, pool.texts[0])) > INLINE_ENCODE_MAX_CHARS
+    pool.pool.shutdown()
