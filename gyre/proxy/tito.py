@@ -32,7 +32,8 @@ __all__ = ["TitoSession", "TitoStats"]
 _NO_IDS = np.zeros(0, np.int32)
 # New text longer than this is encoded in the proxy's thread pool rather than on the event loop:
 # the tokenizer releases the GIL, so the loop goes on with other calls and the encoding can run on
-# another core. About 0.3 ms of tokenizing (code or prose); the hop to the pool costs ~0.1 ms.
+# another core. 1,024 characters are ~0.3 ms of tokenizing (code, or the benches' filler text); the
+# hop to the pool costs ~0.1 ms.
 INLINE_ENCODE_MAX_CHARS = 1024
 _Recent = tuple[np.ndarray, np.ndarray, np.ndarray, int, "ContextBuffer | None"]
 
