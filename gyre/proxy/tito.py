@@ -257,8 +257,8 @@ class TitoSession:
     async def prepare_async(self, request: ChatRequest, executor: Any = None) -> PreparedInput:
         """:meth:`prepare` with the encoding of new text longer than ``INLINE_ENCODE_MAX_CHARS`` run
         in ``executor`` (a thread pool: the tokenizer releases the GIL, so tool outputs neither
-        block the event loop nor stay on its core). Restoration, matching and rendering happen before the first await, so the
-        result is the same as :meth:`prepare` at that moment.
+        block the event loop nor stay on its core). Restoration, matching and rendering happen
+        before the first await, so the result is the same as :meth:`prepare` at that moment.
         """
         import asyncio
 

@@ -270,16 +270,18 @@ def test_long_new_text_is_encoded_in_the_pool_with_the_same_ids(qwen_renderer, c
     reqs = [chat(Message("user", "run it")),
             chat(Message("user", "run it"), Message("assistant", "ok"), Message("user", text))]
     sync, pooled, pool = TitoSession("a", qwen_renderer), TitoSession("b", qwen_renderer), _CountingPool()
-    for req in reqs:
-        want = sync.prepare(req)
-        got = asyncio.run(pooled.prepare_async(req, pool))
-        assert got.input_ids.tolist() == want.input_ids.tolist()
-        for s, p in ((sync, want), (pooled, got)):
-            s.commit(p, output_ids=enc(qwen_renderer, "ok") + [IM_END], output_logprobs=np.full(2, -0.5),
-                     finish_reason="stop", output_message=Message("assistant", "ok"), role="main")
+    try:
+        for req in reqs:
+            want = sync.prepare(req)
+            got = asyncio.run(pooled.prepare_async(req, pool))
+            assert got.input_ids.tolist() == want.input_ids.tolist()
+            for s, p in ((sync, want), (pooled, got)):
+                s.commit(p, output_ids=enc(qwen_renderer, "ok") + [IM_END], output_logprobs=np.full(2, -0.5),
+                         finish_reason="stop", output_message=Message("assistant", "ok"), role="main")
+    finally:
+        pool.pool.shutdown()
     # the first request's few characters are encoded inline; the second's new text (the template's
     # text around it included) in the pool only when it is over the limit
     assert len(pool.texts) == int(off_loop)
     if off_loop:
         assert text in "".join(pool.texts[0]) and sum(map(len, pool.texts[0])) > INLINE_ENCODE_MAX_CHARS
-    pool.pool.shutdown()
