@@ -11,7 +11,7 @@ How the main job runs one execution (each in its own thread; all calls are threa
     proxy.close_execution(execution_id)                                     # after a judge used the key
 
 The interface and lifecycle are in :mod:`gyre.harness.base`, the child process in
-:mod:`gyre.harness.process`, role declarations in :mod:`gyre.harness.roles`, registry installs
+:mod:`gyre.sandbox` (the backends it runs in), role declarations in :mod:`gyre.harness.roles`, registry installs
 in :mod:`gyre.harness.install`, Gyre's own agent in :mod:`gyre.harness.reference_agent`. Names
 are imported lazily (PEP 562), so a harness child does not pay for imports it never uses.
 """
@@ -33,7 +33,6 @@ _LAZY = {
     "HarnessConfig": "gyre.harness.registry",
     "HarnessInstallError": "gyre.harness.install",
     "HarnessPackage": "gyre.harness.install",
-    "HarnessProcess": "gyre.harness.process",
     "HarnessResult": "gyre.harness.base",
     "HarnessUnavailable": "gyre.harness.base",
     "LaunchContext": "gyre.harness.base",
@@ -42,7 +41,7 @@ _LAZY = {
     "MINI_SWE_AGENT_ROLES": "gyre.harness.mini_swe_agent",
     "MiniSweAgentHarness": "gyre.harness.mini_swe_agent",
     "PackagedHarness": "gyre.harness.install",
-    "ProcessExit": "gyre.harness.process",
+    "ProcessExit": "gyre.sandbox.process",
     "ProxyEndpoint": "gyre.harness.base",
     "REFERENCE_ROLES": "gyre.harness.reference",
     "ReferenceHarness": "gyre.harness.reference",
@@ -56,7 +55,7 @@ _LAZY = {
     "harness_cache_dir": "gyre.harness.install",
     "harness_from_args": "gyre.harness.registry",
     "harness_from_config": "gyre.harness.registry",
-    "isolation_supported": "gyre.harness.process",
+    "isolation_supported": "gyre.sandbox.process",
     "load_harness_class": "gyre.harness.registry",
     "make_harness": "gyre.harness.registry",
     "request_texts": "gyre.harness.roles",

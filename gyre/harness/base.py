@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gyre.evaluation import ExecutionClosure, PreservedWorkspace, TerminationStatus, preserve_workspace, tree_digest
-from gyre.harness.process import HarnessProcess, ProcessExit, isolation_supported
+from gyre.sandbox.process import ProcessExit, SandboxProcess, isolation_supported
 from gyre.harness.roles import RoleRules
 from gyre.tasks import TaskSpec, WorkspaceError, materialize_workspace
 from gyre.trajectory.records import EXECUTION_ID_RE
@@ -282,7 +282,7 @@ class RunningExecution:
     time limit / cancelled), preserves the workspace and returns the :class:`HarnessResult`;
     :meth:`cancel` may be called from any thread."""
 
-    def __init__(self, harness: "Harness", ctx: LaunchContext, proc: HarnessProcess, meta: dict[str, Any],
+    def __init__(self, harness: "Harness", ctx: LaunchContext, proc: SandboxProcess, meta: dict[str, Any],
                  model_calls: Callable[[], int] | None, initial_digest: str | None) -> None:
         self.harness, self.ctx, self.proc, self.meta = harness, ctx, proc, meta
         self.model_calls = model_calls
@@ -312,7 +312,7 @@ class Harness(abc.ABC):
     """A black-box harness adapter.
 
     The harness sees its own execution directory only: with isolation
-    (:mod:`gyre.harness.process`) the whole run directory and every path the task lists as
+    (:mod:`gyre.sandbox.process`) the whole run directory and every path the task lists as
     ``hidden`` (evaluator-only tests, solutions) are masked in its mount namespace. The proxy
     URL and the execution's API key reach it through its environment/config
     (:meth:`build_command`), never through the parent's environment: the child gets a minimal
@@ -429,7 +429,7 @@ class Harness(abc.ABC):
         masks = [str(dirs.run_dir), *(str(h) for h in task.hidden)]
         initial = tree_digest(dirs.workspace) if model_calls is None else None
         private_tmp = self.private_tmp_size if isolate and not _needs_shared_tmp(spec.argv) else None
-        proc = HarnessProcess(spec.argv, cwd=dirs.workspace, env=env, log_path=dirs.log_path, isolate=isolate,
+        proc = SandboxProcess(spec.argv, cwd=dirs.workspace, env=env, log_path=dirs.log_path, isolate=isolate,
                               own_dir=dirs.root, masks=masks, private_tmp=private_tmp,
                               kill_grace_s=self.kill_grace_s)
         secrets = (endpoint.api_key, *spec.redact)

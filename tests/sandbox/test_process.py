@@ -1,4 +1,4 @@
-"""HarnessProcess: own process group, streamed log, time limit (SIGTERM group, then SIGKILL),
+"""SandboxProcess: own process group, streamed log, time limit (SIGTERM group, then SIGKILL),
 cancel, exit status; with isolation also escaped processes die and masks hide paths."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.harness import HarnessProcess, isolation_supported
+from gyre.sandbox.process import SandboxProcess, isolation_supported
 from tests.processes import alive
 
 MODES = [pytest.param(False, id="plain"),
@@ -19,10 +19,10 @@ MODES = [pytest.param(False, id="plain"),
                                                                        reason="mount/pid namespaces unavailable"))]
 
 
-def proc(tmp_path: Path, script: str, isolate: bool, **kw) -> HarnessProcess:
+def proc(tmp_path: Path, script: str, isolate: bool, **kw) -> SandboxProcess:
     own = tmp_path / "run" / "executions" / "e1"
     (own / "workspace").mkdir(parents=True, exist_ok=True)
-    return HarnessProcess(["bash", "-c", script], cwd=own / "workspace", env={"PATH": os.environ["PATH"]},
+    return SandboxProcess(["bash", "-c", script], cwd=own / "workspace", env={"PATH": os.environ["PATH"]},
                           log_path=own / "harness.log", isolate=isolate, own_dir=own,
                           masks=[tmp_path / "run"] if isolate else [], **kw)
 
@@ -81,7 +81,7 @@ def test_isolated_escapees_die_and_paths_are_masked(tmp_path):
     hidden.mkdir()
     (hidden / "test_x.py").write_text("secret test")
     marker = tmp_path / "escapee-alive"
-    p = HarnessProcess(["bash", "-c",
+    p = SandboxProcess(["bash", "-c",
                         f"setsid bash -c 'sleep 2; touch {marker}' & "
                         f"ls {other} > seen_other.txt 2>&1; ls {hidden} > seen_hidden.txt 2>&1; "
                         "ls /proc | grep -c '^[0-9]' > nprocs.txt; exit 0"],
@@ -120,13 +120,13 @@ def test_cancel_from_another_thread(tmp_path, isolate):
 
 
 def test_command_not_found(tmp_path):
-    p = HarnessProcess(["/no/such/harness"], cwd=tmp_path, env={"PATH": "/usr/bin"}, log_path=tmp_path / "log")
+    p = SandboxProcess(["/no/such/harness"], cwd=tmp_path, env={"PATH": "/usr/bin"}, log_path=tmp_path / "log")
     with pytest.raises(FileNotFoundError, match="not found"):
         p.start()
 
 
 def test_python_child_sees_only_given_env(tmp_path):
-    p = HarnessProcess([sys.executable, "-c", "import os,json; print(json.dumps(sorted(os.environ)))"], cwd=tmp_path,
+    p = SandboxProcess([sys.executable, "-c", "import os,json; print(json.dumps(sorted(os.environ)))"], cwd=tmp_path,
                        env={"PATH": os.environ["PATH"], "ONLY": "1"}, log_path=tmp_path / "log")
     p.start()
     assert p.wait(30).returncode == 0

@@ -1,6 +1,7 @@
-"""The harness child process: own process group, log file, time limit, optional isolation.
+"""A child process of an execution: own process group, log file, time limit, optional isolation.
 
-:class:`HarnessProcess` starts the harness as the leader of a new process group with stdin
+:class:`SandboxProcess` starts a command (a harness, an evaluation command, or a sandbox runtime
+wrapping one) as the leader of a new process group with stdin
 closed and stdout+stderr appended to one log file; at the time limit or on cancel it sends
 ``SIGTERM`` to the whole group, then ``SIGKILL`` after a grace period.
 
@@ -28,13 +29,15 @@ from pathlib import Path
 
 from gyre.process_guard import popen_process_group, untrack_process_group
 
-__all__ = ["HarnessProcess", "ProcessExit", "isolation_supported", "ISOLATION_SETUP_FAILED"]
+__all__ = ["SandboxProcess", "ProcessExit", "isolation_argv", "isolation_supported", "ISOLATION_SETUP_FAILED",
+           "ISOLATION_SETUP_MARKER", "signal_group"]
 
 logger = logging.getLogger(__name__)
 
-#: Exit status of the isolation wrapper when its mounts fail (the harness did not run).
+#: Exit status of the isolation wrapper when its mounts fail (the command did not run).
 ISOLATION_SETUP_FAILED = 96
-_MARKER = "gyre: isolation setup failed"
+#: What the isolation wrapper writes to stderr when its mounts fail.
+ISOLATION_SETUP_MARKER = "gyre: isolation setup failed"
 
 # $1 own dir, $2 working dir, $3 private /tmp size ("" = shared /tmp), $4 number of masks,
 # the masks, then the command. The own dir stays reachable through the shell's cwd while
@@ -71,6 +74,17 @@ def _unshare_argv() -> list[str] | None:
     return [unshare, "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
 
 
+def isolation_argv(argv: Sequence[str], *, own_dir: str | os.PathLike[str], cwd: str | os.PathLike[str],
+                   masks: Sequence[str | os.PathLike[str]] = (), private_tmp: str | None = None) -> list[str]:
+    """``argv`` under the isolation wrapper (:class:`SandboxProcess`); raises ``OSError`` when
+    ``unshare`` or ``mount`` is missing."""
+    prefix = _unshare_argv()
+    if prefix is None:
+        raise OSError("isolation requested but unshare/mount are unavailable")
+    return [*prefix, "--", "sh", "-c", _INIT_SCRIPT, "gyre-init", str(own_dir), str(cwd), str(private_tmp or ""),
+            str(len(masks)), *(str(m) for m in masks), *(str(a) for a in argv)]
+
+
 @functools.lru_cache(maxsize=1)
 def isolation_supported() -> bool:
     """Whether isolated launches work here (probed once: masks a directory in a namespace
@@ -92,20 +106,20 @@ def isolation_supported() -> bool:
             return False
         ok = res.returncode == 0 and (own / "ok").exists()
         if not ok:
-            logger.info("harness isolation unavailable: %s", res.stderr.decode(errors="replace").strip()[-300:])
+            logger.info("process isolation unavailable: %s", res.stderr.decode(errors="replace").strip()[-300:])
         return ok
 
 
 @dataclass(slots=True, frozen=True)
 class ProcessExit:
-    """How the harness process ended.
+    """How a child process ended.
 
     * ``returncode`` -- exit status (negative: killed by that signal; under isolation a death
       by signal ``N`` reads as ``128 + N``, as a shell reports it); ``None`` when Gyre killed it
       (time limit or cancel);
     * ``timed_out`` -- it ran past its limit; ``cancelled`` -- ``cancel()`` became true;
     * ``duration_s`` -- seconds from start to exit (or kill);
-    * ``isolation_failed`` -- the isolation wrapper could not set up its mounts (the harness
+    * ``isolation_failed`` -- the isolation wrapper could not set up its mounts (the command
       never ran).
     """
 
@@ -116,15 +130,16 @@ class ProcessExit:
     isolation_failed: bool = False
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+    """``killpg`` that ignores a group already gone."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-class HarnessProcess:
-    """One harness child process.
+class SandboxProcess:
+    """One child process of an execution.
 
     ``argv`` runs as the leader of a new session/process group (``start_new_session=True``)
     with stdin closed and stdout+stderr appended to one log file (written by the child
@@ -142,7 +157,7 @@ class HarnessProcess:
        through the shell's working directory and is bound back onto its path afterwards;
     2. mounts a private, size-capped ``tmpfs`` on ``/tmp`` (discarded; ``TMPDIR`` points at
        the execution's ``tmp/``, which is kept);
-    3. runs the harness as its child, forwards ``SIGTERM``/``SIGINT``/``SIGHUP`` to it, waits
+    3. runs the command as its child, forwards ``SIGTERM``/``SIGINT``/``SIGHUP`` to it, waits
        for it and exits with its status. When the init exits, the kernel kills everything left
        in the pid namespace (``setsid`` escapees included), and ``--mount-proc`` means ``/proc``
        shows only the namespace's own processes (another execution's environment, and so its
@@ -151,12 +166,20 @@ class HarnessProcess:
     Args:
         argv: the command; ``cwd``: its working directory; ``env``: its complete environment.
         log_path: file receiving stdout and stderr (appended).
+        stderr_path: a separate file for stderr (appended; ``None``: the log file).
         isolate: run inside the isolation wrapper (needs :func:`isolation_supported`).
         own_dir: the execution directory kept visible (isolation only).
         masks: paths hidden from the child (isolation only).
         private_tmp: size of a private ``tmpfs`` mounted on ``/tmp`` (e.g. ``"2g"``; isolation
             only; ``None``: the shared ``/tmp``).
         kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL``.
+        signal_hook: called with ``SIGTERM`` / ``SIGKILL`` whenever the group is signalled at the
+            limit or on cancel (a container runtime whose processes are not in the client's
+            process group is stopped from there).
+        check_command: look ``argv[0]`` up on ``env["PATH"]`` before starting (off where the
+            command runs inside another root file system).
+        setup_failed: given the exit status and the end of the log (stderr), whether a wrapper
+            (a sandbox runtime) failed before the command ran (``ProcessExit.isolation_failed``).
 
     Raises (from :meth:`start`):
         OSError: the command could not be started (not found, not executable).
@@ -165,8 +188,13 @@ class HarnessProcess:
     def __init__(self, argv: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str, str],
                  log_path: str | os.PathLike[str], isolate: bool = False, own_dir: str | os.PathLike[str] | None = None,
                  masks: Sequence[str | os.PathLike[str]] = (), private_tmp: str | None = None,
-                 kill_grace_s: float = 5.0) -> None:
+                 kill_grace_s: float = 5.0, signal_hook: Callable[[int], None] | None = None,
+                 check_command: bool = True, stderr_path: str | os.PathLike[str] | None = None,
+                 setup_failed: Callable[[int, str], bool] | None = None) -> None:
         self.argv = [str(a) for a in argv]
+        self.signal_hook, self.check_command = signal_hook, check_command
+        self.stderr_path = None if stderr_path is None else Path(stderr_path)
+        self.setup_failed = setup_failed
         self.cwd, self.env, self.log_path = Path(cwd), dict(env), Path(log_path)
         self.isolate, self.own_dir, self.masks = isolate, own_dir, [str(Path(m)) for m in masks]
         self.private_tmp = private_tmp
@@ -182,22 +210,21 @@ class HarnessProcess:
     def _full_argv(self) -> list[str]:
         if not self.isolate:
             return self.argv
-        prefix = _unshare_argv()
-        if prefix is None or self.own_dir is None:
-            raise OSError("isolation requested but unshare/mount are unavailable")
-        return [*prefix, "--", "sh", "-c", _INIT_SCRIPT, "gyre-init", str(self.own_dir), str(self.cwd),
-                str(self.private_tmp or ""), str(len(self.masks)), *self.masks, *self.argv]
+        if self.own_dir is None:
+            raise OSError("isolation requested without the execution's own directory")
+        return isolation_argv(self.argv, own_dir=self.own_dir, cwd=self.cwd, masks=self.masks,
+                              private_tmp=self.private_tmp)
 
     def start(self) -> None:
         """Start the child (see class docstring for errors)."""
-        if shutil.which(self.argv[0], path=self.env.get("PATH")) is None:
-            raise FileNotFoundError(f"harness command not found: {self.argv[0]}")
+        if self.check_command and shutil.which(self.argv[0], path=self.env.get("PATH")) is None:
+            raise FileNotFoundError(f"command not found: {self.argv[0]}")
         argv = self._full_argv()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab") as log, open(self.stderr_path or os.devnull, "ab") as err:
             self.started_at = time.monotonic()
             self.proc = popen_process_group(argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT)
+                                            stdout=log, stderr=err if self.stderr_path else subprocess.STDOUT)
 
     def _exited(self) -> bool:
         assert self.proc is not None
@@ -222,6 +249,28 @@ class HarnessProcess:
                 time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
+    def _signal(self, pgid: int, sig: int) -> None:
+        if self.signal_hook is not None:
+            try:
+                self.signal_hook(sig)
+            except Exception as exc:  # the group is still signalled below
+                logger.warning("stopping pid %d's sandbox failed: %s", pgid, exc)
+        signal_group(pgid, sig)
+
+    def kill_now(self) -> None:
+        """``SIGKILL`` the whole group at once (and the signal hook); :meth:`wait` still reaps it."""
+        if self.proc is not None and self._exit is None:
+            self._signal(self.proc.pid, signal.SIGKILL)
+
+    def running(self) -> bool:
+        """Whether the child started and has not exited."""
+        if self.proc is None or self._exit is not None:
+            return False
+        try:
+            return not self._exited()
+        except ChildProcessError:  # reaped meanwhile by wait()
+            return False
+
     def wait(self, timeout_s: float | None, *, cancel: Callable[[], bool] | None = None) -> ProcessExit:
         """Wait for the child until ``timeout_s`` seconds after its start (``None``: no limit);
         kill its group at the limit or as soon as ``cancel()`` returns true. Idempotent."""
@@ -234,23 +283,25 @@ class HarnessProcess:
         try:
             how = self._wait_exit(left, cancel)
             if how != "exited":
-                logger.info("harness pid %d %s: terminating its process group", pgid,
+                logger.info("pid %d %s: terminating its process group", pgid,
                             "cancelled" if how == "cancelled" else f"ran past {timeout_s:.1f} s")
-                _signal_group(pgid, signal.SIGTERM)
+                self._signal(pgid, signal.SIGTERM)
                 if self._wait_exit(self.kill_grace_s) != "exited":
-                    _signal_group(pgid, signal.SIGKILL)
+                    self._signal(pgid, signal.SIGKILL)
                     self._wait_exit(None)
         finally:
-            _signal_group(pgid, signal.SIGKILL)  # leftovers die before the leader is reaped
+            signal_group(pgid, signal.SIGKILL)  # leftovers die before the leader is reaped
             rc = self.proc.wait()
             untrack_process_group(pgid)
         duration = time.monotonic() - self.started_at
         killed = how != "exited"
         iso_failed = False
-        if self.isolate and not killed and rc == ISOLATION_SETUP_FAILED:
+        if not killed and ((self.isolate and rc == ISOLATION_SETUP_FAILED) or (self.setup_failed and rc)):
             try:
-                iso_failed = _MARKER in self.log_path.read_text(errors="replace")[-4000:]
+                tail = (self.stderr_path or self.log_path).read_text(errors="replace")[-4000:]
             except OSError:
-                pass
+                tail = ""
+            iso_failed = ((self.isolate and rc == ISOLATION_SETUP_FAILED and ISOLATION_SETUP_MARKER in tail)
+                          or bool(self.setup_failed and self.setup_failed(rc, tail)))
         self._exit = ProcessExit(None if killed else rc, how == "timeout", how == "cancelled", duration, iso_failed)
         return self._exit

@@ -1,0 +1,201 @@
+"""The execution backend interface: one sandbox per execution, commands run in it, then torn down.
+
+::
+
+    backend = make_backend("bwrap")                  # gyre.sandbox.registry
+    backend.check(spec.environment)                  # BackendUnavailable: the tool is missing here
+    with backend.create(spec) as sandbox:            # a burst of creates is gated (max_starts)
+        proc = sandbox.start(argv, env=env, cwd=workspace, log_path=log)   # the harness
+        exit = proc.wait(timeout_s, cancel=...)      # SandboxProcess: SIGTERM, then SIGKILL at the limit
+        sandbox.stop()                               # nothing runs any more; the files stay
+        sandbox.copy_out("/workspace/out.txt", dest)
+    # leaving the block tears the sandbox down (container removed, cgroup removed, socket closed)
+    backend.sweep(run_label)                         # what a crashed launcher left behind
+
+Every backend binds the paths it is given at their own path, so commands, ``HOME`` and workspace
+paths are the same inside and outside; it differs in what else the command sees
+(:mod:`gyre.sandbox.local`, :mod:`gyre.sandbox.bwrap`, :mod:`gyre.sandbox.podman`).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from gyre.sandbox.process import ProcessExit, SandboxProcess
+from gyre.sandbox.spec import Environment, SandboxSpec
+
+__all__ = ["BackendUnavailable", "ExecutionBackend", "Sandbox"]
+
+logger = logging.getLogger(__name__)
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (its tool is missing or fails its probe), or cannot run the
+    environment asked for. ``str(exc)`` is one line with the reason."""
+
+
+class Sandbox(abc.ABC):
+    """One execution's environment (module docstring). Thread-safe: :meth:`stop` and
+    :meth:`teardown` may come from another thread while a command runs."""
+
+    def __init__(self, backend: "ExecutionBackend", spec: SandboxSpec) -> None:
+        self.backend, self.spec = backend, spec
+        self._lock = threading.Lock()
+        self._procs: list[SandboxProcess] = []
+        self._torn_down = False
+
+    # ------------------------------------------------------------------ commands
+
+    @abc.abstractmethod
+    def command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:
+        """The host command line and environment that run ``argv`` inside the sandbox."""
+
+    def setup_failed(self, returncode: int, log_tail: str) -> bool:
+        """Whether a command that exited with ``returncode`` never ran because the sandbox's
+        runtime failed to set it up (``log_tail``: the end of its stderr)."""
+        return False
+
+    def signal_hook(self) -> Callable[[int], None] | None:
+        """Called with the signal when a command is stopped at its limit (``None``: the process
+        group of the host command holds everything the command started)."""
+        return None
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | os.PathLike[str],
+              log_path: str | os.PathLike[str], stderr_path: str | os.PathLike[str] | None = None,
+              kill_grace_s: float = 5.0) -> SandboxProcess:
+        """Start ``argv`` in the sandbox (``env`` is its complete environment, ``cwd`` its working
+        directory inside); stdout and stderr go to ``log_path`` (stderr to ``stderr_path`` when given).
+
+        Raises:
+            BackendUnavailable: the sandbox was torn down.
+            OSError: the host command could not be started.
+        """
+        with self._lock:
+            if self._torn_down:
+                raise BackendUnavailable(f"sandbox {self.spec.name} was torn down")
+        host_argv, host_env = self.command(argv, env=env, cwd=Path(cwd))
+        proc = SandboxProcess(host_argv, cwd=self.host_cwd(Path(cwd)), env=host_env, log_path=log_path,
+                              stderr_path=stderr_path, kill_grace_s=kill_grace_s, signal_hook=self.signal_hook(),
+                              check_command=False, setup_failed=self.setup_failed)
+        proc.start()
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | os.PathLike[str],
+            log_path: str | os.PathLike[str], timeout_s: float | None, stderr_path: str | os.PathLike[str] | None = None,
+            kill_grace_s: float = 2.0, cancel: Callable[[], bool] | None = None) -> ProcessExit:
+        """:meth:`start`, then wait up to ``timeout_s`` (the whole command stopped at the limit)."""
+        proc = self.start(argv, env=env, cwd=cwd, log_path=log_path, stderr_path=stderr_path,
+                          kill_grace_s=kill_grace_s)
+        return proc.wait(timeout_s, cancel=cancel)
+
+    def host_cwd(self, cwd: Path) -> Path:
+        """The host directory the host command starts in (the same path when it exists here)."""
+        return cwd if cwd.is_dir() else Path("/")
+
+    # ------------------------------------------------------------------ files
+
+    @abc.abstractmethod
+    def copy_in(self, src: str | os.PathLike[str], dest: str) -> None:
+        """Copy the host file or directory ``src`` to ``dest`` inside the sandbox."""
+
+    @abc.abstractmethod
+    def copy_out(self, src: str, dest: str | os.PathLike[str]) -> None:
+        """Copy ``src`` inside the sandbox to the host path ``dest``."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Whether any process of the sandbox still runs."""
+
+    def stop(self) -> None:
+        """End every process of the sandbox; its files (the workspace) stay. Idempotent."""
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            proc.kill_now()
+        deadline = time.monotonic() + 10
+        while any(p.running() for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def teardown(self) -> None:
+        """:meth:`stop`, then release what the sandbox holds. Idempotent; never raises."""
+        with self._lock:
+            if self._torn_down:
+                return
+            self._torn_down = True
+        try:
+            self.stop()
+        except Exception as exc:
+            logger.warning("sandbox %s: stop failed: %s", self.spec.name, exc)
+        try:
+            self.release()
+        except Exception as exc:
+            logger.warning("sandbox %s: teardown failed: %s", self.spec.name, exc)
+
+    def release(self) -> None:
+        """What :meth:`teardown` removes after the processes ended (backend-specific)."""
+
+    def limit_hit(self) -> str | None:
+        """The limit that ended a command, in words (``None``: none known)."""
+        return None
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+
+class ExecutionBackend(abc.ABC):
+    """Makes sandboxes of one kind. ``max_starts`` bounds how many :meth:`create` calls run at once
+    (a burst of dispatches waits its turn instead of starting hundreds of runtimes together)."""
+
+    name: ClassVar[str] = "backend"
+
+    def __init__(self, *, max_starts: int = 16) -> None:
+        if max_starts < 1:
+            raise ValueError(f"max_starts must be >= 1, got {max_starts!r}")
+        self._start_gate = threading.BoundedSemaphore(max_starts)
+
+    @abc.abstractmethod
+    def unavailable_reason(self, environment: Environment | None = None) -> str | None:
+        """Why this backend cannot run here (or cannot run ``environment``), in one line; ``None``
+        when it can."""
+
+    def check(self, environment: Environment | None = None) -> None:
+        """Raises :class:`BackendUnavailable` with :meth:`unavailable_reason`."""
+        reason = self.unavailable_reason(environment)
+        if reason:
+            raise BackendUnavailable(f"{self.name}: {reason}")
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """A new sandbox for ``spec`` (gated by ``max_starts``).
+
+        Raises:
+            BackendUnavailable: see :meth:`check`.
+            OSError / RuntimeError: the runtime failed to create it (the message says why).
+        """
+        self.check(spec.environment)
+        with self._start_gate:
+            return self._create(spec)
+
+    @abc.abstractmethod
+    def _create(self, spec: SandboxSpec) -> Sandbox:
+        """Make the sandbox (called under the start gate)."""
+
+    def sweep(self, run_label: str) -> int:
+        """Remove what sandboxes of ``run_label`` left (a crashed launcher); returns how many."""
+        return 0
+
+    def close(self) -> None:
+        """Release what the backend itself holds (e.g. its proxy gateway)."""
