@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gyre.sandbox.registry import BACKENDS
+from gyre.sandbox.spec import parse_size
+
 ROLES = ("main", "subagent", "compaction", "auxiliary", "evaluator")
 PLACEMENTS = ("elastic", "async", "colocate")
 HARNESS_NAMES = ("reference", "claude-code", "codex", "mini-swe-agent")
@@ -76,6 +79,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _size_or_none(text: str) -> int | None:
+    if text.strip().lower() in ("none", "0", "off"):
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative_float(text: str) -> float:
@@ -317,6 +329,28 @@ def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def _add_execution_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group(title="executions")
+    group.add_argument("--execution-backend", choices=("auto", *BACKENDS), default="auto",
+                       help="Where each execution's harness runs: bwrap (bubblewrap sandbox over the host's root "
+                            "read-only, no network), podman / docker (a container of the task's image), local "
+                            "(plain processes; paths masked with --harness-isolation). auto: bwrap where it works, "
+                            "else local with a warning.")
+    group.add_argument("--execution-network", action="store_true",
+                       help="Give sandboxes ordinary networking (e.g. package installs); by default a sandbox "
+                            "reaches the proxy only.")
+    group.add_argument("--execution-pids-limit", type=_positive_int, default=1024,
+                       help="Processes and threads one sandboxed execution may have at once (bwrap, podman, docker).")
+    group.add_argument("--execution-memory-limit", type=_size_or_none, default=parse_size("4g"),
+                       help="Memory of one sandboxed execution, e.g. 4g (bwrap, podman, docker; 'none': no limit).")
+    group.add_argument("--execution-workspace-limit", type=_size_or_none, default=parse_size("10g"),
+                       help="Size of one execution's directory (workspace, home, tmp), e.g. 10g; past it the "
+                            "execution ends as crashed ('none': no limit).")
+    group.add_argument("--docker-host", type=str, default=None,
+                       help="The Docker daemon the docker backend talks to (DOCKER_HOST; default: the CLI's).")
+    return parser
+
+
 def _add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="run")
     group.add_argument("--train-steps", type=int, default=2, help="Optimizer steps to run.")
@@ -337,7 +371,7 @@ def _add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_gyre_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every Gyre argument group; usable as Megatron's ``extra_args_provider``."""
     for add in (_add_model_args, _add_rollout_args, _add_sglang_args, _add_placement_args, _add_admission_args,
-                _add_objective_args, _add_evaluation_args, _add_harness_args, _add_run_args):
+                _add_objective_args, _add_evaluation_args, _add_harness_args, _add_execution_args, _add_run_args):
         add(parser)
     return parser
 

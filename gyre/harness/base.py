@@ -17,6 +17,8 @@ and :class:`HarnessResult` the closure handed to evaluation.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -24,13 +26,19 @@ import shutil
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from gyre.evaluation import ExecutionClosure, PreservedWorkspace, TerminationStatus, preserve_workspace, tree_digest
-from gyre.sandbox.process import ProcessExit, SandboxProcess, isolation_supported
+from gyre.sandbox import (BackendUnavailable, Environment, ExecutionBackend, Limits, ProxyTarget, Sandbox,
+                          SandboxSpec, sandbox_name)
+from gyre.sandbox.cgroups import directory_size
+from gyre.sandbox.local import LocalBackend
+from gyre.sandbox.process import ProcessExit, SandboxProcess
+from gyre.sandbox.spec import python_runtime_paths
 from gyre.harness.roles import RoleRules
 from gyre.tasks import TaskSpec, WorkspaceError, materialize_workspace
 from gyre.trajectory.records import EXECUTION_ID_RE
@@ -283,8 +291,11 @@ class RunningExecution:
     :meth:`cancel` may be called from any thread."""
 
     def __init__(self, harness: "Harness", ctx: LaunchContext, proc: SandboxProcess, meta: dict[str, Any],
-                 model_calls: Callable[[], int] | None, initial_digest: str | None) -> None:
+                 model_calls: Callable[[], int] | None, initial_digest: str | None, sandbox: Sandbox) -> None:
         self.harness, self.ctx, self.proc, self.meta = harness, ctx, proc, meta
+        self.sandbox = sandbox
+        self._over_limit: str | None = None
+        self._next_size_check = 0.0
         self.model_calls = model_calls
         self.initial_digest = initial_digest
         self._cancel = threading.Event()
@@ -299,12 +310,33 @@ class RunningExecution:
         """Ask :meth:`wait` to terminate the harness (``SIGTERM`` to its group, then ``SIGKILL``)."""
         self._cancel.set()
 
+    def _should_stop(self) -> bool:
+        """Cancelled, or the workspace passed its size limit (checked every 2 s)."""
+        if self._cancel.is_set():
+            return True
+        limit = self.sandbox.spec.limits.workspace_bytes
+        if limit is not None and time.monotonic() >= self._next_size_check:
+            self._next_size_check = time.monotonic() + 2.0
+            if directory_size(self.ctx.dirs.root, stop_at=limit) > limit:
+                self._over_limit = f"workspace size limit ({limit} bytes) reached"
+                return True
+        return False
+
     def wait(self) -> HarnessResult:
-        """Block until the execution closes; idempotent (later calls return the same result)."""
+        """Block until the execution closes; idempotent (later calls return the same result).
+
+        Whatever the harness left running in its sandbox is stopped before the workspace is
+        preserved, and the sandbox is torn down after the closure."""
         with self._lock:
             if self._result is None:
-                ex = self.proc.wait(self.ctx.timeout_s, cancel=self._cancel.is_set)
-                self._result = self.harness._close(self.ctx, ex, self.meta, self.model_calls, self.initial_digest)
+                try:
+                    ex = self.proc.wait(self.ctx.timeout_s, cancel=self._should_stop)
+                    self.sandbox.stop()
+                    limit = self._over_limit or (self.sandbox.limit_hit() if ex.returncode != 0 else None)
+                    self._result = self.harness.close_execution(self.ctx, ex, self.meta, self.model_calls,
+                                                                self.initial_digest, limit)
+                finally:
+                    self.sandbox.teardown()
             return self._result
 
 
@@ -321,9 +353,19 @@ class Harness(abc.ABC):
     Subclasses set :attr:`name` and :attr:`roles` and implement :meth:`build_command`;
     they may override :meth:`ensure_installed` and :meth:`final_message`.
 
+    Every launch runs in a sandbox of ``backend`` (:mod:`gyre.sandbox`): the execution's directory
+    is its one writable path (``execution.json`` and ``harness.log`` read-only inside), the run
+    directory and the task's hidden paths are masked, the harness's runtime (this interpreter,
+    Gyre's source, the harness install cache) is bound read-only, and a sandbox without a network
+    reaches the proxy at the same ``127.0.0.1:PORT`` URL through its own socket.
+
     Args:
-        isolation: ``"auto"`` (mask other executions and hidden paths when the machine
-            supports it), ``"require"`` (:class:`HarnessUnavailable` when it does not) or ``"off"``.
+        backend: where executions run (default: ``local`` with ``isolation``).
+        network: give sandboxes ordinary networking (default: only the proxy).
+        limits: per-execution process, memory and workspace-size limits.
+        isolation: the default ``local`` backend's ``"auto"`` (mask other executions and hidden
+            paths when the machine supports it), ``"require"`` (:class:`HarnessUnavailable` when it
+            does not) or ``"off"``.
         kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL`` at the time limit.
         preserve: ``"snapshot"`` (copy the workspace to ``snapshot/`` at closure) or
             ``"inplace"`` (assess ``workspace/`` itself; cheaper, relies on the harness's whole
@@ -343,7 +385,8 @@ class Harness(abc.ABC):
     def __init__(self, *, isolation: str = "auto", kill_grace_s: float = 5.0, preserve: str = "snapshot",
                  extra_env: Mapping[str, str] | None = None, passthrough_env: Sequence[str] = DEFAULT_PASSTHROUGH_ENV,
                  python_on_path: bool = True, default_timeout_s: float = 600.0,
-                 private_tmp_size: str | None = "2g") -> None:
+                 private_tmp_size: str | None = "2g", backend: ExecutionBackend | None = None, network: bool = False,
+                 limits: Limits | None = None) -> None:
         if isolation not in ("auto", "require", "off"):
             raise ValueError(f"isolation must be auto, require or off, got {isolation!r}")
         if preserve not in ("snapshot", "inplace"):
@@ -356,6 +399,9 @@ class Harness(abc.ABC):
         self.python_on_path = python_on_path
         self.default_timeout_s = default_timeout_s
         self.private_tmp_size = private_tmp_size
+        self.backend = backend if backend is not None else LocalBackend(isolation=isolation)
+        self.network = network
+        self.limits = limits if limits is not None else Limits(pids=None)
 
     # ------------------------------------------------------------------ adapter hooks
 
@@ -379,13 +425,50 @@ class Harness(abc.ABC):
 
     @property
     def isolated(self) -> bool:
-        """Whether launches run isolated (``isolation`` and machine support)."""
-        if self.isolation == "off":
-            return False
-        ok = isolation_supported()
-        if not ok and self.isolation == "require":
-            raise HarnessUnavailable("harness isolation required but unavailable (unshare --mount --pid failed)")
-        return ok
+        """Whether launches run isolated: a sandboxing backend, or ``local`` with its isolation on.
+
+        Raises:
+            HarnessUnavailable: the backend cannot run here (``isolation="require"`` without
+                ``unshare``, a missing tool).
+        """
+        reason = self.backend.unavailable_reason()
+        if reason:
+            raise HarnessUnavailable(f"execution backend {self.backend.name}: {reason}")
+        return not isinstance(self.backend, LocalBackend) or self.backend.isolated
+
+    @staticmethod
+    def run_label(run_dir: str | os.PathLike[str]) -> str:
+        """The label naming a run directory's sandboxes (what :meth:`sweep` finds after a crash)."""
+        return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
+
+    def sweep(self, run_dir: str | os.PathLike[str]) -> int:
+        """Remove the sandboxes an earlier, crashed launcher of ``run_dir`` left; returns how many."""
+        n = self.backend.sweep(self.run_label(run_dir))
+        if n:
+            logger.warning("removed %d sandbox(es) an earlier launcher of %s left", n, run_dir)
+        return n
+
+    def close(self) -> None:
+        """Release the backend (its proxy gateway); the harness launches nothing afterwards."""
+        self.backend.close()
+
+    def runtime_paths(self, spec: LaunchSpec) -> tuple[Path, ...]:
+        """What the harness command needs from this machine, bound read-only into its sandbox:
+        this interpreter and Gyre's source, the harness install cache, and the command's own
+        directory when it is not a system one."""
+        from gyre.harness.install import harness_cache_dir
+
+        paths = [*python_runtime_paths(), harness_cache_dir()]
+        exe = shutil.which(spec.argv[0]) if spec.argv else None
+        if exe:
+            parent = Path(os.path.realpath(exe)).parent
+            if not any(parent == Path(d) for d in ("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin")):
+                paths.append(parent)
+        return tuple(dict.fromkeys(p for p in paths if p.exists()))
+
+    def environment_of(self, task: TaskSpec) -> Environment:
+        """The environment ``task`` runs in (the host's root when it names none)."""
+        return task.environment
 
     def base_env(self, ctx: LaunchContext) -> dict[str, str]:
         """The environment every harness starts from (see the module docstring)."""
@@ -420,18 +503,22 @@ class Harness(abc.ABC):
                 ``crashed`` closure without workspace).
         """
         timeout = float(timeout_s or task.timeout_s or self.default_timeout_s)
-        ctx = LaunchContext(dirs.execution_id, task, dirs, endpoint, timeout)
+        isolate = self.isolated
+        label = self.run_label(dirs.run_dir)
+        url = urllib.parse.urlsplit(endpoint.base_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        proxy_target = ProxyTarget(url.hostname or "127.0.0.1", port)
+        inner_endpoint = endpoint
+        if self.backend.forwards_proxy(self.network):  # inside, the proxy is at the forwarder's loopback port
+            inner_endpoint = dataclasses.replace(endpoint, base_url=f"http://127.0.0.1:{proxy_target.inside_port}")
+        ctx = LaunchContext(dirs.execution_id, task, dirs, inner_endpoint, timeout)
         spec = self.build_command(ctx)
         env = self.base_env(ctx)
         env.update(self.extra_env)
         env.update(spec.env)
-        isolate = self.isolated
         masks = [str(dirs.run_dir), *(str(h) for h in task.hidden)]
         initial = tree_digest(dirs.workspace) if model_calls is None else None
         private_tmp = self.private_tmp_size if isolate and not _needs_shared_tmp(spec.argv) else None
-        proc = SandboxProcess(spec.argv, cwd=dirs.workspace, env=env, log_path=dirs.log_path, isolate=isolate,
-                              own_dir=dirs.root, masks=masks, private_tmp=private_tmp,
-                              kill_grace_s=self.kill_grace_s)
         secrets = (endpoint.api_key, *spec.redact)
 
         def redact(s: str) -> str:
@@ -440,16 +527,35 @@ class Harness(abc.ABC):
                     s = s.replace(x, "<redacted>")
             return s
 
+        environment = self.environment_of(task)
         meta = {"execution_id": ctx.execution_id, "task_id": task.id, "harness": self.name,
                 "endpoint": endpoint.base_url, "model": endpoint.model, "timeout_s": timeout,
+                "backend": self.backend.name, "environment": environment.describe(), "network": self.network,
                 "isolated": isolate, "masks": masks, "argv": [redact(a) for a in spec.argv],
                 "env": {k: redact(v) for k, v in spec.env.items()}, "roles": self.roles.as_dict(),
                 "started_at": time.time()}
         _write_json(dirs.meta_path, meta)
-        logger.info("execution %s: launching %s on task %s (timeout %.0f s, isolated=%s)", ctx.execution_id,
-                    self.name, task.id, timeout, isolate)
-        proc.start()
-        return RunningExecution(self, ctx, proc, meta, model_calls, initial)
+        dirs.log_path.touch()
+        sandbox_spec = SandboxSpec(
+            name=sandbox_name(label, ctx.execution_id, "h"), run_label=label, environment=environment,
+            writable=(dirs.root,), readonly=self.runtime_paths(spec), masks=tuple(Path(m) for m in masks),
+            protected=(dirs.meta_path, dirs.log_path), network=self.network, proxy=proxy_target,
+            workdir=dirs.workspace, limits=self.limits, private_tmp_size=private_tmp)
+        logger.info("execution %s: launching %s on task %s (timeout %.0f s, %s backend, isolated=%s)",
+                    ctx.execution_id, self.name, task.id, timeout, self.backend.name, isolate)
+        try:
+            sandbox = self.backend.create(sandbox_spec)
+        except (BackendUnavailable, RuntimeError) as exc:
+            raise OSError(f"sandbox could not be created: {exc}") from exc
+        try:
+            if environment.is_host and shutil.which(spec.argv[0], path=env.get("PATH")) is None:
+                raise FileNotFoundError(f"harness command not found: {spec.argv[0]}")
+            proc = sandbox.start(spec.argv, env=env, cwd=dirs.workspace, log_path=dirs.log_path,
+                                 kill_grace_s=self.kill_grace_s)
+        except BaseException:
+            sandbox.teardown()
+            raise
+        return RunningExecution(self, ctx, proc, meta, model_calls, initial, sandbox)
 
     def run(self, task: TaskSpec, run_dir: str | os.PathLike[str], execution_id: str, endpoint: ProxyEndpoint, *,
             timeout_s: float | None = None, model_calls: Callable[[], int] | None = None,
@@ -486,8 +592,12 @@ class Harness(abc.ABC):
 
     # ------------------------------------------------------------------ closure
 
-    def _close(self, ctx: LaunchContext, ex: ProcessExit, meta: dict[str, Any],
-               model_calls: Callable[[], int] | None, initial_digest: str | None) -> HarnessResult:
+    def close_execution(self, ctx: LaunchContext, ex: ProcessExit, meta: dict[str, Any],
+                        model_calls: Callable[[], int] | None, initial_digest: str | None,
+                        limit_hit: str | None = None) -> HarnessResult:
+        """The :class:`HarnessResult` of a harness that ended as ``ex``, its workspace preserved
+        (``limit_hit``: the sandbox limit that ended it, in words; the execution then closes as
+        ``crashed`` with that reason, and without a workspace when the limit was its size)."""
         dirs = ctx.dirs
         calls = None
         if model_calls is not None:
@@ -499,7 +609,10 @@ class Harness(abc.ABC):
         error = ""
         no_work = False
         if ex.isolation_failed:
-            term, no_work, error = TerminationStatus.CRASHED, True, "isolation setup failed (see harness.log)"
+            term, no_work, error = TerminationStatus.CRASHED, True, "sandbox setup failed (see harness.log)"
+        elif limit_hit:
+            term, error = TerminationStatus.CRASHED, limit_hit
+            no_work = limit_hit.startswith("workspace size limit")
         elif ex.timed_out:
             term = TerminationStatus.TIMEOUT
         elif ex.cancelled:

@@ -13,15 +13,16 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from gyre.harness.base import Harness
+from gyre.harness.base import Harness, HarnessUnavailable
 from gyre.harness.claude_code import ClaudeCodeHarness
 from gyre.harness.codex import CodexHarness
 from gyre.harness.command import CommandHarness
 from gyre.harness.mini_swe_agent import MiniSweAgentHarness
 from gyre.harness.reference import ReferenceHarness
+from gyre.sandbox import BackendUnavailable, ExecutionBackend, Limits, make_backend, resolve_backend_name
 
 __all__ = ["HARNESSES", "HarnessConfig", "make_harness", "load_harness_class", "harness_from_config",
-           "harness_from_args"]
+           "harness_from_args", "backend_from_config"]
 
 #: Harness names and their adapters (``command`` is for tests and custom programs).
 HARNESSES: dict[str, type[Harness]] = {
@@ -82,6 +83,11 @@ class HarnessConfig:
     * ``reference_system_prompt`` -- ``--reference-system-prompt`` (``None``: the agent's own).
     * ``max_new_tokens`` -- ``--rollout-max-new-tokens``: the reference agent's ``max_tokens``.
     * ``seq_length`` -- ``--seq-length``: the context window when the caller gives none.
+    * ``execution_backend`` -- ``--execution-backend`` (``auto`` | ``local`` | ``bwrap`` | ``podman`` | ``docker``).
+    * ``execution_network`` -- ``--execution-network``: sandboxes get ordinary networking.
+    * ``pids_limit`` / ``memory_limit`` / ``workspace_limit`` -- ``--execution-pids-limit``,
+      ``--execution-memory-limit``, ``--execution-workspace-limit`` (bytes; ``None``: none).
+    * ``docker_host`` -- ``--docker-host``: the daemon of the docker backend.
     """
 
     harness: str = "reference"
@@ -93,6 +99,12 @@ class HarnessConfig:
     reference_system_prompt: str | None = None
     max_new_tokens: int | None = 512
     seq_length: int = 4096
+    execution_backend: str = "auto"
+    execution_network: bool = False
+    pids_limit: int | None = 1024
+    memory_limit: int | None = 4 << 30
+    workspace_limit: int | None = 10 << 30
+    docker_host: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HarnessConfig":
@@ -102,7 +114,28 @@ class HarnessConfig:
                    reference_tools=args.reference_tools,
                    reference_compact_threshold_tokens=args.reference_compact_threshold_tokens,
                    reference_system_prompt=args.reference_system_prompt,
-                   max_new_tokens=args.rollout_max_new_tokens, seq_length=args.seq_length)
+                   max_new_tokens=args.rollout_max_new_tokens, seq_length=args.seq_length,
+                   execution_backend=args.execution_backend, execution_network=args.execution_network,
+                   pids_limit=args.execution_pids_limit, memory_limit=args.execution_memory_limit,
+                   workspace_limit=args.execution_workspace_limit, docker_host=args.docker_host)
+
+
+def backend_from_config(cfg: HarnessConfig) -> ExecutionBackend:
+    """The execution backend ``cfg`` names (``auto``: bwrap where it works, else local with a warning).
+
+    Raises:
+        HarnessUnavailable: the backend cannot run here (one line with the reason).
+    """
+    name = resolve_backend_name(cfg.execution_backend)
+    options: dict[str, Any] = {}
+    if name == "local":
+        options["isolation"] = cfg.isolation
+    elif name == "docker" and cfg.docker_host:
+        options["host"] = cfg.docker_host
+    try:
+        return make_backend(name, **options)
+    except BackendUnavailable as exc:
+        raise HarnessUnavailable(str(exc)) from None
 
 
 def harness_from_config(cfg: HarnessConfig, *, context_window: int | None = None) -> Harness:
@@ -114,7 +147,10 @@ def harness_from_config(cfg: HarnessConfig, *, context_window: int | None = None
     adapter gets ``isolation`` and ``default_timeout_s``; a dotted-path class gets only those.
     """
     window = context_window or cfg.seq_length
-    common: dict[str, Any] = {"isolation": cfg.isolation, "default_timeout_s": cfg.execution_timeout_s}
+    common: dict[str, Any] = {"isolation": cfg.isolation, "default_timeout_s": cfg.execution_timeout_s,
+                              "backend": backend_from_config(cfg), "network": cfg.execution_network,
+                              "limits": Limits(pids=cfg.pids_limit, memory_bytes=cfg.memory_limit,
+                                               workspace_bytes=cfg.workspace_limit)}
     if cfg.harness == "reference":
         threshold = cfg.reference_compact_threshold_tokens
         if threshold is None:

@@ -78,6 +78,13 @@ def check_main_job_args(args: argparse.Namespace) -> None:
                                 "(bash tools/setup_sglang.sh; then its bin/python or bin/torchrun)")
         if per_cell > 1:
             raise ArgumentError("argument --tensor-model-parallel-size: SGLang cells on the CPU are cells of one rank")
+    if args.execution_backend != "auto":
+        from gyre.sandbox import BACKENDS
+
+        options = {"host": args.docker_host} if args.execution_backend == "docker" and args.docker_host else {}
+        reason = BACKENDS[args.execution_backend](**options).unavailable_reason()
+        if reason:
+            raise ArgumentError(f"argument --execution-backend: {args.execution_backend} cannot run here: {reason}")
     if args.wandb_project:
         try:
             import wandb  # noqa: F401
@@ -422,6 +429,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     tasks = loaded.tasks
     harness = harness_from_args(args)
     harness.ensure_installed()
+    harness.sweep(run_dir)  # sandboxes an earlier, crashed attempt of this run directory left
     proxy = _rank0_proxy(args, model_dir, run_dir, harness)
     seeded = bool(getattr(args, "sglang_enable_deterministic_inference", False))  # SGLang seeds all alike then
     for c, url in enumerate(urls):
@@ -453,6 +461,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
         if progress:
             progress.close(controller.sched.steps_done)
         proxy.stop()
+        harness.close()
         if isinstance(standalone, StandalonePool):
             standalone.stop()
         sink.close()

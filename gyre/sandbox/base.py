@@ -172,6 +172,11 @@ class ExecutionBackend(abc.ABC):
         """Why this backend cannot run here (or cannot run ``environment``), in one line; ``None``
         when it can."""
 
+    def forwards_proxy(self, network: bool) -> bool:
+        """Whether a sandbox with ``network`` reaches the proxy through its own socket and a
+        forwarder on its loopback (then a command inside uses ``http://127.0.0.1:PORT``)."""
+        return False
+
     def check(self, environment: Environment | None = None) -> None:
         """Raises :class:`BackendUnavailable` with :meth:`unavailable_reason`."""
         reason = self.unavailable_reason(environment)

@@ -101,7 +101,7 @@ class BwrapSandbox(Sandbox):
             ns.insert(1, "--share-net")
         inner = [str(a) for a in argv]
         if self.socket is not None:
-            inner = [sys.executable, "-I", str(_LOOPBACK), str(spec.proxy.port), IN_SANDBOX_PROXY_SOCKET, "--", *inner]
+            inner = [sys.executable, "-I", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET, "--", *inner]
         host = [self.backend.exe, *self.mount_args(), *ns, "--chdir", str(cwd), "--", *inner]
         if self.cgroup is not None:
             host = self.cgroup.join_argv(host)
@@ -174,6 +174,9 @@ class BwrapBackend(ExecutionBackend):
         if reason is None and self.cgroups == "require" and not cgroups_supported():
             reason = "cgroups required but this machine does not let Gyre make them"
         return reason
+
+    def forwards_proxy(self, network: bool) -> bool:
+        return not network
 
     def _gateway(self, host: str, port: int) -> ProxyGateway:
         key = (host, port)

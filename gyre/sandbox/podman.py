@@ -110,6 +110,8 @@ class ContainerSandbox(Sandbox):
 
     def release(self) -> None:
         self.backend.remove(self.spec.name)
+        for skeleton in self.backend.skeleton_dir.glob(f"{self.spec.name}-mask-*"):
+            shutil.rmtree(skeleton, ignore_errors=True)
         if self.socket is not None:
             self.backend.close_socket(self.spec.name)
 
@@ -147,6 +149,7 @@ class PodmanBackend(ExecutionBackend):
         self._socket_owner: dict[str, ProxyGateway] = {}
         self._lock = threading.Lock()
         self._built: set[str] = set()
+        self.skeleton_dir = Path(tempfile.mkdtemp(prefix=f"gyre-{self.name}-masks-"))
 
     # ------------------------------------------------------------------ the CLI
 
@@ -236,7 +239,9 @@ class PodmanBackend(ExecutionBackend):
                 args += ["-v", f"{p}:{p}:ro"]
         for m in spec.masks:
             if os.path.isdir(m):
-                args += ["--mount", f"type=tmpfs,destination={m}"]
+                args += ["-v", f"{self.mask_skeleton(spec, Path(m), socket)}:{m}:ro"]
+            elif os.path.lexists(m):
+                args += ["-v", f"/dev/null:{m}:ro"]
         for p in spec.writable:
             args += ["-v", f"{p}:{p}:rw"]
         for p in spec.protected:
@@ -247,6 +252,23 @@ class PodmanBackend(ExecutionBackend):
         if spec.workdir is not None:
             args += ["--workdir", str(spec.workdir)]
         return [*args, *self.extra_run_args]
+
+    def forwards_proxy(self, network: bool) -> bool:
+        return True
+
+    def mask_skeleton(self, spec: SandboxSpec, mask: Path, socket: Path | None) -> Path:
+        """An empty directory standing for ``mask`` inside, holding only the (empty) mount points of
+        the paths bound below it (a container runtime cannot make them in a read-only bind)."""
+        root = Path(tempfile.mkdtemp(prefix=f"{spec.name}-mask-", dir=self.skeleton_dir))
+        for p in (*spec.writable, *spec.protected):
+            if mask in p.parents:
+                target = root / p.relative_to(mask)
+                if p.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                else:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.touch()
+        return root
 
     def _gateway(self, host: str, port: int) -> ProxyGateway:
         key = (host, port)
@@ -262,7 +284,7 @@ class PodmanBackend(ExecutionBackend):
             gateway = self._gateway(spec.proxy.host, spec.proxy.port)
             socket = gateway.open(spec.name)
             self._socket_owner[spec.name] = gateway
-            first = [sys.executable, "-I", str(_LOOPBACK), str(spec.proxy.port), IN_SANDBOX_PROXY_SOCKET]
+            first = [sys.executable, "-I", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET]
         else:
             first = ["sleep", "infinity"]
         sandbox = ContainerSandbox(self, spec, socket)
@@ -315,6 +337,7 @@ class PodmanBackend(ExecutionBackend):
             self._gateways.clear()
         for gateway in gateways:
             gateway.shutdown()
+        shutil.rmtree(self.skeleton_dir, ignore_errors=True)
 
 
 class DockerBackend(PodmanBackend):

@@ -115,11 +115,17 @@ class Limits:
 class ProxyTarget:
     """Where the proxy listens on the launcher's machine (``host``:``port``). A sandbox without a
     network reaches it through a Unix socket of its own bound at :data:`IN_SANDBOX_PROXY_SOCKET`,
-    with a forwarder listening on ``127.0.0.1:port`` inside, so a harness's proxy URL is the same
-    inside and outside."""
+    with a forwarder listening on ``127.0.0.1:port`` inside (:attr:`inside_port`), so a harness's
+    proxy URL is the same inside and outside."""
 
     host: str
     port: int
+
+    @property
+    def inside_port(self) -> int:
+        """The forwarder's port inside: the proxy's own, or ``20000 + port`` for a port below 1024,
+        which a sandboxed user without capabilities cannot listen on."""
+        return self.port if self.port >= 1024 else 20000 + self.port
 
 
 @dataclass(slots=True, frozen=True)

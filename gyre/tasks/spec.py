@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gyre.sandbox.spec import Environment
+
 __all__ = [
     "TASK_ID_RE",
     "TASK_FIELDS",
@@ -35,7 +37,8 @@ __all__ = [
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: Top-level fields of a task mapping; any other key is reported as a problem.
-TASK_FIELDS = ("id", "instruction", "workspace", "evaluator", "timeout_s", "hidden", "metadata")
+TASK_FIELDS = ("id", "instruction", "workspace", "evaluator", "timeout_s", "hidden", "metadata", "environment")
+_ENVIRONMENT_FIELDS = ("image", "dockerfile", "rootfs")
 
 _WORKSPACE_FIELDS = ("dir", "git", "files")
 _GIT_FIELDS = ("repo", "commit")
@@ -117,6 +120,11 @@ class TaskSpec:
         hidden: [hidden_tests]               # optional paths (relative to the task file) the harness must
                                              #   never see (evaluator-only tests, solutions)
         metadata: {difficulty: easy}         # optional, free-form; passed to the evaluator target
+        environment: {image: "localhost/gyre-test:bookworm"}
+                                             # optional: where the harness and the evaluator's commands
+                                             #   run: host (default: the machine's root, read-only),
+                                             #   {image: name}, {dockerfile: path} (built offline) or
+                                             #   {rootfs: directory}; paths relative to the task file
 
     ``{task_dir}`` in evaluator commands and ``env`` values is replaced at load time by the
     absolute directory of the task file (shell-quoted inside a shell-string command); the
@@ -129,6 +137,7 @@ class TaskSpec:
       :func:`gyre.evaluation.evaluator_from_spec` (see :meth:`build_evaluator`);
     * ``timeout_s`` -- execution budget in seconds, ``None`` for the run's default;
     * ``hidden`` -- absolute paths the harness must not see;
+    * ``environment`` -- the :class:`~gyre.sandbox.spec.Environment` its commands run in;
     * ``source`` -- ``path:line`` the task came from; ``task_dir`` -- its file's directory.
     """
 
@@ -141,6 +150,7 @@ class TaskSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     task_dir: Path = Path(".")
+    environment: Environment = field(default_factory=Environment)
 
     def build_evaluator(self, **kwargs: Any):
         """The task's designated evaluator: :func:`gyre.evaluation.evaluator_from_spec` on
@@ -353,6 +363,29 @@ def _check_workspace(ws: Any, c: _Collector, task_dir: Path) -> WorkspaceSpec | 
     return WorkspaceSpec(src_dir, git, tuple(files)) if ok else None
 
 
+def _check_environment(env: Any, c: _Collector, task_dir: Path) -> Environment | None:
+    if env is None or env == "host":
+        return Environment()
+    if not isinstance(env, Mapping) or len(env) != 1 or next(iter(env)) not in _ENVIRONMENT_FIELDS:
+        c.add("environment", "must be 'host' or a mapping with one of image, dockerfile, rootfs, got "
+                             f"{env!r}"[:200])
+        return None
+    kind, ref = next(iter(env.items()))
+    if not isinstance(ref, str) or not ref.strip():
+        c.add(f"environment.{kind}", "must be a non-empty string")
+        return None
+    if kind == "image":
+        return Environment("image", ref.strip())
+    path = (task_dir / ref).resolve()
+    if kind == "dockerfile" and not path.is_file():
+        c.add("environment.dockerfile", f"not a file: {path}")
+        return None
+    if kind == "rootfs" and not path.is_dir():
+        c.add("environment.rootfs", f"not a directory: {path}")
+        return None
+    return Environment(kind, str(path))
+
+
 def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], index: int | None = None,
                   check_imports: bool = True) -> TaskSpec | list[TaskProblem]:
     """Validate one raw task mapping (the format is in :class:`TaskSpec`); pure apart from the filesystem
@@ -407,6 +440,7 @@ def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], in
                 c.add("hidden", f"not found: {full}")
             else:
                 hidden.append(full)
+    environment = _check_environment(raw.get("environment"), c, task_dir)
     meta = raw.get("metadata", {})
     if meta is None:
         meta = {}
@@ -419,5 +453,6 @@ def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], in
         id=tid, instruction=instr, workspace=ws, evaluator=evaluator,
         timeout_s=float(timeout) if timeout is not None else None,
         hidden=tuple(dict.fromkeys(hidden)), metadata=dict(meta), source=source, task_dir=task_dir,
+        environment=environment or Environment(),
     )
 

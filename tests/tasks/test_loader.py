@@ -81,7 +81,7 @@ def test_yaml_defaults_and_line_numbers(tmp_path):
     assert b.timeout_s == 5 and b.source == f"{f}:9"
     assert [str(p) for p in res.problems] == [
         f"{f}:12: task 'c' field 'instrucion': unknown field (allowed: id, instruction, workspace, evaluator, "
-        "timeout_s, hidden, metadata)",
+        "timeout_s, hidden, metadata, environment)",
         f"{f}:12: task 'c' field 'instruction': missing"]
     assert res.skipped == 1
 
