@@ -331,8 +331,8 @@ class RunningExecution:
             if self._result is None:
                 try:
                     ex = self.proc.wait(self.ctx.timeout_s, cancel=self._should_stop)
-                    self.sandbox.stop()
                     limit = self._over_limit or (self.sandbox.limit_hit() if ex.returncode != 0 else None)
+                    self.sandbox.stop()
                     self._result = self.harness.close_execution(self.ctx, ex, self.meta, self.model_calls,
                                                                 self.initial_digest, limit)
                 finally:

@@ -2,8 +2,9 @@
 
 What a command sees:
 
-* the host's root read-only, with the masked paths hidden (the run directory: other executions,
-  records, checkpoints; the task's evaluator-only files) and its own ``/tmp``, ``/run`` and
+* the host's root read-only, with the masked paths hidden behind an empty read-only directory (the
+  run directory: other executions, records, checkpoints; the task's evaluator-only files) and its
+  own ``/tmp``, ``/run`` and
   ``/dev/shm`` (empty ``tmpfs``), its own ``/dev`` (null, zero, random, tty) and ``/proc``;
 * the spec's writable paths (the execution's directory) read-write, its read-only paths bound again
   after the masks;
@@ -91,6 +92,9 @@ class BwrapSandbox(Sandbox):
                 args += ["--ro-bind", str(p), str(p)]
         if self.socket is not None:
             args += ["--bind", str(self.socket), IN_SANDBOX_PROXY_SOCKET]
+        for m in spec.masks:  # after the binds below them made their mount points
+            if os.path.isdir(m):
+                args += ["--remount-ro", str(m)]
         return args
 
     def command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from gyre.sandbox.spec import Limits
 
-__all__ = ["SandboxCgroup", "cgroups_supported", "cgroup_layout", "directory_size", "CGROUP_JOIN_FAILED"]
+__all__ = ["SandboxCgroup", "cgroups_supported", "cgroup_layout", "cgroup_dirs_of", "directory_size", "limit_hit_in",
+           "CGROUP_JOIN_FAILED"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class SandboxCgroup:
                         memsw.write_text(str(self.limits.memory_bytes))
                     except OSError:
                         pass
-        self._pids, self._memory, self._v2 = pids, memory, v2
+        self._pids, self._memory = pids, memory
 
     def join_argv(self, argv: list[str]) -> list[str]:
         """``argv`` preceded by a shell that moves itself into the group(s) and then ``exec``s it."""
@@ -171,25 +172,9 @@ class SandboxCgroup:
                     pass
             time.sleep(0.01)
 
-    def _counter(self, path: Path, key: str) -> int:
-        try:
-            for line in path.read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == key:
-                    return int(v)
-        except (OSError, ValueError):
-            pass
-        return 0
-
     def limit_hit(self) -> str | None:
         """Which limit the group reached, in words (``None``: neither)."""
-        if self.limits.memory_bytes is not None:
-            oom = self._counter(self._memory / ("memory.events" if self._v2 else "memory.oom_control"), "oom_kill")
-            if oom:
-                return f"memory limit ({self.limits.memory_bytes} bytes) reached: {oom} process(es) killed"
-        if self.limits.pids is not None and self._counter(self._pids / "pids.events", "max"):
-            return f"process limit ({self.limits.pids}) reached"
-        return None
+        return limit_hit_in(self._pids, self._memory, self.limits)
 
     def remove(self) -> None:
         """Kill what is left and remove the group(s). Idempotent; never raises."""
@@ -224,6 +209,52 @@ class SandboxCgroup:
                              if (directory / name).is_dir()]
             leftover.remove()
         return len(names)
+
+
+def _counter(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def limit_hit_in(pids_dir: Path | None, memory_dir: Path | None, limits: Limits) -> str | None:
+    """Which of ``limits`` the groups ``pids_dir`` / ``memory_dir`` reached, from their event counters."""
+    if limits.memory_bytes is not None and memory_dir is not None:
+        v2 = (memory_dir / "memory.events").exists()
+        oom = _counter(memory_dir / ("memory.events" if v2 else "memory.oom_control"), "oom_kill")
+        if oom:
+            return f"memory limit ({limits.memory_bytes} bytes) reached: {oom} process(es) killed"
+    if limits.pids is not None and pids_dir is not None and _counter(pids_dir / "pids.events", "max"):
+        return f"process limit ({limits.pids}) reached"
+    return None
+
+
+def cgroup_dirs_of(pid: int) -> dict[str, Path]:
+    """The ``pids`` and ``memory`` group directories process ``pid`` is in (v1 or v2), as this
+    process sees them; missing keys where they cannot be found."""
+    out: dict[str, Path] = {}
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    unified = _ROOT if (_ROOT / "cgroup.controllers").exists() else _ROOT / "unified"
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",") if controllers else []
+        for c in ("pids", "memory"):
+            if c in names:
+                out[c] = _ROOT / c / path.lstrip("/")
+        if not controllers and "pids" not in out:
+            d = unified / path.lstrip("/")
+            if (d / "pids.events").exists():
+                out.setdefault("pids", d)
+                out.setdefault("memory", d)
+    return out
 
 
 def directory_size(path: str | os.PathLike[str], stop_at: int | None = None) -> int:

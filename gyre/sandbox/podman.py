@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gyre.sandbox.base import BackendUnavailable, ExecutionBackend, Sandbox
+from gyre.sandbox.cgroups import cgroup_dirs_of, limit_hit_in
 from gyre.sandbox.gateway import ProxyGateway
 from gyre.sandbox.local import copy_path
 from gyre.sandbox.loopback import READY
@@ -59,6 +61,7 @@ class ContainerSandbox(Sandbox):
     def __init__(self, backend: "PodmanBackend", spec: SandboxSpec, socket: Path | None) -> None:
         super().__init__(backend, spec)
         self.socket = socket
+        self.cgroups: dict[str, Path] | None = None
 
     def command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:
         env_args: list[str] = []
@@ -116,10 +119,10 @@ class ContainerSandbox(Sandbox):
             self.backend.close_socket(self.spec.name)
 
     def limit_hit(self) -> str | None:
-        res = self.backend.cli(["inspect", "--format", "{{.State.OOMKilled}}", self.spec.name], check=False)
-        if res.returncode == 0 and res.stdout.strip() == "true":
-            return f"memory limit ({self.spec.limits.memory_bytes} bytes) reached"
-        return None
+        """From the container's control groups (found through its first process at creation)."""
+        if self.cgroups is None:
+            return None
+        return limit_hit_in(self.cgroups.get("pids"), self.cgroups.get("memory"), self.spec.limits)
 
 
 class PodmanBackend(ExecutionBackend):
@@ -228,8 +231,14 @@ class PodmanBackend(ExecutionBackend):
                 "--security-opt", "no-new-privileges", "--ulimit", "nofile=1024:1024"]
         if self.runtime:
             args += ["--runtime", self.runtime]
+        # an explicit nproc: the runtime's default is above what a machine without CAP_SYS_RESOURCE
+        # may set (here runc refused anything above the pid space, 32768); nproc counts every process
+        # of the user the container runs as, so it is kept high and pids-limit does the limiting
+        _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        nproc = min(hard if hard != resource.RLIM_INFINITY else 1 << 30, 32000)
         if spec.limits.pids is not None:
-            args += ["--pids-limit", str(spec.limits.pids), "--ulimit", f"nproc={4 * spec.limits.pids}:{4 * spec.limits.pids}"]
+            args += ["--pids-limit", str(spec.limits.pids)]
+        args += ["--ulimit", f"nproc={nproc}:{nproc}"]
         if spec.limits.memory_bytes is not None:
             args += ["--memory", str(spec.limits.memory_bytes), "--memory-swap", str(spec.limits.memory_bytes)]
         if not spec.network:
@@ -291,6 +300,8 @@ class PodmanBackend(ExecutionBackend):
         try:
             self.remove(spec.name)  # a leftover of the same name (a resumed run's)
             self.cli([*self.run_args(spec, socket), image, *first], timeout_s=120)
+            pid = self.cli(["inspect", "--format", "{{.State.Pid}}", spec.name], check=False).stdout.strip()
+            sandbox.cgroups = cgroup_dirs_of(int(pid)) if pid.isdigit() and int(pid) > 0 else None
             if socket is not None:
                 self._wait_ready(spec.name)
         except Exception:
