@@ -8,8 +8,9 @@ runs the test command there in its own process group under a time limit
 (:func:`load_callable`). The preserved workspace is digested before and after, and mounted
 read-only during the command where supported; any change discards the attempt.
 
-An attempt the check cannot score is :class:`~gyre.evaluation.Unresolved`, never 0. This is
-not a security sandbox: run untrusted code inside the harness's container/sandbox.
+An attempt the check cannot score is :class:`~gyre.evaluation.Unresolved`, never 0. The command
+runs as an ordinary process unless a ``command_runner`` puts it in a sandbox (the main job runs it
+in a sandbox of the task's environment from the run's execution backend).
 """
 
 from __future__ import annotations
@@ -254,6 +255,10 @@ class ExecutableCheck(Evaluator):
         keep_eval_dirs: keep evaluation directories (debugging); their path is in ``details``.
         name: recorded with each assessment.
         clock: monotonic seconds (injected for tests).
+        command_runner: runs the test command instead of
+            :func:`~gyre.evaluation.process.run_command` (same arguments and result), e.g. inside a
+            sandbox of the task's environment that binds the preserved workspace read-only
+            (:class:`gyre.sandbox.evaluation_runner.SandboxCommandRunner`).
 
     Raises:
         ValueError: bad ``timeout_s``, ``readonly_source`` or ``junit_skipped``.
@@ -277,6 +282,7 @@ class ExecutableCheck(Evaluator):
         output_tail_chars: int = 4000,
         name: str = "executable",
         clock: Callable[[], float] = time.monotonic,
+        command_runner: Callable[..., CommandRun] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
@@ -296,6 +302,7 @@ class ExecutableCheck(Evaluator):
         self.eval_root = None if eval_root is None else Path(eval_root)
         self.kill_grace_s = float(kill_grace_s)
         self.readonly_source = readonly_source
+        self.command_runner = command_runner
         self.verify_source = verify_source
         self.junit_skipped = junit_skipped
         self.keep_eval_dirs = keep_eval_dirs
@@ -331,6 +338,8 @@ class ExecutableCheck(Evaluator):
         """True/False, or None when required but unsupported."""
         if self.readonly_source == "off":
             return False
+        if self.command_runner is not None:  # a sandbox binds the preserved workspace read-only itself
+            return True
         supported = readonly_mounts_supported()
         if self.readonly_source == "require" and not supported:
             return None
@@ -398,7 +407,9 @@ class ExecutableCheck(Evaluator):
 
         def run_once(readonly: bool) -> CommandRun:
             details["isolation"] = "copy+readonly-source" if readonly else "copy"
-            return run_command(
+            if self.command_runner is not None:
+                details["isolation"] = "sandbox"
+            return (self.command_runner or run_command)(
                 self._argv(fields), cwd=work, env=self._environment(eval_dir, work, junit),
                 timeout_s=limit, stdout_path=out, stderr_path=err, grace_s=self.kill_grace_s,
                 readonly_paths=[src] if readonly else (),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from gyre.evaluation.assessment import Evaluator
@@ -51,9 +52,10 @@ class EvaluatorSettings:
                    judge_model=getattr(args, "judge_model", None),
                    judge_api_key_env=getattr(args, "judge_api_key_env", None))
 
-    def build(self, task: Any, proxy_openai_base_url: str) -> Evaluator:
+    def build(self, task: Any, proxy_openai_base_url: str, command_runner: Callable[..., Any] | None = None) -> Evaluator:
         """The designated evaluator of ``task`` (a :class:`~gyre.tasks.TaskSpec`); judges without a
-        configured endpoint call ``proxy_openai_base_url`` (``http://host:port/v1``).
+        configured endpoint call ``proxy_openai_base_url`` (``http://host:port/v1``); executable
+        checks run their commands with ``command_runner`` (``None``: as ordinary processes).
 
         Raises:
             ValueError / ImportError / TypeError: the spec cannot be built (bad spec, a scoring rule
@@ -68,4 +70,5 @@ class EvaluatorSettings:
             api_key = "none"  # the execution's proxy key never leaves for another endpoint
         return task.build_evaluator(default_rule=self.default_rule, default_timeout_s=self.default_timeout_s,
                                     judge_base_url=self.judge_base_url or proxy_openai_base_url,
-                                    judge_model=self.judge_model, judge_api_key=api_key)
+                                    judge_model=self.judge_model, judge_api_key=api_key,
+                                    command_runner=command_runner)

@@ -17,7 +17,7 @@ names no rule) is ``module:function`` or ``module.function`` taking a
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gyre.evaluation.assessment import Evaluator
@@ -37,6 +37,7 @@ def evaluator_from_spec(
     judge_model: str | None = None,
     judge_api_key: str | None = None,
     eval_root: str | os.PathLike[str] | None = None,
+    command_runner: Callable[..., Any] | None = None,
 ) -> Evaluator:
     """Build the evaluator a task spec describes (module docstring).
 
@@ -48,6 +49,8 @@ def evaluator_from_spec(
         judge_model: ``model`` of judges whose spec names none (default ``policy``).
         judge_api_key: key judges send instead of the execution's key (``--judge-api-key-env``).
         eval_root: where executable checks create evaluation directories.
+        command_runner: runs executable checks' commands (``None``: as ordinary processes;
+            see :class:`~gyre.evaluation.ExecutableCheck`).
 
     Raises:
         ValueError: unknown type, missing fields, or a judge without ``judge_base_url``.
@@ -67,6 +70,7 @@ def evaluator_from_spec(
             readonly_source=spec.get("readonly_source", "auto"),
             eval_root=eval_root,
             name=spec.get("name", "executable"),
+            command_runner=command_runner,
         )
     if kind == "judge":
         if "rubric" not in spec:
@@ -88,6 +92,7 @@ def evaluator_from_spec(
         built = [(evaluator_from_spec({k: v for k, v in c.items() if k != "weight"}, default_rule=default_rule,
                                       default_timeout_s=default_timeout_s, judge_base_url=judge_base_url,
                                       judge_model=judge_model, judge_api_key=judge_api_key,
-                                      eval_root=eval_root), float(c.get("weight", 1.0))) for c in comps]
+                                      eval_root=eval_root, command_runner=command_runner),
+                  float(c.get("weight", 1.0))) for c in comps]
         return CompositeEvaluator(built, name=spec.get("name", "composite"))
     raise ValueError(f"unknown evaluator type {kind!r}; expected executable, judge or composite")

@@ -36,6 +36,7 @@ from gyre.evaluation import ExecutionClosure, PreservedWorkspace, TerminationSta
 from gyre.sandbox import (BackendUnavailable, Environment, ExecutionBackend, Limits, ProxyTarget, Sandbox,
                           SandboxSpec, sandbox_name)
 from gyre.sandbox.cgroups import directory_size
+from gyre.sandbox.evaluation_runner import SandboxCommandRunner
 from gyre.sandbox.local import LocalBackend
 from gyre.sandbox.process import ProcessExit, SandboxProcess
 from gyre.sandbox.spec import python_runtime_paths
@@ -451,6 +452,16 @@ class Harness(abc.ABC):
     def close(self) -> None:
         """Release the backend (its proxy gateway); the harness launches nothing afterwards."""
         self.backend.close()
+
+    def evaluation_runner(self, task: TaskSpec, run_dir: str | os.PathLike[str]) -> SandboxCommandRunner | None:
+        """What runs ``task``'s executable checks: a sandbox of its environment from this harness's
+        backend, with its evaluator-only files read-only (``None`` for the ``local`` backend: the
+        checks run as ordinary processes there, as they always did)."""
+        if isinstance(self.backend, LocalBackend):
+            return None
+        return SandboxCommandRunner(self.backend, task.environment, run_label=self.run_label(run_dir),
+                                    evaluator_files=(task.task_dir, *task.hidden), masks=(Path(run_dir).resolve(),),
+                                    network=self.network, limits=self.limits)
 
     def runtime_paths(self, spec: LaunchSpec) -> tuple[Path, ...]:
         """What the harness command needs from this machine, bound read-only into its sandbox:

@@ -95,7 +95,8 @@ def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *,
     result, outcome, error = None, None, ""
     try:
         try:
-            evaluator = (evaluators or EvaluatorSettings()).build(task, endpoint.openai_base_url)
+            evaluator = (evaluators or EvaluatorSettings()).build(task, endpoint.openai_base_url,
+                                                                  harness.evaluation_runner(task, run_dir))
         except Exception as exc:  # a task that cannot be scored is not run
             error = f"evaluator cannot be built: {_one_line(exc)}"
             outcome = rewards.exclude(sid, TerminationStatus.SETUP_FAILED, error)

@@ -138,8 +138,8 @@ class SandboxSpec:
     * ``readonly`` -- paths bound read-only at their own path, applied before ``masks`` (the
       harness's runtime: an interpreter, a checkout, an install cache; evaluator-only files);
     * ``masks`` -- paths hidden (an empty directory or ``/dev/null`` over them), for the host root;
-    * ``protected`` -- paths under ``writable`` bound again read-only (files the launcher writes
-      and the command must not change);
+    * ``protected`` -- paths bound read-only last, over the masks and the writable paths (files of
+      the execution directory the launcher writes; the preserved workspace an evaluation reads);
     * ``network`` -- ordinary networking (off: only a loopback device of its own);
     * ``proxy`` -- the proxy to reach without a network (``None``: no proxy);
     * ``workdir`` -- the initial working directory;

@@ -57,5 +57,10 @@ def test_reference_agent_in_a_sandbox(tmp_path, toy, backend):
         assert "Debian GNU/Linux 12" in shell
     meta = json.loads(res.dirs.meta_path.read_text())
     assert meta["backend"] == backend.name and meta["endpoint"] == srv.base_url.removesuffix("/v1")
-    out = RewardManager(RetryPolicy(max_retries=0)).assess(res.closure(task), task.build_evaluator())
+    runner = h.evaluation_runner(task, tmp_path / "run")
+    assert (runner is None) == (backend.name == "local")
+    rewards = RewardManager(RetryPolicy(max_retries=0))
+    out = rewards.assess(res.closure(task), task.build_evaluator(command_runner=runner))
     assert out.status is OutcomeStatus.VALID and out.reward == 1.0
+    details = rewards.log.records("toy-0")[-1].details
+    assert details["isolation"] == ("sandbox" if runner else "copy+readonly-source"), details
