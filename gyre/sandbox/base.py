@@ -22,6 +22,9 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import shutil
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -161,11 +164,26 @@ class ExecutionBackend(abc.ABC):
     (a burst of dispatches waits its turn instead of starting hundreds of runtimes together)."""
 
     name: ClassVar[str] = "backend"
+    #: Whether sandboxes can outlive a killed launcher (then a reaper removes them, see
+    #: :mod:`gyre.sandbox.reaper`).
+    needs_reaper: ClassVar[bool] = False
 
     def __init__(self, *, max_starts: int = 16) -> None:
         if max_starts < 1:
             raise ValueError(f"max_starts must be >= 1, got {max_starts!r}")
         self._start_gate = threading.BoundedSemaphore(max_starts)
+        self._reapers: dict[str, subprocess.Popen] = {}
+        self._reaper_lock = threading.Lock()
+        self._state_dir: Path | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        """A private directory of this backend (gateway sockets, mount skeletons), made on first
+        use; removed by :meth:`close`, or by the reaper when the launcher was killed."""
+        with self._reaper_lock:
+            if self._state_dir is None:
+                self._state_dir = Path(tempfile.mkdtemp(prefix=f"gyre-{self.name}-"))
+            return self._state_dir
 
     @abc.abstractmethod
     def unavailable_reason(self, environment: Environment | None = None) -> str | None:
@@ -191,8 +209,35 @@ class ExecutionBackend(abc.ABC):
             OSError / RuntimeError: the runtime failed to create it (the message says why).
         """
         self.check(spec.environment)
+        if self.needs_reaper:
+            self._ensure_reaper(spec.run_label)
         with self._start_gate:
             return self._create(spec)
+
+    def reaper_options(self) -> dict:
+        """Keyword arguments of :func:`~gyre.sandbox.reaper.start_reaper` beyond the name, the label
+        and the state directory."""
+        return {}
+
+    def _ensure_reaper(self, label: str) -> None:
+        from gyre.sandbox.reaper import start_reaper
+
+        state = str(self.state_dir)
+        with self._reaper_lock:
+            if label not in self._reapers:
+                self._reapers[label] = start_reaper(self.name, label, remove=(state,), **self.reaper_options())
+
+    def stop_reapers(self) -> None:
+        """End the reapers (a launcher that closes normally has torn its sandboxes down itself)."""
+        with self._reaper_lock:
+            reapers = list(self._reapers.values())
+            self._reapers.clear()
+        for r in reapers:
+            r.terminate()
+            try:
+                r.wait(5)
+            except subprocess.TimeoutExpired:
+                r.kill()
 
     @abc.abstractmethod
     def _create(self, spec: SandboxSpec) -> Sandbox:
@@ -203,4 +248,10 @@ class ExecutionBackend(abc.ABC):
         return 0
 
     def close(self) -> None:
-        """Release what the backend itself holds (e.g. its proxy gateway)."""
+        """Release what the backend itself holds (its reapers, its state directory; subclasses: their
+        proxy gateway)."""
+        self.stop_reapers()
+        with self._reaper_lock:
+            state, self._state_dir = self._state_dir, None
+        if state is not None:
+            shutil.rmtree(state, ignore_errors=True)

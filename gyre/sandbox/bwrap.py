@@ -156,10 +156,11 @@ class BwrapBackend(ExecutionBackend):
 
     Args:
         cgroups: ``"auto"`` (limits where the machine allows control groups), ``"require"`` or ``"off"``.
-        socket_dir: where the gateway's sockets live (default: the system's temporary directory).
+        socket_dir: where the gateway's sockets live (default: the backend's state directory).
     """
 
     name = "bwrap"
+    needs_reaper = True  # the cgroups of sandboxes whose launcher was killed
 
     def __init__(self, *, cgroups: str = "auto", max_starts: int = 16,
                  socket_dir: str | os.PathLike[str] | None = None) -> None:
@@ -185,7 +186,7 @@ class BwrapBackend(ExecutionBackend):
     def _gateway(self, host: str, port: int) -> ProxyGateway:
         key = (host, port)
         if key not in self._gateways:
-            self._gateways[key] = ProxyGateway(host, port, socket_dir=self.socket_dir or tempfile.gettempdir())
+            self._gateways[key] = ProxyGateway(host, port, socket_dir=self.socket_dir or self.state_dir)
         return self._gateways[key]
 
     def _create(self, spec: SandboxSpec) -> BwrapSandbox:
@@ -216,3 +217,4 @@ class BwrapBackend(ExecutionBackend):
         for gateway in self._gateways.values():
             gateway.shutdown()
         self._gateways.clear()
+        super().close()

@@ -10,6 +10,7 @@ the proxy and nothing else of the launcher's machine; the proxy still checks the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
@@ -51,12 +52,19 @@ class ProxyGateway:
         self._thread = threading.Thread(target=self._loop.run_forever, name="gyre-proxy-gateway", daemon=True)
         self._thread.start()
         self._closed = False
+        self._paths: dict[str, Path] = {}
+        self._numbers = itertools.count()
+        self._names_lock = threading.Lock()
 
     def _call(self, coro, timeout_s: float = 30.0):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def socket_path(self, name: str) -> Path:
-        return self.dir / f"{name}.sock"
+        """Where ``name``'s socket is (short names: a Unix socket's path has at most 107 bytes)."""
+        with self._names_lock:
+            if name not in self._paths:
+                self._paths[name] = self.dir / f"{next(self._numbers)}.sock"
+            return self._paths[name]
 
     def open(self, name: str) -> Path:
         """Listen on a new socket for sandbox ``name``; returns its path.
@@ -103,6 +111,8 @@ class ProxyGateway:
             except Exception as exc:  # the loop is gone: the socket file is removed below anyway
                 logger.warning("gateway %s: close failed: %s", name, exc)
         self.socket_path(name).unlink(missing_ok=True)
+        with self._names_lock:
+            self._paths.pop(name, None)
 
     async def _close(self, name: str) -> None:
         server = self._servers.pop(name, None)

@@ -113,7 +113,7 @@ class ContainerSandbox(Sandbox):
 
     def release(self) -> None:
         self.backend.remove(self.spec.name)
-        for skeleton in self.backend.skeleton_dir.glob(f"{self.spec.name}-mask-*"):
+        for skeleton in self.backend.state_dir.glob(f"{self.spec.name}-mask-*"):
             shutil.rmtree(skeleton, ignore_errors=True)
         if self.socket is not None:
             self.backend.close_socket(self.spec.name)
@@ -138,6 +138,7 @@ class PodmanBackend(ExecutionBackend):
 
     name = "podman"
     executable = "podman"
+    needs_reaper = True  # containers run detached: they outlive a killed launcher
 
     def __init__(self, *, runtime: str | None = "runc", extra_run_args: Sequence[str] = (), max_starts: int = 8,
                  ready_timeout_s: float = 30.0, socket_dir: str | os.PathLike[str] | None = None,
@@ -146,13 +147,12 @@ class PodmanBackend(ExecutionBackend):
         self.host = host
         self.runtime, self.extra_run_args = runtime, list(extra_run_args)
         self.ready_timeout_s = ready_timeout_s
-        self.socket_dir = socket_dir or tempfile.gettempdir()
+        self.socket_dir = socket_dir
         self.exe = shutil.which(self.executable) or self.executable
         self._gateways: dict[tuple[str, int], ProxyGateway] = {}
         self._socket_owner: dict[str, ProxyGateway] = {}
         self._lock = threading.Lock()
         self._built: set[str] = set()
-        self.skeleton_dir = Path(tempfile.mkdtemp(prefix=f"gyre-{self.name}-masks-"))
 
     # ------------------------------------------------------------------ the CLI
 
@@ -268,7 +268,7 @@ class PodmanBackend(ExecutionBackend):
     def mask_skeleton(self, spec: SandboxSpec, mask: Path, socket: Path | None) -> Path:
         """An empty directory standing for ``mask`` inside, holding only the (empty) mount points of
         the paths bound below it (a container runtime cannot make them in a read-only bind)."""
-        root = Path(tempfile.mkdtemp(prefix=f"{spec.name}-mask-", dir=self.skeleton_dir))
+        root = Path(tempfile.mkdtemp(prefix=f"{spec.name}-mask-", dir=self.state_dir))
         for p in (*spec.writable, *spec.protected):
             if mask in p.parents:
                 target = root / p.relative_to(mask)
@@ -283,7 +283,7 @@ class PodmanBackend(ExecutionBackend):
         key = (host, port)
         with self._lock:
             if key not in self._gateways:
-                self._gateways[key] = ProxyGateway(host, port, socket_dir=self.socket_dir)
+                self._gateways[key] = ProxyGateway(host, port, socket_dir=self.socket_dir or self.state_dir)
             return self._gateways[key]
 
     def _create(self, spec: SandboxSpec) -> ContainerSandbox:
@@ -342,13 +342,16 @@ class PodmanBackend(ExecutionBackend):
             self.remove(cid)
         return len(ids)
 
+    def reaper_options(self) -> dict:
+        return {"host": self.host}
+
     def close(self) -> None:
         with self._lock:
             gateways = list(self._gateways.values())
             self._gateways.clear()
         for gateway in gateways:
             gateway.shutdown()
-        shutil.rmtree(self.skeleton_dir, ignore_errors=True)
+        super().close()
 
 
 class DockerBackend(PodmanBackend):
