@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gyre.sandbox.registry import BACKENDS
-from gyre.sandbox.spec import parse_size
+from gyre.sandbox.spec import Environment, parse_size
 
 ROLES = ("main", "subagent", "compaction", "auxiliary", "evaluator")
 PLACEMENTS = ("elastic", "async", "colocate")
@@ -86,6 +86,13 @@ def _size_or_none(text: str) -> int | None:
         return None
     try:
         return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _environment(text: str) -> str:
+    try:
+        return Environment.parse(text).describe()
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -346,6 +353,9 @@ def _add_execution_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--execution-workspace-limit", type=_size_or_none, default=parse_size("10g"),
                        help="Size of one execution's directory (workspace, home, tmp), e.g. 10g; past it the "
                             "execution ends as crashed ('none': no limit).")
+    group.add_argument("--task-environment", type=_environment, default="host",
+                       help="Environment of the tasks that name none: host (the machine's root, read-only), "
+                            "image:NAME (podman, docker), dockerfile:PATH, rootfs:PATH.")
     group.add_argument("--docker-host", type=str, default=None,
                        help="The Docker daemon the docker backend talks to (DOCKER_HOST; default: the CLI's).")
     return parser

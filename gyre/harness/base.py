@@ -364,6 +364,7 @@ class Harness(abc.ABC):
         backend: where executions run (default: ``local`` with ``isolation``).
         network: give sandboxes ordinary networking (default: only the proxy).
         limits: per-execution process, memory and workspace-size limits.
+        default_environment: the environment of tasks that name none (default: the host's root).
         isolation: the default ``local`` backend's ``"auto"`` (mask other executions and hidden
             paths when the machine supports it), ``"require"`` (:class:`HarnessUnavailable` when it
             does not) or ``"off"``.
@@ -387,7 +388,7 @@ class Harness(abc.ABC):
                  extra_env: Mapping[str, str] | None = None, passthrough_env: Sequence[str] = DEFAULT_PASSTHROUGH_ENV,
                  python_on_path: bool = True, default_timeout_s: float = 600.0,
                  private_tmp_size: str | None = "2g", backend: ExecutionBackend | None = None, network: bool = False,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, default_environment: Environment | None = None) -> None:
         if isolation not in ("auto", "require", "off"):
             raise ValueError(f"isolation must be auto, require or off, got {isolation!r}")
         if preserve not in ("snapshot", "inplace"):
@@ -403,6 +404,7 @@ class Harness(abc.ABC):
         self.backend = backend if backend is not None else LocalBackend(isolation=isolation)
         self.network = network
         self.limits = limits if limits is not None else Limits(pids=None)
+        self.default_environment = default_environment
 
     # ------------------------------------------------------------------ adapter hooks
 
@@ -459,7 +461,7 @@ class Harness(abc.ABC):
         checks run as ordinary processes there, as they always did)."""
         if isinstance(self.backend, LocalBackend):
             return None
-        return SandboxCommandRunner(self.backend, task.environment, run_label=self.run_label(run_dir),
+        return SandboxCommandRunner(self.backend, self.environment_of(task), run_label=self.run_label(run_dir),
                                     evaluator_files=(task.task_dir, *task.hidden), masks=(Path(run_dir).resolve(),),
                                     network=self.network, limits=self.limits)
 
@@ -478,8 +480,8 @@ class Harness(abc.ABC):
         return tuple(dict.fromkeys(p for p in paths if p.exists()))
 
     def environment_of(self, task: TaskSpec) -> Environment:
-        """The environment ``task`` runs in (the host's root when it names none)."""
-        return task.environment
+        """The environment ``task`` runs in: its own, else ``default_environment``, else the host's root."""
+        return task.environment or self.default_environment or Environment()
 
     def base_env(self, ctx: LaunchContext) -> dict[str, str]:
         """The environment every harness starts from (see the module docstring)."""

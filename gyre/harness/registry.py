@@ -19,7 +19,8 @@ from gyre.harness.codex import CodexHarness
 from gyre.harness.command import CommandHarness
 from gyre.harness.mini_swe_agent import MiniSweAgentHarness
 from gyre.harness.reference import ReferenceHarness
-from gyre.sandbox import BackendUnavailable, ExecutionBackend, Limits, make_backend, resolve_backend_name
+from gyre.sandbox import (BackendUnavailable, Environment, ExecutionBackend, Limits, make_backend,
+                          resolve_backend_name)
 
 __all__ = ["HARNESSES", "HarnessConfig", "make_harness", "load_harness_class", "harness_from_config",
            "harness_from_args", "backend_from_config"]
@@ -88,6 +89,7 @@ class HarnessConfig:
     * ``pids_limit`` / ``memory_limit`` / ``workspace_limit`` -- ``--execution-pids-limit``,
       ``--execution-memory-limit``, ``--execution-workspace-limit`` (bytes; ``None``: none).
     * ``docker_host`` -- ``--docker-host``: the daemon of the docker backend.
+    * ``task_environment`` -- ``--task-environment``: the environment of tasks that name none.
     """
 
     harness: str = "reference"
@@ -105,6 +107,7 @@ class HarnessConfig:
     memory_limit: int | None = 4 << 30
     workspace_limit: int | None = 10 << 30
     docker_host: str | None = None
+    task_environment: str = "host"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HarnessConfig":
@@ -117,7 +120,8 @@ class HarnessConfig:
                    max_new_tokens=args.rollout_max_new_tokens, seq_length=args.seq_length,
                    execution_backend=args.execution_backend, execution_network=args.execution_network,
                    pids_limit=args.execution_pids_limit, memory_limit=args.execution_memory_limit,
-                   workspace_limit=args.execution_workspace_limit, docker_host=args.docker_host)
+                   workspace_limit=args.execution_workspace_limit, docker_host=args.docker_host,
+                   task_environment=args.task_environment)
 
 
 def backend_from_config(cfg: HarnessConfig) -> ExecutionBackend:
@@ -150,7 +154,8 @@ def harness_from_config(cfg: HarnessConfig, *, context_window: int | None = None
     common: dict[str, Any] = {"isolation": cfg.isolation, "default_timeout_s": cfg.execution_timeout_s,
                               "backend": backend_from_config(cfg), "network": cfg.execution_network,
                               "limits": Limits(pids=cfg.pids_limit, memory_bytes=cfg.memory_limit,
-                                               workspace_bytes=cfg.workspace_limit)}
+                                               workspace_bytes=cfg.workspace_limit),
+                              "default_environment": Environment.parse(cfg.task_environment)}
     if cfg.harness == "reference":
         threshold = cfg.reference_compact_threshold_tokens
         if threshold is None:

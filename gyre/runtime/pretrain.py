@@ -78,13 +78,6 @@ def check_main_job_args(args: argparse.Namespace) -> None:
                                 "(bash tools/setup_sglang.sh; then its bin/python or bin/torchrun)")
         if per_cell > 1:
             raise ArgumentError("argument --tensor-model-parallel-size: SGLang cells on the CPU are cells of one rank")
-    if args.execution_backend != "auto":
-        from gyre.sandbox import BACKENDS
-
-        options = {"host": args.docker_host} if args.execution_backend == "docker" and args.docker_host else {}
-        reason = BACKENDS[args.execution_backend](**options).unavailable_reason()
-        if reason:
-            raise ArgumentError(f"argument --execution-backend: {args.execution_backend} cannot run here: {reason}")
     if args.wandb_project:
         try:
             import wandb  # noqa: F401
@@ -153,11 +146,35 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if res.problems and args.strict_tasks:
         raise ArgumentError(f"argument --strict-tasks: {len(res.problems)} problem(s) in the task files "
                             f"({res.skipped} task(s) would be skipped), the first: {res.problems[0]}")
+    _check_execution_backend(args, res.tasks)
     if res.problems and os.environ.get("RANK", "0") == "0":
         for p in res.problems:
             print(f"warning: {p}", file=sys.stderr)
         print(f"warning: argument --tasks: {len(res.tasks)} tasks loaded, {res.skipped} skipped, "
               f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
+
+
+def _check_execution_backend(args: argparse.Namespace, tasks) -> None:
+    """The execution backend runs here and runs every task's environment (one line otherwise)."""
+    from gyre.sandbox import BACKENDS, Environment, resolve_backend_name
+
+    default = Environment.parse(args.task_environment)
+    environments = {t.environment or default for t in tasks}
+    name = args.execution_backend
+    if name == "auto":
+        if all(e.is_host for e in environments):
+            return
+        name = resolve_backend_name("auto")
+    options = {"host": args.docker_host} if name == "docker" and args.docker_host else {}
+    backend = BACKENDS[name](**options)
+    reason = backend.unavailable_reason()
+    if reason:
+        raise ArgumentError(f"argument --execution-backend: {name} cannot run here: {reason}")
+    for env in sorted(environments, key=Environment.describe):
+        reason = backend.unavailable_reason(env)
+        if reason:
+            raise ArgumentError(f"argument --execution-backend: {name} cannot run the environment {env.describe()} "
+                                f"of the tasks: {reason}")
 
 
 def gpus_per_node(world: int) -> int:

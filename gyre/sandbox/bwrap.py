@@ -105,7 +105,7 @@ class BwrapSandbox(Sandbox):
             ns.insert(1, "--share-net")
         inner = [str(a) for a in argv]
         if self.socket is not None:
-            inner = [sys.executable, "-I", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET, "--", *inner]
+            inner = [sys.executable, "-I", "-S", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET, "--", *inner]
         host = [self.backend.exe, *self.mount_args(), *ns, "--chdir", str(cwd), "--", *inner]
         if self.cgroup is not None:
             host = self.cgroup.join_argv(host)

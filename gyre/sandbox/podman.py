@@ -293,7 +293,7 @@ class PodmanBackend(ExecutionBackend):
             gateway = self._gateway(spec.proxy.host, spec.proxy.port)
             socket = gateway.open(spec.name)
             self._socket_owner[spec.name] = gateway
-            first = [sys.executable, "-I", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET]
+            first = [sys.executable, "-I", "-S", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET]
         else:
             first = ["sleep", "infinity"]
         sandbox = ContainerSandbox(self, spec, socket)

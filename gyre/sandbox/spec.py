@@ -86,7 +86,24 @@ class Environment:
         return f"localhost/gyre-task:{digest}"
 
     def describe(self) -> str:
+        """``host`` or ``KIND:REF`` (what :meth:`parse` reads)."""
         return "host" if self.is_host else f"{self.kind}:{self.ref}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Environment":
+        """``host``, ``image:NAME``, ``dockerfile:PATH`` or ``rootfs:PATH`` (paths made absolute).
+
+        Raises:
+            ValueError: any other text.
+        """
+        if text.strip() == "host":
+            return cls()
+        kind, sep, ref = text.partition(":")
+        if not sep or kind not in ENVIRONMENT_KINDS or kind == "host":
+            raise ValueError(f"an environment is host, image:NAME, dockerfile:PATH or rootfs:PATH, got {text!r}")
+        if kind in ("dockerfile", "rootfs"):
+            ref = str(Path(ref).resolve())
+        return cls(kind, ref)
 
 
 @dataclass(slots=True, frozen=True)

@@ -137,7 +137,8 @@ class TaskSpec:
       :func:`gyre.evaluation.evaluator_from_spec` (see :meth:`build_evaluator`);
     * ``timeout_s`` -- execution budget in seconds, ``None`` for the run's default;
     * ``hidden`` -- absolute paths the harness must not see;
-    * ``environment`` -- the :class:`~gyre.sandbox.spec.Environment` its commands run in;
+    * ``environment`` -- the :class:`~gyre.sandbox.spec.Environment` its commands run in (``None``:
+      the task names none; the run's ``--task-environment`` applies, by default the host's root);
     * ``source`` -- ``path:line`` the task came from; ``task_dir`` -- its file's directory.
     """
 
@@ -150,7 +151,7 @@ class TaskSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     task_dir: Path = Path(".")
-    environment: Environment = field(default_factory=Environment)
+    environment: Environment | None = None
 
     def build_evaluator(self, **kwargs: Any):
         """The task's designated evaluator: :func:`gyre.evaluation.evaluator_from_spec` on
@@ -364,7 +365,7 @@ def _check_workspace(ws: Any, c: _Collector, task_dir: Path) -> WorkspaceSpec | 
 
 
 def _check_environment(env: Any, c: _Collector, task_dir: Path) -> Environment | None:
-    if env is None or env == "host":
+    if env == "host":
         return Environment()
     if not isinstance(env, Mapping) or len(env) != 1 or next(iter(env)) not in _ENVIRONMENT_FIELDS:
         c.add("environment", "must be 'host' or a mapping with one of image, dockerfile, rootfs, got "
@@ -440,7 +441,7 @@ def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], in
                 c.add("hidden", f"not found: {full}")
             else:
                 hidden.append(full)
-    environment = _check_environment(raw.get("environment"), c, task_dir)
+    environment = None if raw.get("environment") is None else _check_environment(raw["environment"], c, task_dir)
     meta = raw.get("metadata", {})
     if meta is None:
         meta = {}
@@ -453,6 +454,6 @@ def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], in
         id=tid, instruction=instr, workspace=ws, evaluator=evaluator,
         timeout_s=float(timeout) if timeout is not None else None,
         hidden=tuple(dict.fromkeys(hidden)), metadata=dict(meta), source=source, task_dir=task_dir,
-        environment=environment or Environment(),
+        environment=environment,
     )
 
