@@ -6,6 +6,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$(bash "$ROOT/tools/setup.sh" | tail -n 1)"
+bash "$ROOT/tools/setup_sandbox.sh" --bwrap  # executions run in bubblewrap sandboxes (docs/executions.md)
 cd "$ROOT"
 NPROC="${GYRE_NPROC:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"

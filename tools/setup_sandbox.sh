@@ -5,16 +5,19 @@
 #     mmdebstrap from Debian's packages (no container registry), imported into podman and also
 #     tagged docker.io/library/debian:bookworm, so a Dockerfile `FROM debian:bookworm` builds offline.
 #     The root file system is cached under ~/.cache/gyre/sandbox (rebuilt when its package list changes).
-# Usage: bash tools/setup_sandbox.sh     (prints one summary line; exit 0 even where a tool cannot be
-#        installed -- the tests of that backend then skip with the reason)
+# Usage: bash tools/setup_sandbox.sh          (prints one summary line; exit 0 even where a tool cannot
+#        be installed -- the tests of that backend then skip with the reason)
+#        bash tools/setup_sandbox.sh --bwrap    (bubblewrap only: what the main job's default needs)
 set -uo pipefail
 CACHE="${GYRE_SANDBOX_CACHE:-$HOME/.cache/gyre/sandbox}"
 IMAGE=localhost/gyre-test:bookworm
 PACKAGES="python3,git,ca-certificates,procps"
 say() { echo "[gyre sandbox setup] $*" >&2; }
 
+TOOLS="bwrap:bubblewrap podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap"
+[ "${1:-}" = "--bwrap" ] && TOOLS="bwrap:bubblewrap"
 need=()
-for tool in bwrap:bubblewrap podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap; do
+for tool in $TOOLS; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -29,6 +32,10 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
+if [ "${1:-}" = "--bwrap" ]; then
+  command -v bwrap >/dev/null || say "warning: bubblewrap is missing: executions will run unsandboxed (local)"
+  exit 0
+fi
 image=absent
 if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then
   mkdir -p "$CACHE"
