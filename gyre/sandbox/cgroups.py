@@ -98,31 +98,36 @@ def cgroups_supported() -> bool:
 
 
 class SandboxCgroup:
-    """One sandbox's control group(s) (module docstring).
+    """One sandbox's control group(s) (module docstring); ``create=False`` stands for groups of
+    that name that already exist (a sweep removes them).
 
     Raises (constructor):
         OSError: the group could not be made or limited.
     """
 
-    def __init__(self, name: str, limits: Limits) -> None:
+    def __init__(self, name: str, limits: Limits, *, create: bool = True) -> None:
         layout = cgroup_layout()
         if layout is None:
             raise OSError("no usable cgroup hierarchy for pids and memory")
         self.name, self.limits = name, limits
+        self._pids, self._memory = layout["pids"] / name, layout["memory"] / name
         self.dirs: list[Path] = []
         for directory in dict.fromkeys(layout.values()):
-            _ensure_parent(directory)
             d = directory / name
-            d.mkdir(exist_ok=True)
-            self.dirs.append(d)
-        try:
-            self._apply(layout)
-        except OSError:
-            self.remove()
-            raise
+            if create:
+                _ensure_parent(directory)
+                d.mkdir(exist_ok=True)
+            if d.is_dir():
+                self.dirs.append(d)
+        if create:
+            try:
+                self._apply()
+            except OSError:
+                self.remove()
+                raise
 
-    def _apply(self, layout: dict[str, Path]) -> None:
-        pids, memory = layout["pids"] / self.name, layout["memory"] / self.name
+    def _apply(self) -> None:
+        pids, memory = self._pids, self._memory
         v2 = _is_v2(pids)
         if self.limits.pids is not None:
             (pids / "pids.max").write_text(str(self.limits.pids))
@@ -139,7 +144,6 @@ class SandboxCgroup:
                         memsw.write_text(str(self.limits.memory_bytes))
                     except OSError:
                         pass
-        self._pids, self._memory = pids, memory
 
     def join_argv(self, argv: list[str]) -> list[str]:
         """``argv`` preceded by a shell that moves itself into the group(s) and then ``exec``s it."""
@@ -194,7 +198,8 @@ class SandboxCgroup:
     @classmethod
     def sweep(cls, prefix: str) -> int:
         """Kill and remove leftover groups whose name starts with ``prefix`` (a crashed run's);
-        returns how many sandboxes' groups were removed."""
+        returns how many sandboxes' groups were removed (a group whose killed processes are still
+        unreaped children of a live process stays until they are reaped)."""
         layout = cgroup_layout()
         if layout is None:
             return 0
@@ -202,13 +207,12 @@ class SandboxCgroup:
         for directory in dict.fromkeys(layout.values()):
             if directory.is_dir():
                 names.update(d.name for d in directory.iterdir() if d.is_dir() and d.name.startswith(prefix))
+        removed = 0
         for name in names:
-            leftover = cls.__new__(cls)
-            leftover.name = name
-            leftover.dirs = [directory / name for directory in dict.fromkeys(layout.values())
-                             if (directory / name).is_dir()]
-            leftover.remove()
-        return len(names)
+            group = cls(name, Limits(), create=False)
+            group.remove()
+            removed += not any(d.exists() for d in group.dirs)
+        return removed
 
 
 def _counter(path: Path, key: str) -> int:
