@@ -171,6 +171,7 @@ def live(n: int, calls: int, interval_s: float, max_starts: int, work: Path) -> 
     port = int(url.rsplit(":", 1)[1])
     keys = [key for _, key in proxies.register(n, "live")]
     backend = make_backend("bwrap", max_starts=max_starts)
+    max_starts = backend.max_starts
     ready = work / "all-live"
     times: list[float] = []
     sandboxes: list[Any] = []
@@ -192,26 +193,27 @@ def live(n: int, calls: int, interval_s: float, max_starts: int, work: Path) -> 
             sandboxes.append((sb, proc, own))
 
     live_max, t_start = 0, time.monotonic()
+    # the starting threads live until the teardown: a bwrap sandbox dies with the thread that started it
+    pool = cf.ThreadPoolExecutor(max_starts)
     try:
-        with cf.ThreadPoolExecutor(max_starts) as pool:
-            futures = [pool.submit(launch, i) for i in range(n)]
-            errors = [str(f.exception()) for f in futures if f.exception() is not None]
+        futures = [pool.submit(launch, i) for i in range(n)]
+        errors = [str(f.exception()) for f in futures if f.exception() is not None]
         ramp_s = time.monotonic() - t_start
         time.sleep(min(5.0, interval_s / 2))  # every harness past its start
         live_max = sum(1 for sb, _, _ in sandboxes if sb.alive())
         mem = [memory_of(sandbox_pids(sb, proc)) for sb, proc, _ in sandboxes[:32]]
         low_mem = _mem_available()
         ready.touch()
-        for sb, proc, _ in sandboxes:
-            proc.wait(calls * interval_s + 120)
+        exits = [proc.wait(calls * interval_s + 120) for _, proc, _ in sandboxes]
         logs = [(own / "log").read_text() for _, _, own in sandboxes]
         answered = sum(int((log.split("answered ") + ["0"])[1].split()[0]) for log in logs)
         if answered < n * calls:
-            print("a live harness's log:", next(log for log in logs if "answered " + str(calls) not in log)[-500:],
-                  file=sys.stderr)
+            bad = next(i for i, log in enumerate(logs) if "answered " + str(calls) not in log)
+            print("a live harness's log:", logs[bad][-500:], exits[bad], file=sys.stderr)
     finally:
         for sb, _, _ in sandboxes:
             sb.teardown()
+        pool.shutdown()
         backend.close()
         for p in proxy_procs + engine_procs:
             p.kill()
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", type=int, default=1152, help="live bwrap executions (0: skip the phase)")
     ap.add_argument("--calls", type=int, default=3, help="chat calls per live execution")
     ap.add_argument("--interval-s", type=float, default=20.0, help="seconds between a live execution's calls")
-    ap.add_argument("--max-starts", type=int, default=16, help="sandbox starts at once (the backend's gate)")
+    ap.add_argument("--max-starts", type=int, default=None,
+                    help="sandbox starts at once (the backend's gate; default: its own, twice the cores, >= 4)")
     ap.add_argument("--json", action="store_true", help="only the JSON line")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))

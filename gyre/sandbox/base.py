@@ -161,16 +161,19 @@ class Sandbox(abc.ABC):
 
 class ExecutionBackend(abc.ABC):
     """Makes sandboxes of one kind. ``max_starts`` bounds how many :meth:`create` calls run at once
-    (a burst of dispatches waits its turn instead of starting hundreds of runtimes together)."""
+    (a burst of dispatches waits its turn instead of starting hundreds of runtimes together; default
+    twice the machine's cores, at least 4)."""
 
     name: ClassVar[str] = "backend"
     #: Whether sandboxes can outlive a killed launcher (then a reaper removes them, see
     #: :mod:`gyre.sandbox.reaper`).
     needs_reaper: ClassVar[bool] = False
 
-    def __init__(self, *, max_starts: int = 16) -> None:
+    def __init__(self, *, max_starts: int | None = None) -> None:
+        max_starts = max_starts if max_starts is not None else max(4, 2 * (os.cpu_count() or 1))
         if max_starts < 1:
             raise ValueError(f"max_starts must be >= 1, got {max_starts!r}")
+        self.max_starts = max_starts
         self._start_gate = threading.BoundedSemaphore(max_starts)
         self._reapers: dict[str, subprocess.Popen] = {}
         self._reaper_lock = threading.Lock()

@@ -15,7 +15,9 @@ What a command sees:
   (:class:`~gyre.sandbox.gateway.ProxyGateway`) and a forwarder listening on ``127.0.0.1:PORT``
   inside (:mod:`gyre.sandbox.loopback`), which is the sandbox's first process;
 * ``--die-with-parent`` and a pid namespace: when the command's launcher or the command itself
-  ends, everything left in the sandbox is killed by the kernel;
+  ends, everything left in the sandbox is killed by the kernel. The kernel ties this to the
+  *thread* that started the command: start a sandbox's commands from a thread that outlives them
+  (the harness launcher starts and waits in one thread);
 * with cgroups (:mod:`gyre.sandbox.cgroups`): its process count and memory limited.
 
 With ``network=True`` the sandbox shares the host's network (and so its loopback: the proxy is
@@ -162,7 +164,7 @@ class BwrapBackend(ExecutionBackend):
     name = "bwrap"
     needs_reaper = True  # the cgroups of sandboxes whose launcher was killed
 
-    def __init__(self, *, cgroups: str = "auto", max_starts: int = 16,
+    def __init__(self, *, cgroups: str = "auto", max_starts: int | None = None,
                  socket_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_starts=max_starts)
         if cgroups not in ("auto", "require", "off"):

@@ -65,7 +65,7 @@ class LocalBackend(ExecutionBackend):
 
     name = "local"
 
-    def __init__(self, *, isolation: str = "auto", max_starts: int = 16) -> None:
+    def __init__(self, *, isolation: str = "auto", max_starts: int | None = None) -> None:
         super().__init__(max_starts=max_starts)
         if isolation not in ("auto", "require", "off"):
             raise ValueError(f"isolation must be auto, require or off, got {isolation!r}")
