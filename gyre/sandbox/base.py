@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from gyre.sandbox.gateway import ProxyGateway
 from gyre.sandbox.process import ProcessExit, SandboxProcess
 from gyre.sandbox.spec import Environment, SandboxSpec
 
@@ -176,14 +177,17 @@ class ExecutionBackend(abc.ABC):
         self.max_starts = max_starts
         self._start_gate = threading.BoundedSemaphore(max_starts)
         self._reapers: dict[str, subprocess.Popen] = {}
-        self._reaper_lock = threading.Lock()
+        self._state_lock = threading.Lock()
         self._state_dir: Path | None = None
+        self._gateways: dict[tuple[str, int], ProxyGateway] = {}
+        self._socket_owner: dict[str, ProxyGateway] = {}
+        self.socket_dir: str | os.PathLike[str] | None = None
 
     @property
     def state_dir(self) -> Path:
         """A private directory of this backend (gateway sockets, mount skeletons), made on first
         use; removed by :meth:`close`, or by the reaper when the launcher was killed."""
-        with self._reaper_lock:
+        with self._state_lock:
             if self._state_dir is None:
                 self._state_dir = Path(tempfile.mkdtemp(prefix=f"gyre-{self.name}-"))
             return self._state_dir
@@ -217,6 +221,26 @@ class ExecutionBackend(abc.ABC):
         with self._start_gate:
             return self._create(spec)
 
+    def open_socket(self, name: str, host: str, port: int) -> Path:
+        """A gateway socket for sandbox ``name`` joined to the proxy at ``host``:``port`` (one
+        :class:`~gyre.sandbox.gateway.ProxyGateway` per proxy, in ``socket_dir`` or the state directory)."""
+        socket_dir = self.socket_dir or self.state_dir
+        with self._state_lock:
+            gateway = self._gateways.get((host, port))
+            if gateway is None:
+                gateway = self._gateways[(host, port)] = ProxyGateway(host, port, socket_dir=socket_dir)
+        path = gateway.open(name)
+        with self._state_lock:
+            self._socket_owner[name] = gateway
+        return path
+
+    def close_socket(self, name: str) -> None:
+        """Close sandbox ``name``'s gateway socket (its teardown); nothing when it has none."""
+        with self._state_lock:
+            gateway = self._socket_owner.pop(name, None)
+        if gateway is not None:
+            gateway.close(name)
+
     def reaper_options(self) -> dict:
         """Keyword arguments of :func:`~gyre.sandbox.reaper.start_reaper` beyond the name, the label
         and the state directory."""
@@ -226,13 +250,13 @@ class ExecutionBackend(abc.ABC):
         from gyre.sandbox.reaper import start_reaper
 
         state = str(self.state_dir)
-        with self._reaper_lock:
+        with self._state_lock:
             if label not in self._reapers:
                 self._reapers[label] = start_reaper(self.name, label, remove=(state,), **self.reaper_options())
 
     def stop_reapers(self) -> None:
         """End the reapers (a launcher that closes normally has torn its sandboxes down itself)."""
-        with self._reaper_lock:
+        with self._state_lock:
             reapers = list(self._reapers.values())
             self._reapers.clear()
         for r in reapers:
@@ -251,10 +275,14 @@ class ExecutionBackend(abc.ABC):
         return 0
 
     def close(self) -> None:
-        """Release what the backend itself holds (its reapers, its state directory; subclasses: their
-        proxy gateway)."""
+        """Release what the backend itself holds: its proxy gateways, its reapers, its state directory."""
+        with self._state_lock:
+            gateways = list(self._gateways.values())
+            self._gateways.clear()
+        for gateway in gateways:
+            gateway.shutdown()
         self.stop_reapers()
-        with self._reaper_lock:
+        with self._state_lock:
             state, self._state_dir = self._state_dir, None
         if state is not None:
             shutil.rmtree(state, ignore_errors=True)

@@ -31,13 +31,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gyre.sandbox.base import BackendUnavailable, ExecutionBackend, Sandbox
 from gyre.sandbox.cgroups import CGROUP_JOIN_FAILED, SandboxCgroup, cgroups_supported
-from gyre.sandbox.gateway import ProxyGateway
 from gyre.sandbox.local import copy_path
 from gyre.sandbox.spec import IN_SANDBOX_PROXY_SOCKET, Environment, SandboxSpec, parse_size, python_runtime_paths
 
@@ -171,8 +169,6 @@ class BwrapBackend(ExecutionBackend):
             raise ValueError(f"cgroups must be auto, require or off, got {cgroups!r}")
         self.cgroups, self.socket_dir = cgroups, socket_dir
         self.exe = shutil.which("bwrap") or "bwrap"
-        self._gateways: dict[tuple[str, int], ProxyGateway] = {}
-        self._socket_owner: dict[str, ProxyGateway] = {}
 
     def unavailable_reason(self, environment: Environment | None = None) -> str | None:
         if environment is not None and not environment.is_host:
@@ -185,38 +181,18 @@ class BwrapBackend(ExecutionBackend):
     def forwards_proxy(self, network: bool) -> bool:
         return not network
 
-    def _gateway(self, host: str, port: int) -> ProxyGateway:
-        key = (host, port)
-        if key not in self._gateways:
-            self._gateways[key] = ProxyGateway(host, port, socket_dir=self.socket_dir or self.state_dir)
-        return self._gateways[key]
-
     def _create(self, spec: SandboxSpec) -> BwrapSandbox:
         use_cgroup = self.cgroups != "off" and cgroups_supported() and (spec.limits.pids or spec.limits.memory_bytes)
         cgroup = SandboxCgroup(spec.name, spec.limits) if use_cgroup else None
         socket = None
         if spec.proxy is not None and not spec.network:
             try:
-                gateway = self._gateway(spec.proxy.host, spec.proxy.port)
-                socket = gateway.open(spec.name)
-                self._socket_owner[spec.name] = gateway
+                socket = self.open_socket(spec.name, spec.proxy.host, spec.proxy.port)
             except (OSError, ValueError) as exc:
                 if cgroup is not None:
                     cgroup.remove()
                 raise BackendUnavailable(f"bwrap: cannot open the proxy socket of {spec.name}: {exc}") from exc
         return BwrapSandbox(self, spec, socket, cgroup)
 
-    def close_socket(self, name: str) -> None:
-        """Close sandbox ``name``'s gateway socket (its teardown)."""
-        gateway = self._socket_owner.pop(name, None)
-        if gateway is not None:
-            gateway.close(name)
-
     def sweep(self, run_label: str) -> int:
         return SandboxCgroup.sweep(f"gyre-{run_label}-") if cgroups_supported() else 0
-
-    def close(self) -> None:
-        for gateway in self._gateways.values():
-            gateway.shutdown()
-        self._gateways.clear()
-        super().close()

@@ -39,7 +39,6 @@ from pathlib import Path
 
 from gyre.sandbox.base import BackendUnavailable, ExecutionBackend, Sandbox
 from gyre.sandbox.cgroups import cgroup_dirs_of, limit_hit_in
-from gyre.sandbox.gateway import ProxyGateway
 from gyre.sandbox.local import copy_path
 from gyre.sandbox.loopback import READY
 from gyre.sandbox.spec import IN_SANDBOX_PROXY_SOCKET, Environment, SandboxSpec, python_runtime_paths
@@ -149,8 +148,6 @@ class PodmanBackend(ExecutionBackend):
         self.ready_timeout_s = ready_timeout_s
         self.socket_dir = socket_dir
         self.exe = shutil.which(self.executable) or self.executable
-        self._gateways: dict[tuple[str, int], ProxyGateway] = {}
-        self._socket_owner: dict[str, ProxyGateway] = {}
         self._lock = threading.Lock()
         self._built: set[str] = set()
 
@@ -279,20 +276,11 @@ class PodmanBackend(ExecutionBackend):
                     target.touch()
         return root
 
-    def _gateway(self, host: str, port: int) -> ProxyGateway:
-        key = (host, port)
-        with self._lock:
-            if key not in self._gateways:
-                self._gateways[key] = ProxyGateway(host, port, socket_dir=self.socket_dir or self.state_dir)
-            return self._gateways[key]
-
     def _create(self, spec: SandboxSpec) -> ContainerSandbox:
         image = self.image_for(spec.environment)
         socket = None
         if spec.proxy is not None:
-            gateway = self._gateway(spec.proxy.host, spec.proxy.port)
-            socket = gateway.open(spec.name)
-            self._socket_owner[spec.name] = gateway
+            socket = self.open_socket(spec.name, spec.proxy.host, spec.proxy.port)
             first = [sys.executable, "-I", "-S", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET]
         else:
             first = ["sleep", "infinity"]
@@ -328,11 +316,6 @@ class PodmanBackend(ExecutionBackend):
         args = ["rm", "-f", name] if self.name == "docker" else ["rm", "-f", "-t", "0", name]
         self.cli(args, check=False, timeout_s=60)
 
-    def close_socket(self, name: str) -> None:
-        gateway = self._socket_owner.pop(name, None)
-        if gateway is not None:
-            gateway.close(name)
-
     def sweep(self, run_label: str) -> int:
         if self._probe:
             return 0
@@ -344,14 +327,6 @@ class PodmanBackend(ExecutionBackend):
 
     def reaper_options(self) -> dict:
         return {"host": self.host}
-
-    def close(self) -> None:
-        with self._lock:
-            gateways = list(self._gateways.values())
-            self._gateways.clear()
-        for gateway in gateways:
-            gateway.shutdown()
-        super().close()
 
 
 class DockerBackend(PodmanBackend):
