@@ -1,9 +1,10 @@
 """Execution backends: where an execution's harness and its evaluation commands run.
 
-One interface (:mod:`gyre.sandbox.base`), four backends: ``local`` (ordinary processes, paths
+One interface (:mod:`gyre.sandbox.base`), five backends: ``local`` (ordinary processes, paths
 masked; :mod:`gyre.sandbox.local`), ``bwrap`` (bubblewrap over the host's root, no network, own
 user, pid, ipc, uts and mount namespaces; :mod:`gyre.sandbox.bwrap`), ``podman`` and ``docker``
-(one container per execution from the task's image or Dockerfile; :mod:`gyre.sandbox.podman`).
+(one container per execution from the task's image or Dockerfile; :mod:`gyre.sandbox.podman`), and
+``apptainer`` (:mod:`gyre.sandbox.apptainer`; its command lines are tested, it has not run here).
 :mod:`gyre.sandbox.spec` describes a sandbox, :mod:`gyre.sandbox.registry` picks a backend,
 :mod:`gyre.sandbox.gateway` and :mod:`gyre.sandbox.loopback` carry model calls from a sandbox
 without a network to the proxy, :mod:`gyre.sandbox.cgroups` limits processes and memory, and

@@ -72,7 +72,7 @@ class ContainerSandbox(Sandbox):
                 *(str(a) for a in argv)], client_env
 
     def host_cwd(self, cwd: Path) -> Path:
-        return Path("/")
+        return self.backend.state_dir  # where conmon may write its files (see PodmanBackend.cli)
 
     def signal_hook(self):
         def stop_container(sig: int) -> None:
@@ -165,8 +165,10 @@ class PodmanBackend(ExecutionBackend):
             input_text: str | None = None) -> subprocess.CompletedProcess:
         """Run the CLI; with ``check``, a failure raises ``RuntimeError`` with its stderr's last line."""
         try:
+            # in the state directory: conmon writes an ``oom`` file into its working directory when a
+            # container's process is OOM-killed
             res = subprocess.run([self.exe, *args], capture_output=True, text=True, timeout=timeout_s,
-                                 env=self.client_env(), input=input_text,
+                                 env=self.client_env(), input=input_text, cwd=self.state_dir,
                                  stdin=None if input_text is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"{self.name} {args[0]} timed out after {timeout_s:.0f} s") from exc

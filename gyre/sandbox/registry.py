@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gyre.sandbox.apptainer import ApptainerBackend
 from gyre.sandbox.base import BackendUnavailable, ExecutionBackend
 from gyre.sandbox.bwrap import BwrapBackend, bwrap_unavailable_reason
 from gyre.sandbox.local import LocalBackend
@@ -16,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS: dict[str, type[ExecutionBackend]] = {
     "local": LocalBackend, "bwrap": BwrapBackend, "podman": PodmanBackend, "docker": DockerBackend,
+    "apptainer": ApptainerBackend,
 }
 
 

@@ -1,5 +1,6 @@
 """Backends for the conformance suite: each test that takes ``backend`` runs against local, bwrap,
-podman and docker (the docker CLI against podman's own Docker-compatible service, started here).
+podman, docker (the docker CLI against podman's own Docker-compatible service, started here) and
+apptainer (skipped where it is not installed: it is not packaged for this machine's Debian).
 
 A backend whose tool is missing is skipped with one reason (``bash tools/setup_sandbox.sh`` installs
 them); CI runs that script first, so there they all run."""
@@ -20,7 +21,7 @@ import pytest
 from gyre.sandbox import Environment, ExecutionBackend, Limits, ProxyTarget, SandboxSpec, make_backend
 from gyre.sandbox.podman import TEST_IMAGE
 
-BACKEND_NAMES = ["local", "bwrap", "podman", "docker"]
+BACKEND_NAMES = ["local", "bwrap", "podman", "docker", "apptainer"]
 
 
 @pytest.fixture(scope="session")
@@ -56,8 +57,9 @@ def backend(request) -> ExecutionBackend:
     try:
         b = make_backend(name, **options)
     except Exception as exc:
-        pytest.skip(f"{name} backend unavailable here: {exc} (bash tools/setup_sandbox.sh installs it)")
-    if name in ("podman", "docker"):
+        hint = "" if name == "apptainer" else " (bash tools/setup_sandbox.sh installs it)"
+        pytest.skip(f"{name} backend unavailable here: {exc}{hint}")
+    if name in ("podman", "docker", "apptainer"):
         reason = b.unavailable_reason(Environment("image", TEST_IMAGE))
         if reason:
             pytest.skip(f"{name} backend: {reason}")
@@ -89,7 +91,7 @@ def layout(tmp_path) -> Layout:
 
 
 def environment_for(backend: ExecutionBackend) -> Environment:
-    return Environment("image", TEST_IMAGE) if backend.name in ("podman", "docker") else Environment()
+    return Environment("image", TEST_IMAGE) if backend.name in ("podman", "docker", "apptainer") else Environment()
 
 
 def spec_for(backend: ExecutionBackend, layout: Layout, *, name: str = "e1", proxy: ProxyTarget | None = None,
