@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gyre.sandbox.base import ExecutionBackend, Sandbox
 from gyre.sandbox.process import ISOLATION_SETUP_FAILED, ISOLATION_SETUP_MARKER, isolation_argv, isolation_supported
-from gyre.sandbox.spec import Environment, SandboxSpec
+from gyre.sandbox.spec import Environment, SandboxSpec, python_runtime_paths
 
 __all__ = ["LocalBackend", "LocalSandbox", "copy_path"]
 
@@ -37,8 +37,12 @@ class LocalSandbox(Sandbox):
     def command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:
         if not self.backend.isolated or not self.spec.writable:
             return [str(a) for a in argv], dict(env)
+        # a private /tmp would hide a runtime that lives there (a checkout and its .venv under /tmp)
+        tmp = Path("/tmp").resolve()
+        needed = (*python_runtime_paths(), *self.spec.readonly)
+        private_tmp = None if any(p == tmp or tmp in p.parents for p in needed) else self.spec.private_tmp_size
         return isolation_argv(argv, own_dir=self.spec.writable[0], cwd=cwd, masks=self.spec.masks,
-                              private_tmp=self.spec.private_tmp_size), dict(env)
+                              private_tmp=private_tmp), dict(env)
 
     def setup_failed(self, returncode: int, log_tail: str) -> bool:
         return self.backend.isolated and returncode == ISOLATION_SETUP_FAILED and ISOLATION_SETUP_MARKER in log_tail

@@ -8,6 +8,7 @@ beside them completes."""
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import sys
 import threading
@@ -57,7 +58,7 @@ def test_escape_attempts_fail(tmp_path, sandboxing):
     engine.bind(("127.0.0.1", 0))
     engine.listen(8)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    other_key = "sk-other-execution-0123456789"
+    other_key = f"sk-other-{secrets.token_hex(16)}"  # made here: no file holds it
     other = CommandHarness([sys.executable, "-c", "import time, pathlib; pathlib.Path('secret.txt').write_text("
                             "'other'); time.sleep(120)"], backend=backend, kill_grace_s=0.5)
     other_task = make_task(tmp_path, backend, "other")
