@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gyre.harness.base import ExecutionDir, ProxyEndpoint  # noqa: E402
+from gyre.harness.execution import ExecutionDir, ProxyEndpoint  # noqa: E402
 from gyre.harness.claude_code import ClaudeCodeHarness  # noqa: E402
 from gyre.harness.codex import CodexHarness  # noqa: E402
 from tools.fake_llm import FakeLLMServer, FakeRequest, Reply  # noqa: E402

@@ -10,7 +10,8 @@ How the main job runs one execution (each in its own thread; all calls are threa
     outcome = reward_manager.assess(result.closure(task, ex.api_key), task.build_evaluator(...))
     proxy.close_execution(execution_id)                                     # after a judge used the key
 
-The interface and lifecycle are in :mod:`gyre.harness.base`, the child process in
+The interface and lifecycle are in :mod:`gyre.harness.base` (an execution's data in
+:mod:`gyre.harness.execution`), the child process in
 :mod:`gyre.sandbox` (the backends it runs in), role declarations in :mod:`gyre.harness.roles`, registry installs
 in :mod:`gyre.harness.install`, Gyre's own agent in :mod:`gyre.harness.reference_agent`. Names
 are imported lazily (PEP 562), so a harness child does not pay for imports it never uses.
@@ -26,23 +27,23 @@ _LAZY = {
     "ClaudeCodeHarness": "gyre.harness.claude_code",
     "CodexHarness": "gyre.harness.codex",
     "CommandHarness": "gyre.harness.command",
-    "ExecutionDir": "gyre.harness.base",
-    "FINAL_MESSAGE_KEY": "gyre.harness.base",
+    "ExecutionDir": "gyre.harness.execution",
+    "FINAL_MESSAGE_KEY": "gyre.harness.execution",
     "HARNESSES": "gyre.harness.registry",
     "Harness": "gyre.harness.base",
     "HarnessConfig": "gyre.harness.registry",
     "HarnessInstallError": "gyre.harness.install",
     "HarnessPackage": "gyre.harness.install",
-    "HarnessResult": "gyre.harness.base",
+    "HarnessResult": "gyre.harness.execution",
     "HarnessUnavailable": "gyre.harness.base",
-    "LaunchContext": "gyre.harness.base",
-    "LaunchSpec": "gyre.harness.base",
+    "LaunchContext": "gyre.harness.execution",
+    "LaunchSpec": "gyre.harness.execution",
     "MINI_SWE_AGENT_PACKAGE": "gyre.harness.mini_swe_agent",
     "MINI_SWE_AGENT_ROLES": "gyre.harness.mini_swe_agent",
     "MiniSweAgentHarness": "gyre.harness.mini_swe_agent",
     "PackagedHarness": "gyre.harness.install",
     "ProcessExit": "gyre.sandbox.process",
-    "ProxyEndpoint": "gyre.harness.base",
+    "ProxyEndpoint": "gyre.harness.execution",
     "REFERENCE_ROLES": "gyre.harness.reference",
     "ReferenceHarness": "gyre.harness.reference",
     "RoleRule": "gyre.harness.roles",
@@ -51,7 +52,7 @@ _LAZY = {
     "classify_role": "gyre.harness.roles",
     "codex_config_toml": "gyre.harness.codex",
     "ensure_package": "gyre.harness.install",
-    "executions_root": "gyre.harness.base",
+    "executions_root": "gyre.harness.execution",
     "harness_cache_dir": "gyre.harness.install",
     "harness_from_args": "gyre.harness.registry",
     "harness_from_config": "gyre.harness.registry",

@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gyre.harness.base import LaunchContext, LaunchSpec
+from gyre.harness.execution import LaunchContext, LaunchSpec
 from gyre.harness.install import HarnessPackage, PackagedHarness
 from gyre.harness.roles import RoleRule, RoleRules
 

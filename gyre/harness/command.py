@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gyre.harness.base import Harness, LaunchContext, LaunchSpec
+from gyre.harness.base import Harness
+from gyre.harness.execution import LaunchContext, LaunchSpec
 from gyre.harness.roles import RoleRules
 
 __all__ = ["CommandHarness"]

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gyre.harness.base import Harness, LaunchContext, LaunchSpec
+from gyre.harness.base import Harness
+from gyre.harness.execution import LaunchContext, LaunchSpec
 from gyre.harness.reference_agent.tools import ALL_TOOLS
 from gyre.harness.roles import RoleRule, RoleRules
 

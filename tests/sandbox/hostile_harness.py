@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from gyre.harness.base import LaunchContext, LaunchSpec
+from gyre.harness.execution import LaunchContext, LaunchSpec
 from gyre.harness.reference import ReferenceHarness
 
 BOMBS = {
