@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import resource
+import signal
 import shutil
 import subprocess
 import sys
@@ -314,18 +315,29 @@ class PodmanBackend(ExecutionBackend):
             delay = min(delay * 2, 0.2)
 
     def remove(self, name: str) -> None:
-        """Remove container ``name`` at once, if it exists."""
+        """Remove container ``name`` at once, if it exists, and end the ``conmon`` monitors of its
+        ``exec`` sessions, which otherwise wait out podman's exec exit delay (300 s) after it is gone."""
         args = ["rm", "-f", name] if self.name == "docker" else ["rm", "-f", "-t", "0", name]
         self.cli(args, check=False, timeout_s=60)
+        marker = f"\0-n\0{name}\0".encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+                if cmdline.startswith(b"/usr/bin/conmon\0") or b"conmon\0" in cmdline[:64]:
+                    if marker in cmdline:
+                        os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
 
     def sweep(self, run_label: str) -> int:
         if self._probe:
             return 0
-        res = self.cli(["ps", "-aq", "--filter", f"label={_RUN_LABEL}={run_label}"], check=False, timeout_s=60)
-        ids = res.stdout.split()
-        for cid in ids:
-            self.remove(cid)
-        return len(ids)
+        res = self.cli(["ps", "-a", "--filter", f"label={_RUN_LABEL}={run_label}", "--format", "{{.Names}}"],
+                       check=False, timeout_s=60)
+        names = res.stdout.split()
+        for name in names:
+            self.remove(name)
+        return len(names)
 
     def reaper_options(self) -> dict:
         return {"host": self.host}

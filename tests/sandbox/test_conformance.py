@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,6 +131,15 @@ def test_teardown_is_idempotent_and_leaves_nothing(backend, layout):
     if backend.name in ("podman", "docker"):
         names = backend.cli(["ps", "-a", "--format", "{{.Names}}"]).stdout.split()
         assert sb.spec.name not in names
+        marker = f"\0-n\0{sb.spec.name}\0".encode()  # no conmon of its exec sessions waits on
+        monitors = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if marker in (proc / "cmdline").read_bytes():
+                    monitors.append(proc.name)
+            except OSError:
+                pass
+        assert monitors == []
     if getattr(sb, "cgroup", None) is not None:
         assert all(not d.exists() for d in sb.cgroup.dirs)
 
