@@ -71,21 +71,10 @@ class ApptainerSandbox(Sandbox):
         return returncode == 255 and "FATAL:" in log_tail
 
     def copy_in(self, src: str | os.PathLike[str], dest: str) -> None:
-        copy_path(src, self._writable(dest))
+        copy_path(src, self.require_writable(dest))
 
     def copy_out(self, src: str, dest: str | os.PathLike[str]) -> None:
-        copy_path(self._writable(src), dest)
-
-    def _writable(self, path: str) -> Path:
-        p = Path(os.path.abspath(path))
-        if not any(p == w or w in p.parents for w in self.spec.writable):
-            raise ValueError(f"{path} is not under a writable path of sandbox {self.spec.name}")
-        return p
-
-    def alive(self) -> bool:
-        with self._lock:
-            procs = list(self._procs)
-        return any(p.running() for p in procs)
+        copy_path(self.require_writable(src), dest)
 
     def release(self) -> None:
         if self.socket is not None:

@@ -107,6 +107,19 @@ class Sandbox(abc.ABC):
 
     # ------------------------------------------------------------------ files
 
+    def writable_path(self, path: str) -> Path | None:
+        """``path`` when it lies under one of the spec's writable paths (bound at the same path inside
+        and outside, so the launcher can reach it directly), else ``None``."""
+        p = Path(os.path.abspath(path))
+        return p if any(p == w or w in p.parents for w in self.spec.writable) else None
+
+    def require_writable(self, path: str) -> Path:
+        """:meth:`writable_path`, or ``ValueError`` where a backend copies through the bound paths only."""
+        p = self.writable_path(path)
+        if p is None:
+            raise ValueError(f"{path} is not under a writable path of sandbox {self.spec.name}")
+        return p
+
     @abc.abstractmethod
     def copy_in(self, src: str | os.PathLike[str], dest: str) -> None:
         """Copy the host file or directory ``src`` to ``dest`` inside the sandbox."""
@@ -117,9 +130,11 @@ class Sandbox(abc.ABC):
 
     # ------------------------------------------------------------------ lifecycle
 
-    @abc.abstractmethod
     def alive(self) -> bool:
-        """Whether any process of the sandbox still runs."""
+        """Whether any process of the sandbox still runs (here: a command it started)."""
+        with self._lock:
+            procs = list(self._procs)
+        return any(p.running() for p in procs)
 
     def stop(self) -> None:
         """End every process of the sandbox; its files (the workspace) stay. Idempotent."""

@@ -117,24 +117,13 @@ class BwrapSandbox(Sandbox):
         return returncode == 1 and any(line.startswith("bwrap: ") for line in log_tail.splitlines()[-5:])
 
     def copy_in(self, src: str | os.PathLike[str], dest: str) -> None:
-        copy_path(src, self._host_path(dest))
+        copy_path(src, self.require_writable(dest))
 
     def copy_out(self, src: str, dest: str | os.PathLike[str]) -> None:
-        copy_path(self._host_path(src), dest)
-
-    def _host_path(self, path: str) -> Path:
-        """Inside and outside paths are the same for the writable binds, the only ones a copy may use."""
-        p = Path(os.path.abspath(path))
-        if not any(p == w or w in p.parents for w in self.spec.writable):
-            raise ValueError(f"{path} is not under a writable path of sandbox {self.spec.name}")
-        return p
+        copy_path(self.require_writable(src), dest)
 
     def alive(self) -> bool:
-        if self.cgroup is not None and self.cgroup.pids():
-            return True
-        with self._lock:
-            procs = list(self._procs)
-        return any(p.running() for p in procs)
+        return bool(self.cgroup is not None and self.cgroup.pids()) or super().alive()
 
     def stop(self) -> None:
         super().stop()

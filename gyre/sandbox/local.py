@@ -53,11 +53,6 @@ class LocalSandbox(Sandbox):
     def copy_out(self, src: str, dest: str | os.PathLike[str]) -> None:
         copy_path(src, dest)
 
-    def alive(self) -> bool:
-        with self._lock:
-            procs = list(self._procs)
-        return any(p.running() for p in procs)
-
 
 class LocalBackend(ExecutionBackend):
     """Ordinary processes (module docstring).

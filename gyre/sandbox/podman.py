@@ -84,19 +84,15 @@ class ContainerSandbox(Sandbox):
         # the CLI's own failures: 125 (the CLI), 126 (not executable), 127 (not found in the image)
         return returncode == 125 or (returncode in (126, 127) and "OCI runtime" in log_tail)
 
-    def _bound_host_path(self, path: str) -> Path | None:
-        p = Path(os.path.abspath(path))
-        return p if any(p == w or w in p.parents for w in self.spec.writable) else None
-
     def copy_in(self, src: str | os.PathLike[str], dest: str) -> None:
-        host = self._bound_host_path(dest)
+        host = self.writable_path(dest)
         if host is not None:
             copy_path(src, host)
         else:
             self.backend.cli(["cp", str(src), f"{self.spec.name}:{dest}"])
 
     def copy_out(self, src: str, dest: str | os.PathLike[str]) -> None:
-        host = self._bound_host_path(src)
+        host = self.writable_path(src)
         if host is not None:
             copy_path(host, dest)
         else:
