@@ -140,7 +140,7 @@ def test_embedded_engine_abort_mid_stream(tiny_model_dir, tmp_path, how):
     try:
         ex = srv.register_execution(engine_id="engine-0")
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key=ex.api_key, max_retries=0)
-        n_tokens = 96
+        n_tokens = 256
         stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], stream=True,
                                                 max_tokens=n_tokens, stream_options={"include_usage": True},
                                                 extra_body={"ignore_eos": True})
@@ -148,15 +148,20 @@ def test_embedded_engine_abort_mid_stream(tiny_model_dir, tmp_path, how):
         for k, chunk in enumerate(stream):
             if chunk.choices:
                 pieces.append(chunk.choices[0].delta.content or "")
-            if k == 8 and not done:
+            if k == 2 and not done:
                 done = True
+                # freeze engine-0's batch first, so the request is still running there whatever the
+                # engine's pace against this reader (the tiny model can outrun a loaded client)
+                source = EngineClient(engines[0].url)
+                source.pause_generation("in_place")
                 rids = list(srv.router.inflight("engine-0"))
                 assert len(rids) == 1
                 if how == "reroute":  # a role transition: route away, cancel what runs on the source
                     srv.set_route(ex.execution_id, "engine-1")
                     assert srv.abort_engine("engine-0") == 1
                 else:  # the request is killed on the engine itself; the retry stays on the route
-                    assert EngineClient(engines[0].url).abort(rids[0]) is not False
+                    assert source.abort(rids[0]) is True
+                source.continue_generation()
             usage = chunk.usage
         assert done and usage.completion_tokens == n_tokens  # one normal, complete response
         tree = srv.tree(ex.execution_id)
