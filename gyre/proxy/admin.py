@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 
-from gyre.proxy.api.common import read_json
+from gyre.proxy.request_body import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer

@@ -4,14 +4,15 @@ Decoding a request body holds the interpreter lock for as long as it takes: a 33
 0.1-0.5 s of JSON parsing, during which no other execution's call makes progress, and several
 such bodies at once queue every small call behind them. So the proxy sends a body of at least
 ``ProxyConfig.body_check_bytes`` to :class:`BodyChecker` first: one long-lived helper process
-(``python -m gyre.proxy.body_check``) decodes it, normalises it and runs the prompt-size bound of
+(``python -m gyre.proxy.body_check``) decodes it under the request limits of
+:mod:`gyre.proxy.request_body`, normalises it and runs the prompt-size bound of
 :mod:`gyre.proxy.prompt_size`, and answers with the proxy error the body earns (invalid JSON,
-invalid fields, a prompt too long by its size alone) or with "go ahead". A refused body is never
+nesting too deep, invalid fields, too many messages, a prompt too long by its size alone) or with "go ahead". A refused body is never
 parsed in the proxy's process; an accepted one is then parsed there as usual (a legitimate
 conversation of 700k tokens is about 3 MB, under the default threshold of 8 MB).
 
 Protocol on the helper's pipes: per body, one JSON header line ``{"api", "encoding",
-"max_context_tokens", "token_bytes", "size"}`` and ``size`` raw bytes on stdin; one JSON line
+"max_context_tokens", "token_bytes", "size", "limits"}`` and ``size`` raw bytes on stdin; one JSON line
 back, ``{"ok": true}`` or ``{"status", "message", "param"}``. The helper starts on the first
 large body; if it dies or answers nonsense, the body is checked in the proxy as before and the
 next large body starts a new helper.
@@ -19,6 +20,7 @@ next large body starts a new helper.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -27,20 +29,25 @@ import threading
 from typing import Any
 
 from gyre.proxy.errors import ProxyError
+from gyre.proxy.request_body import RequestLimits
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BodyChecker", "check_body"]
 
 
-def check_body(api: str, raw: bytes, encoding: str, max_context_tokens: int, token_bytes: int) -> dict[str, Any]:
-    """The helper's verdict on one body: ``{"ok": True}`` or the :class:`ProxyError` it earns."""
+def check_body(api: str, raw: bytes, encoding: str, max_context_tokens: int, token_bytes: int,
+               limits: RequestLimits | None = None) -> dict[str, Any]:
+    """The helper's verdict on one body: ``{"ok": True}`` or the :class:`ProxyError` it earns
+    (under ``limits``, :mod:`gyre.proxy.request_body`)."""
     from gyre.proxy.api import normalize
-    from gyre.proxy.api.common import decode_json
     from gyre.proxy.prompt_size import check_prompt_size
+    from gyre.proxy.request_body import check_request_counts, decode_json
 
+    limits = limits or RequestLimits()
     try:
-        req = normalize(api, decode_json(raw, encoding))
+        req = normalize(api, decode_json(raw, encoding, limits))
+        check_request_counts(req, limits)
         check_prompt_size(req, max_context_tokens, token_bytes=token_bytes)
     except ProxyError as exc:
         return {"status": exc.status, "message": exc.message, "param": exc.param}
@@ -63,14 +70,16 @@ class BodyChecker:
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         return self._proc
 
-    def check(self, api: str, raw: bytes, encoding: str, max_context_tokens: int, token_bytes: int) -> None:
+    def check(self, api: str, raw: bytes, encoding: str, max_context_tokens: int, token_bytes: int,
+              limits: RequestLimits | None = None) -> None:
         """Raise the :class:`ProxyError` the body earns; return when it may go ahead (or when the
         helper failed: the proxy then checks it itself)."""
         with self._lock:
             try:
                 proc = self._start()
                 head = {"api": api, "encoding": encoding, "max_context_tokens": max_context_tokens,
-                        "token_bytes": token_bytes, "size": len(raw)}
+                        "token_bytes": token_bytes, "size": len(raw),
+                        "limits": dataclasses.asdict(limits or RequestLimits())}
                 proc.stdin.write(json.dumps(head).encode() + b"\n")
                 proc.stdin.write(raw)
                 proc.stdin.flush()
@@ -110,7 +119,8 @@ def main() -> int:
             return 0
         head = json.loads(line)
         raw = stdin.read(head["size"])
-        verdict = check_body(head["api"], raw, head["encoding"], head["max_context_tokens"], head["token_bytes"])
+        verdict = check_body(head["api"], raw, head["encoding"], head["max_context_tokens"], head["token_bytes"],
+                             RequestLimits(**head.get("limits", {})))
         stdout.write(json.dumps(verdict).encode() + b"\n")
         stdout.flush()
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+import orjson
 
 __all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine", "parse_version"]
 
@@ -142,6 +143,8 @@ class ClientEngine:
         except Exception as exc:  # the client's EngineError/EngineConnectionError and anything else it raises
             if isinstance(exc, (asyncio.CancelledError, GeneratorExit, EngineRejected)):
                 raise
+            if isinstance(exc, orjson.JSONEncodeError):  # the request cannot be written: no engine would take it
+                raise EngineRejected(400, f"the request cannot be encoded as JSON for the engine: {exc}") from exc
             if is_rejection(exc):
                 raise EngineRejected(exc.status_code, str(getattr(exc, "message", exc))) from exc
             raise EngineUnavailable(f"{self.engine_id}: {type(exc).__name__}: {exc}") from exc

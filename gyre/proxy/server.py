@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import json
 import logging
 import threading
 import time
@@ -30,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gyre.proxy.admin import Execution, ExecutionAdmin
 from gyre.proxy.api import MODEL_PATHS, make_builder, normalize
-from gyre.proxy.api.common import IdFactory, check_engine_sampling, decode_json, read_body, read_json
+from gyre.proxy.api.common import IdFactory, check_engine_sampling
 from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
@@ -39,6 +38,7 @@ from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
 from gyre.proxy.prompt_size import check_prompt_size, max_token_bytes
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
+from gyre.proxy.request_body import RequestLimits, check_request_counts, decode_json, inflate, read_body
 from gyre.proxy.roles import classify_role, harness_metadata
 from gyre.proxy.router import Attempt, Router
 from gyre.trajectory.store import TrajectoryStore
@@ -92,8 +92,13 @@ class ProxyConfig:
       process; files are fsynced every ``fsync_interval_s`` seconds in the background -- or
       ``"fsync"``: fsynced too (group commit, :class:`~gyre.proxy.recorder.RecordSink`), which
       adds a disk sync to every call's latency. Give the server a store with ``fsync_every=0``.
-    * ``body_check_bytes`` -- a model-call body at least this large is checked in a helper
-      process before the proxy parses it (:mod:`gyre.proxy.body_check`); 0 turns that off.
+    * ``max_body_bytes`` -- the largest model-call body (bytes), as declared, as received and after
+      gzip/deflate decoding (413); ``max_json_depth`` -- nesting of its arrays and objects;
+      ``max_messages``, ``max_tools``, ``max_tool_results`` (in one turn) -- per request (400).
+      Sized from the paper's workload: a 1M-token conversation is 4-6 MB of JSON, a harness
+      session of hundreds of calls a few thousand messages (:mod:`gyre.proxy.request_body`).
+    * ``body_check_bytes`` -- a model-call body at least this large (after decoding) is checked in a
+      helper process before the proxy parses it (:mod:`gyre.proxy.body_check`); 0 turns that off.
     * ``gc_freeze_after_ms`` -- after a full garbage collection at least this long (ms), the
       objects that survived it are frozen (:mod:`gyre.proxy.gc_policy`; ``None``: never);
       ``gc_unfreeze_interval_s`` -- how often they are handed back to the collector;
@@ -119,10 +124,20 @@ class ProxyConfig:
     forced_sampling: dict[str, Any] = field(default_factory=dict)
     durability: str = "flush"
     fsync_interval_s: float = 1.0
+    max_body_bytes: int = 32 << 20
+    max_json_depth: int = 128
+    max_messages: int = 20_000
+    max_tools: int = 1_024
+    max_tool_results: int = 2_048
     body_check_bytes: int = 8 << 20
     gc_freeze_after_ms: float | None = 20.0
     gc_unfreeze_interval_s: float = 1800.0
     heap_trim_interval_s: float | None = 60.0
+
+    def request_limits(self) -> RequestLimits:
+        """The per-request limits of these settings."""
+        return RequestLimits(self.max_body_bytes, self.max_json_depth, self.max_messages, self.max_tools,
+                             self.max_tool_results)
 
 
 class ProxyServer(ExecutionAdmin):
@@ -165,6 +180,7 @@ class ProxyServer(ExecutionAdmin):
     ) -> None:
         self.renderer = renderer
         self.config = config or ProxyConfig()
+        self.limits = self.config.request_limits()
         self.router = router or Router(retry_timeout_s=self.config.retry_timeout_s,
                                        kv_migration=self.config.kv_migration,
                                        kv_transport=self.config.kv_transport)
@@ -394,24 +410,45 @@ class ProxyServer(ExecutionAdmin):
             raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
         return role, meta, prep
 
-    async def _check_large_body(self, api: str, raw: bytes, encoding: str) -> None:
+    async def _check_large_body(self, api: str, raw: bytes | bytearray) -> None:
         """Raise the error a very large body earns, found by the helper process, so that the
         event loop never parses a body it would refuse."""
         loop = asyncio.get_running_loop()
         token_bytes = await loop.run_in_executor(self._encoders, max_token_bytes, self.renderer.tokenizer)
-        await loop.run_in_executor(self._body_checks, self._body_checker.check, api, raw, encoding,
-                                   self.config.max_context_tokens, token_bytes)
+        await loop.run_in_executor(self._body_checks, self._body_checker.check, api, raw, "",
+                                   self.config.max_context_tokens, token_bytes, self.limits)
+
+    async def _decode(self, api: str, raw: bytes | bytearray, encoding: str, *,
+                      count_tokens: bool = False) -> tuple[Any, ChatRequest, float, float]:
+        """``(body, request, parse_s, normalize_s)`` of a received body, under the request limits
+        (:mod:`gyre.proxy.request_body`): a compressed body is inflated off the event loop with
+        an output limit, a very large one is checked by the helper process first, then it is
+        parsed, normalised and its counts and size bounded. Raises :class:`ProxyError`."""
+        limits = self.limits
+        if encoding.strip().lower() not in ("", "identity"):
+            raw = await asyncio.get_running_loop().run_in_executor(None, inflate, raw, encoding,
+                                                                   limits.max_body_bytes)
+        if 0 < self.config.body_check_bytes <= len(raw):
+            await self._check_large_body(api, raw)
+        t0 = time.perf_counter()
+        body = decode_json(raw, "", limits)
+        t1 = time.perf_counter()
+        if count_tokens and isinstance(body, dict) and "max_tokens" not in body:
+            body = dict(body, max_tokens=1)
+        req = normalize(api, body)
+        check_request_counts(req, limits)
+        check_prompt_size(req, self.config.max_context_tokens, self.renderer.tokenizer)
+        return body, req, t1 - t0, time.perf_counter() - t1
 
     async def _model_call(self, request: Request, api: str):
         ex = self._auth(request)
         try:
             try:
-                raw = await read_body(request)
+                raw = await read_body(request, self.config.max_body_bytes)
             except ClientDisconnect:  # the client left while sending: nothing to answer or record
                 return Response(status_code=499)
             encoding = request.headers.get("content-encoding", "")
-            large = 0 < self.config.body_check_bytes <= len(raw)
-            if large:  # hashing tens of MB off the loop (xxhash releases the GIL)
+            if 0 < self.config.body_check_bytes <= len(raw):  # hashing tens of MB off the loop (xxhash releases the GIL)
                 digest = await asyncio.get_running_loop().run_in_executor(self._body_checks, request_digest, api,
                                                                           raw, encoding)
             else:
@@ -419,18 +456,12 @@ class ProxyServer(ExecutionAdmin):
             prev = ex.recent_calls.retry_target(digest, retry_count(request.headers))
             if prev is not None:  # a client retry: the same answer, not a second sample
                 return await self._answer_retry(request, prev)
-            if large:
-                await self._check_large_body(api, raw, encoding)
-            t0 = time.perf_counter()
-            body = decode_json(raw, encoding)
-            t1 = time.perf_counter()
-            req = normalize(api, body)
-            check_prompt_size(req, self.config.max_context_tokens, self.renderer.tokenizer)
-            t2 = time.perf_counter()
+            body, req, parse_s, normalize_s = await self._decode(api, raw, encoding)
+            del raw
             headers = {k.lower(): v for k, v in request.headers.items()}
             role, meta, prep = await self._prepare(ex, req, headers, body)
-            prep.timings["parse_s"] = t1 - t0
-            prep.timings["normalize_s"] = t2 - t1
+            prep.timings["parse_s"] = parse_s
+            prep.timings["normalize_s"] = normalize_s
             n_in = int(prep.input_ids.shape[0])
             room = self.config.max_context_tokens - n_in
             if room <= 0:
@@ -510,10 +541,12 @@ class ProxyServer(ExecutionAdmin):
 
     async def _count_tokens(self, request: Request):
         ex = self._auth(request)
-        body = await read_json(request)
-        if isinstance(body, dict) and "max_tokens" not in body:
-            body = dict(body, max_tokens=1)
-        req = normalize("anthropic", body)
+        try:
+            raw = await read_body(request, self.config.max_body_bytes)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        _, req, _, _ = await self._decode("anthropic", raw, request.headers.get("content-encoding", ""),
+                                          count_tokens=True)
         _, _, prep = await self._prepare(ex, req, {k.lower(): v for k, v in request.headers.items()})
         return JSONResponse({"input_tokens": int(prep.input_ids.shape[0])})
 

@@ -19,9 +19,9 @@ def parsed(monkeypatch):
     sizes: list[int] = []
     real = server_module.decode_json
 
-    def counting(raw, encoding):
+    def counting(raw, encoding, limits=None):
         sizes.append(len(raw))
-        return real(raw, encoding)
+        return real(raw, encoding, limits)
 
     monkeypatch.setattr(server_module, "decode_json", counting)
     return sizes
@@ -132,22 +132,56 @@ def test_a_dead_helper_is_started_again_and_a_failing_one_leaves_the_check_to_th
     assert srv._body_checker._proc is None                           # stop() ends the helper
 
 
-@pytest.mark.parametrize("depth,status", [(1015, 200), (5000, 400)])
-def test_deeply_nested_json_is_served_or_refused_never_a_server_error(local_renderer, depth, status):
-    """orjson reads nesting up to 1,024 levels, deeper than the standard library's recursion limit:
-    such a body in a field the API ignores is answered; deeper bodies are refused as before."""
+@pytest.mark.parametrize("where", ["metadata", "tool_schema", "tool_arguments"])
+@pytest.mark.parametrize("depth", [120, 140, 1015, 5000])
+def test_deeply_nested_json_is_served_or_refused_never_a_server_error(local_renderer, where, depth):
+    """Nesting within max_json_depth (128 levels) is served wherever it is -- a field the API
+    ignores, a tool's schema (rendered into the prompt), a tool call's arguments; deeper bodies
+    get 400 naming the limit, before anything is recorded. Chat and Responses carry arguments as
+    JSON text, which is rendered as text: its nesting is not the body's."""
     srv = _served(local_renderer)
     try:
         ex = srv.register_execution()
+        deep = json.loads('{"a":' * depth + "1" + "}" * depth) if depth < 900 else 0
+        answered = 0
         for api, path in [("chat", "/v1/chat/completions"), ("anthropic", "/v1/messages"),
                           ("responses", "/v1/responses")]:
             if api == "responses":
                 body = {"model": "m", "input": "hi", "max_output_tokens": 4}
             else:
                 body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-            raw = json.dumps(body).encode()[:-1] + b', "metadata": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+            if where == "metadata":
+                body["metadata"] = deep
+            elif where == "tool_schema":
+                schema = {"type": "object", "properties": deep}
+                body["tools"] = [{"name": "f", "input_schema": schema} if api == "anthropic" else
+                                 {"type": "function", "name": "f", "parameters": schema} if api == "responses" else
+                                 {"type": "function", "function": {"name": "f", "parameters": schema}}]
+            else:
+                call = {"anthropic": {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                                                        "input": deep}]},
+                        "chat": {"role": "assistant", "content": None, "tool_calls": [
+                            {"id": "t1", "type": "function", "function": {"name": "f", "arguments": json.dumps(deep)}}]},
+                        "responses": {"type": "function_call", "call_id": "t1", "name": "f",
+                                      "arguments": json.dumps(deep)}}[api]
+                result = {"anthropic": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                                     "content": "ok"}]},
+                          "chat": {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+                          "responses": {"type": "function_call_output", "call_id": "t1", "output": "ok"}}[api]
+                if api == "responses":
+                    body["input"] = [{"role": "user", "content": "hi"}, call, result]
+                else:
+                    body["messages"] += [call, result]
+            # json.dumps recurses as deep as the standard library parses; write the deepest by hand
+            raw = json.dumps(body).encode() if depth < 900 else (
+                json.dumps(dict(body, metadata=0)).encode().replace(b'"metadata": 0', b'"metadata": ' + b'{"a":' * depth + b"1" + b"}" * depth))
+            served = depth <= 128 or (where == "tool_arguments" and api != "anthropic" and depth < 900)
             r = _post(srv, raw, ex.api_key, path)
-            assert r.status_code == status, (api, r.text[:300])
-        assert srv.counters(ex.execution_id)["calls"] == (3 if status == 200 else 0)
+            assert r.status_code == (200 if served else 400), (api, r.text[:300])
+            answered += served
+            if not served:
+                assert "max_json_depth" in r.json()["error"]["message"] or "not valid JSON" in r.text
+        assert srv.counters(ex.execution_id)["calls"] == answered              # refusals record nothing
+        assert srv.counters(ex.execution_id)["rejected"] == 3 - answered
     finally:
         srv.stop()

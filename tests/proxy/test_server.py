@@ -227,36 +227,6 @@ def test_stats_since_returns_the_stage_times_recorded_from_that_index(served):
         assert bad.status_code == 400 and "since must be an integer" in bad.text
 
 
-class _ChunkedRequest:
-    """What read_body uses of a Starlette request: headers and stream()."""
-
-    def __init__(self, chunks, declared):
-        self.headers = {"content-length": str(declared)}
-        self._chunks = chunks
-
-    async def stream(self):
-        for c in self._chunks:
-            yield c
-        yield b""
-
-    async def body(self):
-        return b"".join(self._chunks)
-
-
-@pytest.mark.parametrize("declared_delta", [0, -7, 5], ids=["as-declared", "longer-than-declared", "shorter"])
-def test_read_body_copies_a_large_body_into_one_buffer(declared_delta):
-    import asyncio
-
-    from gyre.proxy.api.common import PREALLOCATE_BODY_BYTES, read_body
-
-    data = bytes(range(256)) * (PREALLOCATE_BODY_BYTES // 256 + 1000)
-    chunks = [data[i:i + 65_536] for i in range(0, len(data), 65_536)]
-    got = asyncio.run(read_body(_ChunkedRequest(chunks, len(data) + declared_delta)))
-    assert isinstance(got, bytearray) and got == data
-    small = asyncio.run(read_body(_ChunkedRequest([b'{"a":', b"1}"], 6)))
-    assert small == b'{"a":1}' and isinstance(small, bytes)
-
-
 def test_a_large_body_is_answered_whether_its_length_is_declared_or_chunked(served):
     srv, _, save = served
     body = json.dumps(dict(BODY, stream=False)).encode()
