@@ -81,6 +81,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
 def _size_or_none(text: str) -> int | None:
     if text.strip().lower() in ("none", "0", "off"):
         return None
@@ -333,6 +343,17 @@ def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--proxy-workers", type=int, default=1,
                        help="Proxy processes on rank 0 (1: the proxy runs in rank 0's process; K > 1: K worker "
                             "processes, each owning the executions whose id hashes to it).")
+    group.add_argument("--proxy-max-body-bytes", type=_size, default=parse_size("32m"),
+                       help="Largest model-call body (e.g. 32m), as declared, as received and after gzip/deflate "
+                            "decoding; larger ones get 413.")
+    group.add_argument("--proxy-max-json-depth", type=_positive_int, default=128,
+                       help="Deepest nesting of arrays and objects in a model-call body (400 beyond).")
+    group.add_argument("--proxy-max-messages", type=_positive_int, default=20_000,
+                       help="Messages (Responses: input items) per model call (400 beyond).")
+    group.add_argument("--proxy-max-tools", type=_positive_int, default=1_024,
+                       help="Tool definitions per model call (400 beyond).")
+    group.add_argument("--proxy-max-tool-results", type=_positive_int, default=2_048,
+                       help="Tool results in one turn of a model call (400 beyond).")
     return parser
 
 

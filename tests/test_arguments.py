@@ -80,6 +80,9 @@ def test_bad_config_exits_2_with_one_line(tmp_path, yaml_text, message):
     (["--placement", "colocate", "--standalone-handoff"], "needs a standalone pool"),
     (["--placement", "async", "--num-cells", "1"], "async needs >= 2 cells"),
     (["--placement", "async", "--num-cells", "3", "--train-cells", "3"], "argument --train-cells: must be in [1, 2]"),
+    (["--proxy-max-body-bytes", "lots"], "argument --proxy-max-body-bytes: not a size: 'lots'"),
+    (["--proxy-max-body-bytes", "0"], "argument --proxy-max-body-bytes: must be at least 1 byte"),
+    (["--proxy-max-json-depth", "0"], "argument --proxy-max-json-depth: must be >= 1"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--config", "/nonexistent/x.yaml"], "config /nonexistent/x.yaml"),
 ])
@@ -89,6 +92,18 @@ def test_invalid_values_exit_2_with_one_line(argv, message):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert message in lines[0]
+
+
+def test_proxy_request_limits_come_from_their_flags():
+    from gyre.proxy.request_body import RequestLimits, limits_from_args
+    from gyre.proxy.server import ProxyConfig
+
+    assert limits_from_args(parse_args([])) == RequestLimits() == ProxyConfig().request_limits()
+    a = parse_args(["--proxy-max-body-bytes", "1m", "--proxy-max-json-depth", "9", "--proxy-max-messages", "7",
+                    "--proxy-max-tools", "3", "--proxy-max-tool-results", "2"])
+    want = RequestLimits(1 << 20, 9, 7, 3, 2)
+    assert limits_from_args(a) == want
+    assert ProxyConfig(model_name="x").with_limits(want).request_limits() == want
 
 
 def test_valid_cli_prints_values():

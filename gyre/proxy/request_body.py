@@ -34,7 +34,7 @@ import orjson
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.messages import ROLE_TOOL, ChatRequest
 
-__all__ = ["RequestLimits", "read_body", "read_json", "inflate", "decode_json", "check_json_value", "check_request_counts"]
+__all__ = ["RequestLimits", "limits_from_args", "read_body", "read_json", "inflate", "decode_json", "check_json_value", "check_request_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,12 @@ class RequestLimits:
     max_messages: int = 20_000
     max_tools: int = 1_024
     max_tool_results: int = 2_048
+
+
+def limits_from_args(args: Any) -> RequestLimits:
+    """The limits of Gyre's ``--proxy-max-*`` flags (:mod:`gyre.arguments`)."""
+    return RequestLimits(args.proxy_max_body_bytes, args.proxy_max_json_depth, args.proxy_max_messages,
+                         args.proxy_max_tools, args.proxy_max_tool_results)
 
 
 def _too_large(n: int, limit: int, what: str) -> ProxyError:

@@ -255,6 +255,7 @@ class RolloutService:
         from gyre.embedded_model import ensure_tiny_model, load_tokenizer
         from gyre.proxy.engines import ClientEngine
         from gyre.proxy.render import ChatRenderer
+        from gyre.proxy.request_body import limits_from_args
         from gyre.proxy.server import ProxyConfig, ProxyServer
         from gyre.rollout.engine_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
@@ -276,7 +277,7 @@ class RolloutService:
             max_context_tokens=max_ctx,
             admin_token=a.admin_token,
             default_sampling={"temperature": a.rollout_temperature, "top_p": a.rollout_top_p},
-        )
+        ).with_limits(limits_from_args(a))
         self.proxy = ProxyServer(renderer, store=store, config=config)
         for i, url in enumerate(self.engine_urls):
             self.proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{i}"))

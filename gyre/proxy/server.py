@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -138,6 +139,10 @@ class ProxyConfig:
         """The per-request limits of these settings."""
         return RequestLimits(self.max_body_bytes, self.max_json_depth, self.max_messages, self.max_tools,
                              self.max_tool_results)
+
+    def with_limits(self, limits: RequestLimits) -> "ProxyConfig":
+        """These settings with the per-request limits of ``limits``."""
+        return dataclasses.replace(self, **dataclasses.asdict(limits))
 
 
 class ProxyServer(ExecutionAdmin):

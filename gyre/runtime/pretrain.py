@@ -494,6 +494,7 @@ def _rank0_proxy(args, model_dir, run_dir: Path, harness):
     processes (:class:`gyre.proxy.workers.ProxyWorkers`) with the same configuration."""
     from gyre.embedded_model import load_tokenizer
     from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.request_body import limits_from_args
     from gyre.proxy.server import ProxyConfig, ProxyServer
     from gyre.proxy.workers import ProxyWorkers, WorkerSpec
     from gyre.trajectory.store import TrajectoryStore
@@ -504,7 +505,8 @@ def _rank0_proxy(args, model_dir, run_dir: Path, harness):
                          max_context_tokens=args.rollout_max_context_tokens
                          or min(int(cfg.get("max_position_embeddings", args.seq_length)), args.seq_length),
                          default_sampling={"temperature": args.rollout_temperature, "top_p": args.rollout_top_p},
-                         kv_migration=args.rollout_kv_migration, kv_transport=args.rollout_kv_transport)
+                         kv_migration=args.rollout_kv_migration, kv_transport=args.rollout_kv_transport,
+                         ).with_limits(limits_from_args(args))
     if args.proxy_workers > 1:
         spec = WorkerSpec(str(model_dir), str(run_dir / "records"), config, role_rules=harness.roles)
         return ProxyWorkers(spec, args.proxy_workers, spec_path=run_dir / "proxy_workers" / "spec.pickle",
