@@ -42,11 +42,13 @@ def check_body(api: str, raw: bytes, encoding: str, max_context_tokens: int, tok
     (under ``limits``, :mod:`gyre.proxy.request_body`)."""
     from gyre.proxy.api import normalize
     from gyre.proxy.prompt_size import check_prompt_size
-    from gyre.proxy.request_body import check_request_counts, decode_json
+    from gyre.proxy.request_body import check_body_counts, check_request_counts, decode_json
 
     limits = limits or RequestLimits()
     try:
-        req = normalize(api, decode_json(raw, encoding, limits))
+        body = decode_json(raw, encoding, limits)
+        check_body_counts(body, limits)
+        req = normalize(api, body)
         check_request_counts(req, limits)
         check_prompt_size(req, max_context_tokens, token_bytes=token_bytes)
     except ProxyError as exc:

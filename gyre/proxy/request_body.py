@@ -14,8 +14,8 @@ body as hostile until it has passed these checks, in this order:
    ``max_json_depth`` and values that cannot be represented on the way out: strings holding a
    lone surrogate (they cannot be encoded as UTF-8, so nothing could echo or forward them) and
    non-finite numbers (``NaN``, ``Infinity``, literals beyond the float range).
-4. :func:`check_request_counts` -- after normalisation, the number of messages, tools and tool
-   results in one turn are capped (400).
+4. :func:`check_body_counts` before normalisation and :func:`check_request_counts` after it -- the
+   number of messages, tools and tool results in one turn are capped (400).
 
 Every refusal is a :class:`~gyre.proxy.errors.ProxyError` with a message naming the limit and its
 setting, answered in the API's own error shape; none of them records anything.
@@ -34,7 +34,8 @@ import orjson
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.messages import ROLE_TOOL, ChatRequest
 
-__all__ = ["RequestLimits", "limits_from_args", "read_body", "read_json", "inflate", "decode_json", "check_json_value", "check_request_counts"]
+__all__ = ["RequestLimits", "limits_from_args", "read_body", "read_json", "inflate", "decode_json", "check_json_value",
+           "check_body_counts", "check_request_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +226,20 @@ def check_json_value(value: Any, max_depth: int, *, strict: bool) -> bool:
                 raise ProxyError(400, "request body holds a string with a lone surrogate (\\ud800-\\udfff), "
                                       "which is not valid Unicode text")
     return True
+
+
+def check_body_counts(body: Any, limits: RequestLimits) -> None:
+    """Refuse (400) a decoded body whose ``messages`` / ``input`` or ``tools`` arrays are longer
+    than the message and tool limits, before normalisation spends time on them (normalised
+    messages can outnumber the body's -- an Anthropic user turn of many tool results becomes
+    one message each -- so :func:`check_request_counts` checks again after it)."""
+    if not isinstance(body, dict):
+        return
+    for key, limit, name in (("messages", limits.max_messages, "max_messages"),
+                             ("input", limits.max_messages, "max_messages"), ("tools", limits.max_tools, "max_tools")):
+        v = body.get(key)
+        if isinstance(v, list) and len(v) > limit:
+            raise ProxyError(400, f"too many {key}: {len(v)} > {limit} ({name})", param=key)
 
 
 def check_request_counts(req: ChatRequest, limits: RequestLimits) -> None:

@@ -39,7 +39,8 @@ from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
 from gyre.proxy.prompt_size import check_prompt_size, max_token_bytes
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
-from gyre.proxy.request_body import RequestLimits, check_request_counts, decode_json, inflate, read_body
+from gyre.proxy.request_body import (RequestLimits, check_body_counts, check_request_counts, decode_json, inflate,
+                                     read_body)
 from gyre.proxy.roles import classify_role, harness_metadata
 from gyre.proxy.router import Attempt, Router
 from gyre.trajectory.store import TrajectoryStore
@@ -438,6 +439,7 @@ class ProxyServer(ExecutionAdmin):
         t0 = time.perf_counter()
         body = decode_json(raw, "", limits)
         t1 = time.perf_counter()
+        check_body_counts(body, limits)
         if count_tokens and isinstance(body, dict) and "max_tokens" not in body:
             body = dict(body, max_tokens=1)
         req = normalize(api, body)

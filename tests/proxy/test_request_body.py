@@ -13,7 +13,8 @@ import pytest
 from gyre.proxy import request_body
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.messages import ChatRequest, Message
-from gyre.proxy.request_body import RequestLimits, check_request_counts, decode_json, inflate, read_body
+from gyre.proxy.request_body import (RequestLimits, check_body_counts, check_request_counts, decode_json, inflate,
+                                     read_body)
 
 BIG = 2**64 + 12345
 
@@ -227,3 +228,14 @@ def test_counts_are_refused_beyond_each_limit_exactly():
         assert ei.value.status == 400 and what in ei.value.message
     # results of different turns do not add up
     check_request_counts(_req(["tool", "tool", "tool", "assistant", "tool", "tool", "tool"]), RequestLimits(max_tool_results=3))
+
+
+def test_body_counts_are_refused_before_normalisation():
+    lim = RequestLimits(max_messages=3, max_tools=1)
+    check_body_counts({"messages": [{}] * 3, "tools": [{}]}, lim)
+    check_body_counts([1, 2, 3, 4], lim)                    # not an object: normalisation refuses it
+    for body, what in [({"messages": [{}] * 4}, "too many messages: 4 > 3"), ({"input": [{}] * 4}, "too many input: 4 > 3"),
+                       ({"tools": [{}] * 2}, "too many tools: 2 > 1")]:
+        with pytest.raises(ProxyError) as ei:
+            check_body_counts(body, lim)
+        assert ei.value.status == 400 and what in ei.value.message
