@@ -12,7 +12,8 @@ parsed in the proxy's process; an accepted one is then parsed there as usual (a 
 conversation of 700k tokens is about 3 MB, under the default threshold of 8 MB).
 
 Protocol on the helper's pipes: per body, one JSON header line ``{"api", "encoding",
-"max_context_tokens", "token_bytes", "size", "limits"}`` and ``size`` raw bytes on stdin; one JSON line
+"max_context_tokens", "token_bytes", "size", "limits", "kept"}`` (``kept``: the renderer's probed
+``kept_parts``, so that the helper counts what the proxy would) and ``size`` raw bytes on stdin; one JSON line
 back, ``{"ok": true}`` or ``{"status", "message", "param"}``. The helper starts on the first
 large body; if it dies or answers nonsense, the body is checked in the proxy as before and the
 next large body starts a new helper.
@@ -26,7 +27,7 @@ import logging
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Collection
 
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.request_body import RequestLimits
@@ -37,9 +38,10 @@ __all__ = ["BodyChecker", "check_body"]
 
 
 def check_body(api: str, raw: bytes, encoding: str, max_context_tokens: int, token_bytes: int,
-               limits: RequestLimits | None = None) -> dict[str, Any]:
+               kept: Collection[str], limits: RequestLimits | None = None) -> dict[str, Any]:
     """The helper's verdict on one body: ``{"ok": True}`` or the :class:`ProxyError` it earns
-    (under ``limits``, :mod:`gyre.proxy.request_body`)."""
+    (under ``limits``, :mod:`gyre.proxy.request_body`; the size bound counts the parts in ``kept``,
+    :func:`gyre.proxy.prompt_size.check_prompt_size`)."""
     from gyre.proxy.api import normalize
     from gyre.proxy.prompt_size import check_prompt_size
     from gyre.proxy.request_body import check_body_counts, check_request_counts, decode_json
@@ -50,7 +52,7 @@ def check_body(api: str, raw: bytes, encoding: str, max_context_tokens: int, tok
         check_body_counts(body, limits)
         req = normalize(api, body)
         check_request_counts(req, limits)
-        check_prompt_size(req, max_context_tokens, token_bytes=token_bytes)
+        check_prompt_size(req, max_context_tokens, token_bytes=token_bytes, kept=kept)
     except ProxyError as exc:
         return {"status": exc.status, "message": exc.message, "param": exc.param}
     except Exception:  # anything else is the proxy's to find and report, in its own process
@@ -73,7 +75,7 @@ class BodyChecker:
         return self._proc
 
     def check(self, api: str, raw: bytes, encoding: str, max_context_tokens: int, token_bytes: int,
-              limits: RequestLimits | None = None) -> None:
+              kept: Collection[str], limits: RequestLimits | None = None) -> None:
         """Raise the :class:`ProxyError` the body earns; return when it may go ahead (or when the
         helper failed: the proxy then checks it itself)."""
         with self._lock:
@@ -81,7 +83,7 @@ class BodyChecker:
                 proc = self._start()
                 head = {"api": api, "encoding": encoding, "max_context_tokens": max_context_tokens,
                         "token_bytes": token_bytes, "size": len(raw),
-                        "limits": dataclasses.asdict(limits or RequestLimits())}
+                        "limits": dataclasses.asdict(limits or RequestLimits()), "kept": sorted(kept)}
                 proc.stdin.write(json.dumps(head).encode() + b"\n")
                 proc.stdin.write(raw)
                 proc.stdin.flush()
@@ -122,7 +124,7 @@ def main() -> int:
         head = json.loads(line)
         raw = stdin.read(head["size"])
         verdict = check_body(head["api"], raw, head["encoding"], head["max_context_tokens"], head["token_bytes"],
-                             RequestLimits(**head.get("limits", {})))
+                             frozenset(head["kept"]), RequestLimits(**head.get("limits", {})))
         stdout.write(json.dumps(verdict).encode() + b"\n")
         stdout.flush()
 

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from gyre.proxy.messages import ROLE_ASSISTANT, ROLE_USER, Message
+from gyre.proxy.prompt_size import probe_kept_parts
 
 __all__ = ["ChatRenderer", "RenderError", "Segment", "DeltaRender"]
 
 _PROBE = "\u2063GYRE_PROBE\u2063"
+_PROBE_R = "\u2063GYRE_PROBE_REASONING\u2063"
 
 
 class RenderError(ValueError):
@@ -66,13 +68,21 @@ class ChatRenderer:
         eos_id: ``tokenizer.eos_token_id`` (``<|im_end|>`` for Qwen).
         stop_ids: token ids that end a generation and are not text (EOS and, if set, the pad
             token, e.g. ``<|endoftext|>``), sorted.
+        assistant_open: text the template writes between the generation prompt and the content
+            of an assistant turn without reasoning: ``""`` for ChatML, the empty reasoning block
+            ``"<think>\\n\\n</think>\\n\\n"`` for Qwen3's own template (which the model samples
+            itself when it does not think); any other text is refused.
         assistant_close: text the template writes after an assistant message's content
             (``"<|im_end|>\\n"`` for ChatML).
         after_eos: the part of ``assistant_close`` after the EOS text (``"\\n"``): a template
             token that follows a sampled EOS, never a target.
+        kept_parts: the parts of a request the template keeps in every position
+            (:func:`gyre.proxy.prompt_size.probe_kept_parts`), which the prompt-size bound counts.
 
     Raises:
-        ValueError: the tokenizer has no chat template or no EOS token.
+        ValueError: the tokenizer has no chat template or no EOS token, or the template does not
+            write an assistant turn as the generation prompt followed by what the model samples
+            (the message names the text in the way and the fix).
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -94,13 +104,33 @@ class ChatRenderer:
             raise ValueError("chat template does not render an assistant turn after its generation prompt")
         self.assistant_open: str = full[len(with_gen): full.index(_PROBE)]
         self.assistant_close: str = full[full.index(_PROBE) + len(_PROBE):]
-        if self.assistant_open:
-            raise ValueError("chat template adds text between the generation prompt and the content")
+        if self.assistant_open and self.assistant_open != self._empty_reasoning_block(user, with_gen):
+            raise ValueError(
+                f"chat template writes {self.assistant_open!r} between the generation prompt and an assistant "
+                "message's content, and it is not the turn's (empty) reasoning block, so the proxy would count "
+                "template text as sampled; fix: end the template's add_generation_prompt text with it")
+        self.kept_parts: frozenset[str] = probe_kept_parts(self.render)
         self.after_eos: str = (
             self.assistant_close[len(self.eos_text):] if self.assistant_close.startswith(self.eos_text) else ""
         )
         self.after_eos_ids: list[int] = self.encode(self.after_eos) if self.after_eos else []
         self.close_ids: list[int] = self.encode(self.assistant_close)
+
+    def _empty_reasoning_block(self, user: dict[str, Any], with_gen: str) -> str | None:
+        """The text the template writes before the content of a turn that has reasoning ``r``, with
+        ``r`` taken out (``"<think>\\n\\n</think>\\n\\n"`` for Qwen3's own template), or ``None``
+        when the reasoning is not written there."""
+        try:
+            full = self.render([user, {"role": ROLE_ASSISTANT, "content": _PROBE, "reasoning_content": _PROBE_R}])
+        except Exception:
+            return None
+        if not full.startswith(with_gen) or _PROBE not in full:
+            return None
+        opening = full[len(with_gen): full.index(_PROBE)]
+        if _PROBE_R not in opening:
+            return None
+        before, _, after = opening.partition(_PROBE_R)
+        return before + after
 
     # ------------------------------------------------------------------ primitives
     def render(

@@ -422,7 +422,7 @@ class ProxyServer(ExecutionAdmin):
         loop = asyncio.get_running_loop()
         token_bytes = await loop.run_in_executor(self._encoders, max_token_bytes, self.renderer.tokenizer)
         await loop.run_in_executor(self._body_checks, self._body_checker.check, api, raw, "",
-                                   self.config.max_context_tokens, token_bytes, self.limits)
+                                   self.config.max_context_tokens, token_bytes, self.renderer.kept_parts, self.limits)
 
     async def _decode(self, api: str, raw: bytes | bytearray, encoding: str, *,
                       count_tokens: bool = False) -> tuple[Any, ChatRequest, float, float]:
@@ -444,7 +444,7 @@ class ProxyServer(ExecutionAdmin):
             body = dict(body, max_tokens=1)
         req = normalize(api, body)
         check_request_counts(req, limits)
-        check_prompt_size(req, self.config.max_context_tokens, self.renderer.tokenizer)
+        check_prompt_size(req, self.config.max_context_tokens, self.renderer.tokenizer, kept=self.renderer.kept_parts)
         return body, req, t1 - t0, time.perf_counter() - t1
 
     async def _model_call(self, request: Request, api: str):
