@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -21,6 +23,27 @@ def qwen_renderer(tiny_qwen_model_dir):
     from gyre.proxy.render import ChatRenderer
 
     return ChatRenderer(load_tokenizer(tiny_qwen_model_dir))
+
+
+#: Qwen3's own chat template (provenance: tests/fixtures/README.md).
+QWEN3_TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_chat_template.jinja"
+
+
+def renderer_with_template(model_dir, template: str):
+    """A :class:`~gyre.proxy.render.ChatRenderer` on a fresh copy of ``model_dir``'s tokenizer whose
+    chat template is ``template`` (raises what the renderer raises for it)."""
+    from gyre.embedded_model import load_tokenizer
+    from gyre.proxy.render import ChatRenderer
+
+    tok = load_tokenizer(model_dir)
+    tok.chat_template = template
+    return ChatRenderer(tok)
+
+
+@pytest.fixture(scope="session")
+def qwen3_renderer(tiny_qwen_model_dir):
+    """:class:`~gyre.proxy.render.ChatRenderer` on the Qwen vocabulary with Qwen3's own chat template."""
+    return renderer_with_template(tiny_qwen_model_dir, QWEN3_TEMPLATE.read_text())
 
 
 def hypothesis_examples(n: int) -> int:
