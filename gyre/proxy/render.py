@@ -18,16 +18,19 @@ reused at every cuttable boundary.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from gyre.proxy.messages import ROLE_ASSISTANT, ROLE_USER, Message
+from gyre.proxy.parse import THINK_CLOSE, THINK_OPEN
 from gyre.proxy.prompt_size import probe_kept_parts
 
 __all__ = ["ChatRenderer", "RenderError", "Segment", "DeltaRender"]
 
 _PROBE = "\u2063GYRE_PROBE\u2063"
 _PROBE_R = "\u2063GYRE_PROBE_REASONING\u2063"
+_EMPTY_THINK = re.escape(THINK_OPEN) + r"\s*" + re.escape(THINK_CLOSE) + r"\s*"
 
 
 class RenderError(ValueError):
@@ -118,8 +121,9 @@ class ChatRenderer:
 
     def _empty_reasoning_block(self, user: dict[str, Any], with_gen: str) -> str | None:
         """The text the template writes before the content of a turn that has reasoning ``r``, with
-        ``r`` taken out (``"<think>\\n\\n</think>\\n\\n"`` for Qwen3's own template), or ``None``
-        when the reasoning is not written there."""
+        ``r`` taken out (``"<think>\\n\\n</think>\\n\\n"`` for Qwen3's own template), when that is
+        a think block in the output parser's format holding nothing but ``r`` and whitespace;
+        otherwise ``None``."""
         try:
             full = self.render([user, {"role": ROLE_ASSISTANT, "content": _PROBE, "reasoning_content": _PROBE_R}])
         except Exception:
@@ -127,9 +131,9 @@ class ChatRenderer:
         if not full.startswith(with_gen) or _PROBE not in full:
             return None
         opening = full[len(with_gen): full.index(_PROBE)]
-        if _PROBE_R not in opening:
+        before, found, after = opening.partition(_PROBE_R)
+        if not found or not re.fullmatch(_EMPTY_THINK, before + after) or not before.startswith(THINK_OPEN):
             return None
-        before, _, after = opening.partition(_PROBE_R)
         return before + after
 
     # ------------------------------------------------------------------ primitives

@@ -185,3 +185,36 @@ def test_deeply_nested_json_is_served_or_refused_never_a_server_error(local_rend
         assert srv.counters(ex.execution_id)["rejected"] == 3 - answered
     finally:
         srv.stop()
+
+
+def test_the_helper_counts_what_the_renderer_s_template_keeps(qwen3_renderer, qwen_renderer, parsed):
+    """An earlier turn's <think> block of 4,000 tokens: Qwen3's template drops it, so the helper
+    (told the renderer's kept parts) lets the body go ahead and the call is served; told the parts
+    Gyre's template keeps, it refuses the same body."""
+    from gyre.proxy.body_check import BodyChecker, check_body
+    from gyre.proxy.errors import ProxyError
+
+    think = " " * 128 * 4000
+    body = {"model": "m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": f"<think>\n{think}\n</think>\n\nok"},
+        {"role": "user", "content": "next"}]}
+    raw = json.dumps(body).encode()
+    assert check_body("chat", raw, "", 1000, 128, qwen3_renderer.kept_parts) == {"ok": True}
+    assert "at least 4000 tokens" in check_body("chat", raw, "", 1000, 128, qwen_renderer.kept_parts)["message"]
+    checker = BodyChecker()
+    try:
+        checker.check("chat", raw, "", 1000, 128, qwen3_renderer.kept_parts)          # the real helper process
+        with pytest.raises(ProxyError, match="at least 4000 tokens"):
+            checker.check("chat", raw, "", 1000, 128, qwen_renderer.kept_parts)
+    finally:
+        checker.close()
+    for threshold in (1000, 0):                                       # the helper, then the proxy's own check
+        srv = _served(qwen3_renderer, body_check_bytes=threshold, max_context_tokens=1000)
+        try:
+            ex = srv.register_execution()
+            parsed.clear()
+            r = _post(srv, raw, ex.api_key)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text[:300]
+            assert parsed == [len(raw)]
+        finally:
+            srv.stop()
