@@ -3,11 +3,12 @@
 
 Usage::
 
-    python bench/chaos.py [--quick] [--sections fuzz,retries,huge_bodies,engine_kills,rank_kills]
-        [--fuzz-requests N] [--retry-calls N] [--huge-bodies N] [--engine-kills N] [--rank-kills K] [--seed S]
+    python bench/chaos.py [--quick] [--sections fuzz,retries,huge_bodies,hostile,engine_kills,rank_kills]
+        [--fuzz-requests N] [--retry-calls N] [--huge-bodies N] [--hostile-requests N] [--hostile-cap BYTES]
+        [--engine-kills N] [--rank-kills K] [--seed S]
 
-The process-level sections live in ``bench/chaos_processes.py``, what all share in
-``bench/chaos_common.py``.
+The process-level sections live in ``bench/chaos_processes.py``, the ``hostile`` section in
+``bench/chaos_hostile.py``, what all share in ``bench/chaos_common.py``.
 
 Sections (each self-contained; ``sections`` in the JSON line lists those that ran, a field of a
 section that did not run is 0):
@@ -31,6 +32,13 @@ section that did not run is 0):
   while two threads of other executions make 10 small calls each: ``huge_alone_s`` and
   ``huge_refused_s_max`` (time to the answer), ``huge_not_400``, ``huge_small_p50_s`` /
   ``huge_small_p99_s`` and ``huge_small_failed``.
+* ``hostile`` -- seeded hostile requests of seven classes (compression bombs, body sizes around the
+  cap, deep nesting, unrepresentable numbers, lone surrogates, many small parts, client retries at
+  every phase; ``--hostile-requests`` of each) against a proxy with a ``--hostile-cap`` body cap,
+  with another execution's small calls beside them: per class and overall ``hostile_5xx``,
+  ``hostile_hangs``, ``hostile_delivery_errors``, ``hostile_wrong_status``, the largest RSS growth
+  (bytes and x the cap), the other calls' p99 / max latency and failures, and ``hostile_targets``
+  (``bench/chaos_hostile.py``).
 * ``engine_kills`` -- two engines as processes (``python -m gyre.rollout.serve``) behind
   ``tools/serve_rollout.py --engine-url`` twice; client threads run executions of streamed and
   non-streamed Chat calls while a killer SIGKILLs one engine mid-generation, moves that engine's
@@ -72,7 +80,8 @@ sys.path.insert(0, str(ROOT))
 from tests.json_paths import json_deleted, json_paths, json_replaced  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from chaos_common import CLIENT_TIMEOUT_S, ENV, MAX_KEY, PATHS, _headers, _log, _valid  # noqa: E402
+from chaos_common import CLIENT_TIMEOUT_S, ENV, MAX_KEY, PATHS, _headers, _in_process_proxy, _log, _valid  # noqa: E402
+from chaos_hostile import section_hostile  # noqa: E402
 from chaos_processes import section_engine_kills, section_rank_kills  # noqa: E402
 
 FIELDS = ["engine_kills", "harness_errors", "records_lost", "records_duplicated", "rank_kills", "finished_lost",
@@ -194,28 +203,6 @@ class Fuzzer:
         else:  # huge
             raw = json.dumps(json_replaced(base, r.choice(list(json_paths(base))), self.huge())).encode()
         return raw, hdr, kind
-
-
-def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096):
-    """An embedded engine and a ProxyServer in this process, both on 127.0.0.1."""
-    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
-    from gyre.proxy.engines import ClientEngine
-    from gyre.proxy.render import ChatRenderer
-    from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import AsyncEngineClient
-    from gyre.trajectory.store import TrajectoryStore
-
-    model = ensure_tiny_model("local")
-    engine = EngineServer(EngineConfig(model_dir=str(model), max_running_requests=8)).start()
-    store = TrajectoryStore(tmp, fsync_every=0)
-    srv = ProxyServer(ChatRenderer(load_tokenizer(model)), store=store,
-                      config=ProxyConfig(max_context_tokens=max_context, max_tokens_cap=cap, default_max_tokens=cap,
-                                         retry_timeout_s=retry_timeout_s))
-    srv.add_engine(ClientEngine(AsyncEngineClient(engine.url), "engine-0"))
-    srv.start()
-    return engine, srv, store
 
 
 def section_fuzz(n: int, seed: int, quick: bool, workers: int = 4) -> dict:
@@ -437,7 +424,7 @@ def section_huge_bodies(n: int, small_per_thread: int = 10) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("fuzz", "retries", "huge_bodies", "engine_kills", "rank_kills")
+SECTIONS = ("fuzz", "retries", "huge_bodies", "hostile", "engine_kills", "rank_kills")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fuzz-requests", type=int, default=None, help="default 10000 (--quick 300)")
     p.add_argument("--retry-calls", type=int, default=None, help="logical calls (default 60; --quick 12)")
     p.add_argument("--huge-bodies", type=int, default=None, help="33 MB bodies in flight at once (default 8; --quick 2)")
+    p.add_argument("--hostile-requests", type=int, default=None, help="cases of each hostile class (default 40; --quick 6)")
+    p.add_argument("--hostile-cap", type=int, default=256 << 10, help="the proxy's body cap in the hostile section (bytes)")
     p.add_argument("--engine-kills", type=int, default=None, help="default 100 (--quick 3)")
     p.add_argument("--rank-kills", type=int, default=None, help="default 3 (--quick 1)")
     p.add_argument("--train-steps", type=int, default=None, help="main-job steps (default 6; --quick 3)")
@@ -472,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
             res = section_retries(a.retry_calls or (12 if q else 60), a.seed)
         elif s == "huge_bodies":
             res = section_huge_bodies(a.huge_bodies or (2 if q else 8))
+        elif s == "hostile":
+            res = section_hostile(a.hostile_requests or (6 if q else 40), a.seed, a.hostile_cap)
         elif s == "engine_kills":
             res = section_engine_kills(a.engine_kills if a.engine_kills is not None else (3 if q else 100), a.seed)
         else:

@@ -17,6 +17,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minlog
            TRANSFORMERS_VERBOSITY="error")
 CLIENT_TIMEOUT_S = 35.0
 
+
 def _log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -41,3 +42,31 @@ def _valid(api: str, text: str = "hi", max_tokens: int = 8) -> dict:
         return {"model": "m", "input": [{"type": "message", "role": "user", "content": text}],
                 MAX_KEY[api]: max_tokens}
     return {"model": "m", "messages": [{"role": "user", "content": text}], MAX_KEY[api]: max_tokens}
+
+
+def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096, **config):
+    """An embedded engine and a ProxyServer in this process, both on 127.0.0.1. ``config``: more
+    :class:`~gyre.proxy.server.ProxyConfig` fields; those this version of ProxyConfig lacks are left
+    out."""
+    import dataclasses
+
+    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
+    from gyre.proxy.engines import ClientEngine
+    from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.rollout.config import EngineConfig
+    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.trajectory.store import TrajectoryStore
+
+    model = ensure_tiny_model("local")
+    engine = EngineServer(EngineConfig(model_dir=str(model), max_running_requests=8)).start()
+    store = TrajectoryStore(tmp, fsync_every=0)
+    have = {f.name for f in dataclasses.fields(ProxyConfig)}
+    srv = ProxyServer(ChatRenderer(load_tokenizer(model)), store=store,
+                      config=ProxyConfig(max_context_tokens=max_context, max_tokens_cap=cap, default_max_tokens=cap,
+                                         retry_timeout_s=retry_timeout_s,
+                                         **{k: v for k, v in config.items() if k in have}))
+    srv.add_engine(ClientEngine(AsyncEngineClient(engine.url), "engine-0"))
+    srv.start()
+    return engine, srv, store

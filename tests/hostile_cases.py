@@ -1,5 +1,5 @@
-"""Hostile request bodies for rank 0's proxy, what each must earn, and a raw HTTP/1.1 client to send
-them: shared by ``tests/proxy/test_hostile_bodies.py`` (hypothesis draws the parameters) and
+"""Hostile request bodies for rank 0's proxy and what each must earn (sent and judged by
+``tests/hostile_exchange.py``): shared by ``tests/proxy/test_hostile_bodies.py`` (hypothesis draws the parameters) and
 ``bench/chaos_hostile.py`` (a seeded ``random.Random`` draws them).
 
 A :class:`Case` is one request: its API (``anthropic``, ``chat``, ``responses``, or ``count_tokens``
@@ -12,25 +12,20 @@ then the write side shut) and what the proxy promises for it (``expect``):
   ``"any"``: a whole answer or a client error; ``"4xx_or_closed"``: a client error or the
   connection closed without an answer.
 
-:func:`problems` checks an :class:`Answer` against those promises and the ones every request has:
-never a 5xx, an answer within the time bound, an error in the API's own shape, a 200 stream that
-ends with the API's closing event and no error event, and exactly one delivered record in the
-execution for an answered model call (none for an error, none for ``count_tokens``).
+Every request also has the promises :func:`tests.hostile_exchange.problems` checks: never a 5xx, an
+answer within the time bound, an error in the API's own shape, a 200 stream that ends with the
+API's closing event and no error event, and exactly one delivered record in the execution for an
+answered model call (none for an error, none for ``count_tokens``).
 """
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import re
-import socket
-import threading
-import time
 import zlib
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 PATHS = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses",
          "count_tokens": "/v1/messages/count_tokens"}
@@ -47,6 +42,26 @@ LONE_SURROGATES = ["a\ud800b", "\udfff", "\udc00\ud800", "tail\ud83d"]
 #: string fields whose text the proxy forwards to the engine or echoes (a lone surrogate there: 400)
 ECHOED_FIELDS = ["content", "system", "tool_name", "stop", "tool_args", "model", "tool_result"]
 MANY_KINDS = ["messages", "tools", "tool_results", "content_parts"]
+COMPRESSION_VARIANTS = ["bomb", "under", "truncated", "mislabelled"]
+BOMB_FACTORS = [1.05, 4, 256]
+ENCODINGS = ["gzip", "deflate", "raw-deflate"]
+DEPTHS = [5, 60, 129, 200, 1100, 100_000]
+DEPTH_PLACES = ["schema", "tool_args", "content_part"]
+RETRY_PHASES = ["in_flight", "after_finished", "after_drop"]
+RETRY_KINDS = ["valid", "valid", "surrogate_stop", "surrogate_content", "big_seed"]
+
+
+def size_amounts(cap: int) -> dict[str, list[int]]:
+    """The byte amounts :func:`size_case` is tried with, by variant."""
+    return {"declared_held": [1, 4096, 3 * cap, 64 << 20], "declared_closed": [1024, cap // 2],
+            "over": [1, 100, 4096, cap], "chunked_over": [1, 4096, cap], "under": [0, 1, 4096],
+            "chunked_under": [0, 1, 4096]}
+
+
+def many_counts(kind: str, limits: dict[str, int]) -> list[int]:
+    """Counts :func:`many_case` is tried with: just under, just over and three times the limit."""
+    lim = limits.get(f"max_{kind}", 2000)
+    return [lim - 2, lim + 1, 3 * lim]
 
 
 class Case:
@@ -320,188 +335,13 @@ def many_case(api: str, stream: bool, kind: str, n: int, limits: dict[str, int])
     return Case(api, dumps(b), expect, "many", f"{n} {kind} (limit {limit})", stream=stream)
 
 
-# ------------------------------------------------------------------------------ sending
-@dataclass
-class Answer:
-    status: int | None  # None: no status line (closed, or nothing within the time bound)
-    body: bytes
-    elapsed_s: float
-    hung: bool
-
-
-def headers_for(api: str, key: str, retry: int | None = None) -> dict[str, str]:
-    h = {"content-type": "application/json"}
-    h.update({"x-api-key": key} if api in ("anthropic", "count_tokens") else {"authorization": f"Bearer {key}"})
-    if retry is not None:
-        h["x-stainless-retry-count"] = str(retry)
-    return h
-
-
-def send(url: str, case: Case, key: str, *, timeout: float = 10.0, retry: int | None = None,
-         drop_after: float | None = None) -> Answer:
-    """Send ``case`` over a fresh connection (``Connection: close``) and read the answer until the
-    server closes, for at most ``timeout`` seconds (then ``hung``). ``drop_after``: close the
-    connection after that many seconds without an answer, as a client that gives up."""
-    host, port = url.split("//")[1].split(":")
-    hdr = {**headers_for(case.api, key, retry), **case.headers, "host": host, "connection": "close"}
-    if case.send == "chunked":
-        hdr["transfer-encoding"] = "chunked"
-    else:
-        hdr["content-length"] = str(case.declared if case.declared is not None else len(case.raw))
-    head = f"POST {PATHS[case.api]} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdr.items()) + "\r\n"
-    t0 = time.monotonic()
-    s = socket.create_connection((host, int(port)), timeout=timeout)
-    got = bytearray()
-    try:
-        if case.send == "chunked":
-            body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in
-                            (case.raw[i:i + 65536] for i in range(0, len(case.raw), 65536))) + b"0\r\n\r\n"
-        else:
-            body = case.raw
-        sender = threading.Thread(target=_send_all, args=(s, head.encode() + body, case.send == "declared_closed"),
-                                  daemon=True)
-        sender.start()
-        limit = t0 + (drop_after if drop_after is not None else timeout)
-        while True:
-            left = limit - time.monotonic()
-            if left <= 0:
-                return Answer(_status(got), bytes(got), time.monotonic() - t0, drop_after is None)
-            s.settimeout(left)
-            try:
-                chunk = s.recv(1 << 16)
-            except socket.timeout:
-                continue
-            except OSError:
-                chunk = b""
-            if not chunk:
-                return Answer(_status(got), _body(bytes(got)), time.monotonic() - t0, False)
-            got += chunk
-    finally:
-        s.close()
-
-
-def _send_all(s: socket.socket, data: bytes, shut: bool) -> None:
-    try:
-        s.sendall(data)
-        if shut:
-            s.shutdown(socket.SHUT_WR)
-    except OSError:  # the server answered and closed first
-        pass
-
-
-def _status(got: bytes | bytearray) -> int | None:
-    m = re.match(rb"HTTP/1\.[01] (\d{3})", bytes(got[:16]))
-    return int(m.group(1)) if m else None
-
-
-def _body(got: bytes) -> bytes:
-    head, _, body = got.partition(b"\r\n\r\n")
-    if b"transfer-encoding: chunked" not in head.lower():
-        return body
-    out, i = bytearray(), 0
-    while True:
-        j = body.find(b"\r\n", i)
-        if j < 0:
-            return bytes(out)
-        n = int(body[i:j].split(b";")[0] or b"0", 16)
-        if n == 0:
-            return bytes(out)
-        out += body[j + 2:j + 2 + n]
-        i = j + 2 + n + 2
-
-
-# ------------------------------------------------------------------------------ checking
-def problems(case: Case, ans: Answer, records: list[bool] | None) -> list[str]:
-    """What is wrong with ``ans`` to ``case``: ``records`` is the delivered flag of each record the
-    execution holds (``None``: not checked)."""
-    out = []
-    st = ans.status
-    if ans.hung:
-        return [f"no answer within {ans.elapsed_s:.1f} s"]
-    if st is None:
-        if case.expect != "4xx_or_closed":
-            out.append("closed without an answer")
-        return out
-    if st >= 500:
-        out.append(f"status {st}: {ans.body[:300]!r}")
-    want = {"200": st == 200, "400": st == 400, "413": st == 413, "4xx": 400 <= st < 500,
-            "any": st == 200 or 400 <= st < 500, "4xx_or_closed": 400 <= st < 500}[case.expect]
-    if not want and st < 500:
-        out.append(f"status {st}, expected {case.expect}: {ans.body[:300]!r}")
-    if 400 <= st < 500:
-        out += _error_shape(case.api, st, ans.body)
-    if st == 200:
-        out += _whole(case, ans.body)
-    if records is not None:
-        answered = st == 200 and case.api != "count_tokens"
-        if answered and (len(records) != 1 or not records[0]):
-            out.append(f"answered, but the execution holds records {records} (expected one delivered)")
-        if not answered and records:
-            out.append(f"not answered ({st}), but the execution holds records {records}")
-    return out
-
-
-def _error_shape(api: str, status: int, body: bytes) -> list[str]:
-    try:
-        e = json.loads(body)
-    except ValueError:
-        return [f"{status} body is not JSON: {body[:200]!r}"]
-    if api in ("anthropic", "count_tokens"):
-        ok = (isinstance(e, dict) and e.get("type") == "error" and isinstance(e.get("error"), dict)
-              and isinstance(e["error"].get("message"), str) and isinstance(e["error"].get("type"), str))
-        if ok and status == 413 and e["error"]["type"] != "request_too_large":
-            return [f"413 with Anthropic error type {e['error']['type']!r}"]
-    else:
-        err = e.get("error") if isinstance(e, dict) else None
-        ok = isinstance(err, dict) and isinstance(err.get("message"), str) and {"type", "param", "code"} <= set(err)
-    return [] if ok else [f"{status} not in the {api} error shape: {body[:200]!r}"]
-
-
-def _whole(case: Case, body: bytes) -> list[str]:
-    if case.stream and case.api in MODEL_APIS:
-        if END_MARK[case.api] not in body:
-            return [f"200 stream without its closing event: {body[-200:]!r}"]
-        if b"event: error" in body or b"response.failed" in body or b'data: {"error"' in body:
-            return [f"200 stream with an error event: {body[-300:]!r}"]
-        return []
-    try:
-        v = json.loads(body)
-    except ValueError:
-        return [f"200 body is not JSON: {body[:200]!r}"]
-    key = {"anthropic": "content", "chat": "choices", "responses": "output", "count_tokens": "input_tokens"}[case.api]
-    return [] if isinstance(v, dict) and key in v else [f"200 body without {key!r}: {body[:200]!r}"]
-
-
-# ------------------------------------------------------------------------------ memory
-def _status_kib(name: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def rss_mark() -> int:
-    """Collect garbage, reset this process's peak RSS (``/proc/self/clear_refs``), return the RSS
-    (bytes): :func:`rss_growth` then gives the peak above it."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    return _status_kib("VmRSS") * 1024
-
-
-def rss_growth(mark: int) -> int:
-    """The peak RSS since :func:`rss_mark` above its mark (bytes)."""
-    return max(_status_kib("VmHWM"), _status_kib("VmRSS")) * 1024 - mark
-
-
-def wait_until(pred: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
+def retry_case(api: str, stream: bool, kind: str, max_tokens: int = 8) -> Case:
+    """A body for a retried logical call (:data:`RETRY_KINDS`): valid (asking for ``max_tokens``,
+    ``ignore_eos`` set), or with a lone surrogate in a stop string or the content, or a seed beyond
+    64 bits."""
+    if kind == "valid":
+        body = put(valid(api, stream, max_tokens), api, "ignore_eos", True)
+        return Case(api, dumps(body), "200", "retries", "valid body", stream=stream)
+    if kind == "big_seed":
+        return number_case(api, stream, "seed", str(2 ** 64))
+    return surrogate_case(api, stream, kind.split("_")[1], "a\ud800")

@@ -24,20 +24,19 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gyre.proxy.server import ProxyConfig, ProxyServer
-from tests.hostile_cases import (BAD_NUMBERS, ECHOED_FIELDS, LONE_SURROGATES, MODEL_APIS, NUMERIC_FIELDS, Case,
-                                 compression_case, depth_case, headers_for, many_case, number_case, problems,
-                                 rss_growth, rss_mark, send, size_case, surrogate_case, valid, wait_until)
+from tests.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_VARIANTS, DEPTH_PLACES, DEPTHS, ECHOED_FIELDS,
+                                 ENCODINGS, Case, LONE_SURROGATES, MANY_KINDS, MODEL_APIS, NUMERIC_FIELDS, RETRY_KINDS,
+                                 RETRY_PHASES, compression_case, depth_case, many_case, many_counts, number_case,
+                                 retry_case, size_amounts, size_case, surrogate_case)
+from tests.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
 from tests.proxy.conftest import hypothesis_examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,41 +65,6 @@ def _stand_in(decode_ms: float):
     return p, json.loads(p.stdout.readline())["url"]
 
 
-class Others:
-    """Small valid Chat calls of another execution, back to back with 50 ms pauses, in a thread."""
-
-    def __init__(self, srv: ProxyServer) -> None:
-        self.srv, self.key = srv, srv.register_execution(engine_id="fast").api_key
-        self.lat: list[float] = []
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        body = valid("chat", max_tokens=4)
-        with httpx.Client(base_url=self.srv.url, timeout=30) as c:
-            while not self._stop.is_set():
-                t0 = time.monotonic()
-                try:
-                    r = c.post("/v1/chat/completions", json=body, headers=headers_for("chat", self.key))
-                    if r.status_code != 200:
-                        self.failed.append(f"{r.status_code} {r.text[:200]}")
-                except httpx.HTTPError as exc:
-                    self.failed.append(repr(exc))
-                self.lat.append(time.monotonic() - t0)
-                self._stop.wait(0.05)
-
-    def take(self) -> tuple[list[float], list[str]]:
-        lat, failed = self.lat, self.failed
-        self.lat, self.failed = [], []
-        return lat, failed
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._t.join(60)
-
-
 @pytest.fixture(scope="module")
 def proxy(tiny_model_dir, tmp_path_factory):
     from gyre.embedded_model import load_tokenizer
@@ -112,11 +76,11 @@ def proxy(tiny_model_dir, tmp_path_factory):
     engines = [_stand_in(0), _stand_in(SLOW_S * 1000)]
     srv = ProxyServer(ChatRenderer(load_tokenizer(tiny_model_dir)),
                       store=TrajectoryStore(tmp_path_factory.mktemp("hostile"), fsync_every=0),
-                      config=_config(max_context_tokens=32768, max_tokens_cap=16, retry_timeout_s=3.0, **LIMITS))
+                      config=_config(max_context_tokens=32768, max_tokens_cap=16, retry_timeout_s=1.5, **LIMITS))
     for name, (_, url) in zip(("fast", "slow"), engines):
         srv.add_engine(ClientEngine(AsyncEngineClient(url), name))
     srv.start()
-    others = Others(srv)
+    others = Others(srv.url, srv.register_execution(engine_id="fast").api_key)
     assert wait_until(lambda: len(others.lat) >= 3, 30), others.failed  # warm: engines, pools, allocator
     others.take()
     yield srv, others
@@ -153,7 +117,7 @@ def _run_class(proxy, strategy, examples: int, check=_exchange) -> None:
     others.take()
 
     @settings(max_examples=hypothesis_examples(examples), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink])
     @given(case=strategy)
     def prop(case):
         check(srv, case)
@@ -169,87 +133,72 @@ apis = st.sampled_from(APIS)
 streams = st.booleans()
 
 
-@st.composite
-def _compression(draw):
-    return compression_case(draw(apis), draw(streams), draw(st.sampled_from(["bomb", "under", "truncated", "mislabelled"])),
-                            draw(st.sampled_from([1.05, 4, 256])), draw(st.sampled_from(["gzip", "deflate", "raw-deflate"])), CAP)
+def _compression(variant):
+    return st.builds(compression_case, apis, streams, st.just(variant), st.sampled_from(BOMB_FACTORS),
+                     st.sampled_from(ENCODINGS), st.just(CAP))
 
 
-@st.composite
-def _sizes(draw):
-    variant = draw(st.sampled_from(["over", "under", "chunked_over", "chunked_under", "declared_held", "declared_closed"]))
-    amount = draw(st.sampled_from({"declared_held": [1, 4096, 3 * CAP, 64 << 20], "declared_closed": [1024, CAP // 2],
-                                   "over": [1, 100, 4096, CAP], "chunked_over": [1, 4096, CAP]}.get(variant, [0, 1, 4096])))
-    return size_case(draw(apis), draw(streams), variant, amount, CAP)
+AMOUNTS = size_amounts(CAP)
 
 
-@st.composite
-def _depth(draw):
-    depth = draw(st.sampled_from([5, 60, 127, 129, 200, 1100, 100_000]))
-    return depth_case(draw(apis), draw(streams), draw(st.sampled_from(["schema", "tool_args", "content_part"])), depth,
-                      draw(st.booleans()), LIMITS["max_json_depth"])
+def _sizes(variant):
+    return st.builds(size_case, apis, streams, st.just(variant), st.sampled_from(AMOUNTS[variant]), st.just(CAP))
 
 
-@st.composite
-def _numbers(draw):
-    return number_case(draw(apis), draw(streams), draw(st.sampled_from(NUMERIC_FIELDS + ["tool_args"])),
-                       draw(st.sampled_from(BAD_NUMBERS)))
+def _depth(place):
+    return st.builds(depth_case, apis, streams, st.just(place), st.sampled_from(DEPTHS), st.booleans(),
+                     st.just(LIMITS["max_json_depth"]))
 
 
-@st.composite
-def _unencodable(draw):
-    return surrogate_case(draw(apis), draw(streams), draw(st.sampled_from(ECHOED_FIELDS)),
-                          draw(st.sampled_from(LONE_SURROGATES)))
+def _numbers(fields):
+    return st.builds(number_case, apis, streams, st.sampled_from(fields), st.sampled_from(BAD_NUMBERS))
 
 
-@st.composite
-def _many(draw):
-    kind = draw(st.sampled_from(["messages", "tools", "tool_results", "content_parts"]))
-    lim = {"messages": LIMITS["max_messages"], "tools": LIMITS["max_tools"], "tool_results": LIMITS["max_tool_results"],
-           "content_parts": 2000}[kind]
-    n = draw(st.sampled_from([lim - 2, lim + 1, 3 * lim]))
-    return many_case(draw(apis), draw(streams), kind, n, LIMITS)
+def _unencodable(place):
+    return st.builds(surrogate_case, apis, streams, st.just(place), st.sampled_from(LONE_SURROGATES))
 
 
-def test_compressed_bodies(proxy):
-    _run_class(proxy, _compression(), 24)
+def _many(kind):
+    return st.builds(many_case, apis, streams, st.just(kind), st.sampled_from(many_counts(kind, LIMITS)),
+                     st.just(LIMITS))
 
 
-def test_body_sizes(proxy):
-    _run_class(proxy, _sizes(), 24)
+def _retries(phase):
+    case = st.builds(retry_case, st.sampled_from(list(MODEL_APIS)), streams, st.sampled_from(RETRY_KINDS))
+    return st.tuples(case, st.just(phase), st.sampled_from([1, 2]))
 
 
-def test_deep_nesting(proxy):
-    _run_class(proxy, _depth(), 20)
+@pytest.mark.parametrize("variant", COMPRESSION_VARIANTS)
+def test_compressed_bodies(proxy, variant):
+    _run_class(proxy, _compression(variant), 6)
 
 
-def test_unrepresentable_numbers(proxy):
-    _run_class(proxy, _numbers(), 20)
+@pytest.mark.parametrize("variant", list(AMOUNTS))
+def test_body_sizes(proxy, variant):
+    _run_class(proxy, _sizes(variant), 5)
 
 
-def test_unencodable_text(proxy):
-    _run_class(proxy, _unencodable(), 20)
+@pytest.mark.parametrize("place", DEPTH_PLACES)
+def test_deep_nesting(proxy, place):
+    _run_class(proxy, _depth(place), 7)
 
 
-def test_many_small_parts(proxy):
-    _run_class(proxy, _many(), 16)
+@pytest.mark.parametrize("fields", [NUMERIC_FIELDS, ["tool_args"]], ids=["sampling", "tool_args"])
+def test_unrepresentable_numbers(proxy, fields):
+    _run_class(proxy, _numbers(fields), 8)
+
+
+@pytest.mark.parametrize("place", ECHOED_FIELDS)
+def test_unencodable_text(proxy, place):
+    _run_class(proxy, _unencodable(place), 4)
+
+
+@pytest.mark.parametrize("kind", MANY_KINDS)
+def test_many_small_parts(proxy, kind):
+    _run_class(proxy, _many(kind), 5)
 
 
 # ------------------------------------------------------------------------------ client retries
-@st.composite
-def _retries(draw):
-    api = draw(st.sampled_from(list(MODEL_APIS)))
-    stream = draw(streams)
-    kind = draw(st.sampled_from(["valid", "valid", "surrogate_stop", "surrogate_content", "big_seed"]))
-    if kind == "valid":
-        case = Case(api, json.dumps(valid(api, stream)).encode(), "200", "retries", "valid body", stream=stream)
-    elif kind == "big_seed":
-        case = number_case(api, stream, "seed", str(2 ** 64))
-    else:
-        case = surrogate_case(api, stream, kind.split("_")[1], "a\ud800")
-    return case, draw(st.sampled_from(["in_flight", "after_finished", "after_drop"])), draw(st.sampled_from([1, 2]))
-
-
 def _retried(srv: ProxyServer, drawn) -> None:
     """One logical call: a first attempt (given up after 0.15 s for ``in_flight`` and ``after_drop``),
     then the same bytes with ``x-stainless-retry-count`` while the first is generating, after it was
@@ -274,5 +223,6 @@ def _retried(srv: ProxyServer, drawn) -> None:
     assert not found, found
 
 
-def test_client_retries_at_every_phase(proxy):
-    _run_class(proxy, _retries(), 18, check=_retried)
+@pytest.mark.parametrize("phase", RETRY_PHASES)
+def test_client_retries_at_every_phase(proxy, phase):
+    _run_class(proxy, _retries(phase), 6, check=_retried)
