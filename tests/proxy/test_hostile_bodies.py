@@ -123,6 +123,7 @@ def _run_class(proxy, strategy, examples: int, check=_exchange) -> None:
         check(srv, case)
 
     prop()
+    wait_until(lambda: len(others.lat) >= 3, 30)  # a class done in a moment still has calls beside it
     lat, failed = others.take()
     assert not failed, failed[:3]
     assert lat and float(np.percentile(lat, 99)) <= OTHERS_P99_S, (
