@@ -18,7 +18,8 @@ Reported per class (``hostile_by_class``) and overall: ``hostile_requests``, ``h
 whose fresh execution does not hold exactly one delivered record, or an unanswered one that holds
 any), ``hostile_wrong_status`` (a 2xx/4xx other than the one promised), ``hostile_rss_growth_max``
 (this process's peak RSS above its level before the request, bytes; ``..._x_cap``: as a multiple of
-the cap), and the other execution's calls: ``hostile_others_p99_s``, ``hostile_others_max_s``,
+the cap; the embedded engine runs in this process too, so a long prompt's forward pass counts in
+it), and the other execution's calls: ``hostile_others_p99_s``, ``hostile_others_max_s``,
 ``hostile_others_failed``. ``hostile_targets`` holds the figures the proxy promises beside them.
 """
 
