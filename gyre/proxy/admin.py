@@ -327,7 +327,8 @@ class ExecutionAdmin:
             self._check_admin(request)
             e = self._known(execution_id)
             tree = await asyncio.to_thread(self._tree_of, e)  # its records are all in its record file
-            return {"execution_id": execution_id, "records": len(tree.records), "digest": tree.digest()}
+            return {"execution_id": execution_id, "records": len(tree.records), "entries": tree.num_entries,
+                    "digest": tree.digest()}
 
         @app.post("/gyre/engines/{engine_id}/abort")
         async def abort_engine(request: Request, engine_id: str):

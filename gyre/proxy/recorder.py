@@ -36,7 +36,8 @@ class RecordSink:
 
     Args:
         store: a :class:`~gyre.trajectory.store.TrajectoryStore` (or anything with ``append(rec)``,
-            ``path(execution_id)``, ``close_execution(execution_id)`` and ``close()``).
+            ``mark_delivered(execution_id, call_index)``, ``path(execution_id)``,
+            ``close_execution(execution_id)`` and ``close()``).
         fsync: fsync each touched file once per batch before reporting the records stored.
         fsync_interval_s: with ``fsync=False``, background fsync period of written files
             (seconds; ``None``: never, the store's own policy only).
@@ -61,6 +62,13 @@ class RecordSink:
         """Queue ``record``; the future resolves (to its seq) once it is written (and fsync'd)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._q.put(("append", record, fut))
+        return fut
+
+    def mark_delivered(self, execution_id: str, call_index: int) -> concurrent.futures.Future:
+        """Queue a delivery mark of record ``call_index`` (``store.mark_delivered``); the future
+        resolves once it is written (and fsync'd), after the records queued before it."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._q.put(("mark", (execution_id, call_index), fut))
         return fut
 
     def close_execution(self, execution_id: str) -> concurrent.futures.Future:
@@ -111,6 +119,11 @@ class RecordSink:
                         done.append((fut, self.store.append(arg)))
                         touched.add(arg.execution_id)
                         self._dirty.add(arg.execution_id)
+                    elif op == "mark":
+                        self.store.mark_delivered(*arg)
+                        done.append((fut, None))
+                        touched.add(arg[0])
+                        self._dirty.add(arg[0])
                     else:
                         self._sync(touched)
                         touched.clear()

@@ -88,6 +88,9 @@ class TitoSession:
             the record store's writer and the tree's insert index), and a record whose whole input
             a new one continues leaves the cache: one thread keeps one record's arrays here.
         first_call_index: call index of the first record (continuing a stored execution).
+        undelivered_kept: how many of the last undelivered records keep what
+            :meth:`mark_delivered` needs to restore their output (the trie node of their
+            request, their generation prompt and output ids).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class TitoSession:
         restore_reasoning: bool = True,
         recent_records: int = 2,
         first_call_index: int = 0,
+        undelivered_kept: int = 4,
     ) -> None:
         self.execution_id = execution_id
         self.renderer = renderer
@@ -114,6 +118,9 @@ class TitoSession:
         self._recent: OrderedDict[int, _Recent] = OrderedDict()
         self._recent_max = max(1, int(recent_records))
         self._outputs: dict[int, OutputEntry] = {}
+        #: call index -> what :meth:`mark_delivered` needs, for the last undelivered records
+        self._undelivered: OrderedDict[int, tuple] = OrderedDict()
+        self._undelivered_max = max(0, int(undelivered_kept))
         self._by_call_id: dict[str, tuple[int, int]] = {}
         self._by_item_id: dict[str, int] = {}
         self._by_key: dict[Hashable, int] = {}
@@ -419,7 +426,7 @@ class TitoSession:
             node.children = {}
             node.parent = None
         self._root = TrieNode(None, None)
-        for d in (self._recent, self._outputs, self._by_call_id, self._by_item_id, self._by_key,
+        for d in (self._recent, self._outputs, self._undelivered, self._by_call_id, self._by_item_id, self._by_key,
                   self._by_key_noreason, self._gen_cache, self._canon_cache):
             d.clear()
 
@@ -542,27 +549,53 @@ class TitoSession:
                 child.end = p.end
                 child.ref = ci
             node = child
-        if delivered and output_message is not None:
-            gs = prepared.gen_start if prepared.gen_start >= 0 else rec.num_input_tokens
-            stop_end = out_ids.shape[0] > 0 and int(out_ids[-1]) in self.renderer.stop_ids
-            close = list(self.renderer.after_eos_ids) if stop_end else list(self.renderer.close_ids)
-            e = OutputEntry(
-                ci, output_message, rec.input_ids[gs:].copy(), out_ids.copy(), close, rec.output_provenance_value()
-            )
-            self._outputs[ci] = e
-            for k, tc in enumerate(output_message.tool_calls):
-                if tc.id:
-                    self._by_call_id[tc.id] = (ci, k)
-            for iid in output_message.item_ids:
-                self._by_item_id[iid] = ci
-            key = output_message.key()
-            self._by_key[key] = ci
-            self._by_key_noreason[key[:2] + key[3:]] = ci
-            out_node = node.children.get(("out", ci))
-            if out_node is None:
-                out_node = TrieNode(("out", ci), node)
-                node.children[("out", ci)] = out_node
-            out_node.end = rec.num_input_tokens + out_ids.shape[0]
-            out_node.ref = ci
-            out_node.close = close
-            out_node.is_output = True
+        if delivered and output_message is None:
+            return
+        gs = prepared.gen_start if prepared.gen_start >= 0 else rec.num_input_tokens
+        stop_end = out_ids.shape[0] > 0 and int(out_ids[-1]) in self.renderer.stop_ids
+        close = list(self.renderer.after_eos_ids) if stop_end else list(self.renderer.close_ids)
+        late = (node, rec.num_input_tokens, rec.input_ids[gs:].copy(), out_ids.copy(), close, rec.output_provenance_value())
+        if delivered:
+            self._keep_output(ci, late, output_message)
+        else:  # a client retry may still receive it (mark_delivered)
+            self._undelivered[ci] = late
+            while len(self._undelivered) > self._undelivered_max:
+                self._undelivered.popitem(last=False)
+
+    def mark_delivered(self, call_index: int, output_message: Message) -> None:
+        """The answer of record ``call_index``, committed undelivered, reached the harness after
+        all (``output_message``: as returned, ids assigned): the tree marks the record delivered
+        (:meth:`~gyre.trajectory.tree.TrajectoryTree.mark_delivered`), and the output is kept for
+        restoration as a delivered one is, so that the next request echoing it extends it. The
+        caller has made the mark durable first. The last ``undelivered_kept`` undelivered
+        records can be restored so; an older one is only marked in the tree.
+
+        Raises:
+            KeyError: no record ``call_index``; ValueError: it is delivered already.
+        """
+        self.tree.mark_delivered(call_index)
+        late = self._undelivered.pop(call_index, None)
+        if late is not None:
+            self._keep_output(call_index, late, output_message)
+
+    def _keep_output(self, ci: int, late: tuple, output_message: Message) -> None:
+        """Keep delivered output ``ci`` for restoration: the output index and its trie node
+        (a child of the trie node of its request's last message)."""
+        node, n_in, open_ids, out_ids, close, out_prov = late
+        self._outputs[ci] = OutputEntry(ci, output_message, open_ids, out_ids, close, out_prov)
+        for k, tc in enumerate(output_message.tool_calls):
+            if tc.id:
+                self._by_call_id[tc.id] = (ci, k)
+        for iid in output_message.item_ids:
+            self._by_item_id[iid] = ci
+        key = output_message.key()
+        self._by_key[key] = ci
+        self._by_key_noreason[key[:2] + key[3:]] = ci
+        out_node = node.children.get(("out", ci))
+        if out_node is None:
+            out_node = TrieNode(("out", ci), node)
+            node.children[("out", ci)] = out_node
+        out_node.end = n_in + out_ids.shape[0]
+        out_node.ref = ci
+        out_node.close = close
+        out_node.is_output = True

@@ -197,20 +197,21 @@ class ProxyWorkers:
                    for w in range(self.workers))
 
     def tree(self, execution_id: str):
-        """The execution's trajectory tree: its first ``n`` records read from its file, where the
-        owning worker's tree holds ``n``; checked against that tree's digest.
+        """The execution's trajectory tree: the first ``n`` lines of its record file (records and
+        delivery marks), where the owning worker's tree reflects ``n``; checked against that
+        tree's digest.
 
         Raises:
             RuntimeError: the rebuilt tree differs from the worker's.
         """
-        from gyre.trajectory.store import read_records
+        from gyre.trajectory.store import load_tree
         from gyre.trajectory.tree import TrajectoryTree
 
         info = self._request(worker_index(execution_id, self.workers), "GET", f"/gyre/executions/{execution_id}/tree")
-        tree = TrajectoryTree(execution_id)
-        if info["records"]:
-            for rec in read_records(Path(self.spec.records_dir) / f"{execution_id}.jsonl")[: info["records"]]:
-                tree.insert(rec)
+        if info["entries"]:
+            tree = load_tree(Path(self.spec.records_dir) / f"{execution_id}.jsonl", lines=info["entries"])
+        else:
+            tree = TrajectoryTree(execution_id)
         if tree.digest() != info["digest"]:
             raise RuntimeError(f"execution {execution_id}: the tree read from its records differs from its worker's")
         return tree

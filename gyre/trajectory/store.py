@@ -13,6 +13,13 @@ garbage after the last newline): readers detect it (missing newline, bad JSON or
 at the end of the file*, skip it and emit a :class:`TornTailWarning`; a writer reopening the
 file truncates it first.  A bad line followed by good ones is corruption and raises
 :class:`StoreCorruptError`.
+
+A record stored as undelivered whose answer later reached the harness (a client retry got it)
+is marked by a *delivery mark* line (:func:`encode_delivery_mark`, :meth:`RecordWriter.mark_delivered`)
+appended after it: the file stays append-only.  :func:`read_records` returns such a record with
+``delivered=True``; :func:`load_tree` applies the mark to the tree where it stands in the file
+(:meth:`~gyre.trajectory.tree.TrajectoryTree.mark_delivered`), as the live tree did, so the
+rebuilt tree stays bit-identical.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ __all__ = [
     "read_records",
     "load_tree",
     "encode_record",
+    "encode_delivery_mark",
 ]
 
 logger = logging.getLogger(__name__)
@@ -180,6 +188,19 @@ def encode_record(rec: RequestRecord, seq: int, base: tuple[int, int] | None) ->
     return body[:-1] + _CRC_KEY + str(crc).encode("ascii") + b"}\n"
 
 
+def encode_delivery_mark(execution_id: str, call_index: int) -> bytes:
+    """One delivery-mark line (with trailing newline): ``{"v", "mark": "delivered",
+    "execution_id", "call_index", "crc"}``, CRC-checked like a record line. It takes no ``seq``:
+    records keep their numbering (and their delta bases) whatever marks lie between them."""
+    payload = {"v": FORMAT_VERSION, "mark": "delivered", "execution_id": execution_id, "call_index": int(call_index)}
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return body[:-1] + _CRC_KEY + str(zlib.crc32(body)).encode("ascii") + b"}\n"
+
+
+class DeliveryMark(int):
+    """What :func:`_scan` yields for a delivery-mark line: the marked record's call index."""
+
+
 def _parse_line(line: bytes) -> dict[str, Any]:
     """Validate CRC and parse one line (without newline). Raises ``ValueError``."""
     idx = line.rfind(_CRC_KEY)
@@ -199,23 +220,28 @@ def _parse_line(line: bytes) -> dict[str, Any]:
 
 
 class _ScanState:
-    """What :func:`_scan` learnt: records decoded, end of the last good line, torn tail, ring."""
+    """What :func:`_scan` learnt: records decoded, lines read (records and marks), end of the last
+    good line, torn tail, ring."""
 
-    __slots__ = ("count", "good_end", "torn", "ring")
+    __slots__ = ("count", "lines", "good_end", "torn", "ring")
 
     def __init__(self, ring_size: int) -> None:
         self.count = 0
+        self.lines = 0
         self.good_end = 0
         self.torn = False
         self.ring = _Ring(ring_size)
 
 
-def _scan(path: Path, state: _ScanState) -> Iterator[RequestRecord]:
-    """Decode a record file lazily, one record at a time, filling ``state``.
+def _scan(path: Path, state: _ScanState, calls: set[int] | None = None) -> Iterator[RequestRecord | DeliveryMark]:
+    """Decode a record file lazily, one line at a time, filling ``state``: each record, and a
+    :class:`DeliveryMark` for each delivery-mark line.
 
     Raises:
-        StoreCorruptError: a bad line before the end, a bad base reference, or a seq gap.
+        StoreCorruptError: a bad line before the end, a bad base reference, a seq gap, or a mark
+            of a call index no earlier line recorded.
     """
+    calls = set() if calls is None else calls
     data = path.read_bytes()
     ring = state.ring
     pos = 0
@@ -239,15 +265,24 @@ def _scan(path: Path, state: _ScanState) -> Iterator[RequestRecord]:
             logger.warning(msg)
             warnings.warn(msg, TornTailWarning, stacklevel=2)
             break
-        try:
-            rec, base = _decode(obj, ring, state.count)
-        except (KeyError, TypeError, ValueError) as e:
-            raise StoreCorruptError(f"{path}:{lineno}: bad record ({e})") from e
-        ring.add(state.count, rec, base)
-        state.count += 1
+        if "mark" in obj:
+            ci = obj.get("call_index")
+            if obj["mark"] != "delivered" or ci not in calls:
+                raise StoreCorruptError(f"{path}:{lineno}: bad delivery mark {obj['mark']!r} of call {ci!r}")
+            item: RequestRecord | DeliveryMark = DeliveryMark(ci)
+        else:
+            try:
+                rec, base = _decode(obj, ring, state.count)
+            except (KeyError, TypeError, ValueError) as e:
+                raise StoreCorruptError(f"{path}:{lineno}: bad record ({e})") from e
+            ring.add(state.count, rec, base)
+            state.count += 1
+            calls.add(rec.call_index)
+            item = rec
+        state.lines += 1
         pos = line_end + 1
         state.good_end = pos
-        yield rec
+        yield item
 
 
 def _has_valid_line(data: bytes) -> bool:
@@ -295,7 +330,8 @@ def _decode(obj: dict[str, Any], ring: _Ring, expected_seq: int) -> tuple[Reques
 
 
 def read_records(path: str | os.PathLike[str], *, ring_size: int = 8) -> list[RequestRecord]:
-    """All records of one record file, in append order.
+    """All records of one record file, in append order; a record that a later delivery mark
+    names has ``delivered=True``.
 
     A torn final line is skipped with a :class:`TornTailWarning` (and a log warning).
 
@@ -303,18 +339,36 @@ def read_records(path: str | os.PathLike[str], *, ring_size: int = 8) -> list[Re
         FileNotFoundError: no such file.
         StoreCorruptError: corruption other than a torn final line.
     """
-    return list(_scan(Path(path), _ScanState(ring_size)))
+    out: list[RequestRecord] = []
+    by_call: dict[int, RequestRecord] = {}
+    for item in _scan(Path(path), _ScanState(ring_size)):
+        if isinstance(item, DeliveryMark):
+            by_call[int(item)].delivered = True
+        else:
+            out.append(item)
+            by_call[item.call_index] = item
+    return out
 
 
-def load_tree(path: str | os.PathLike[str], *, anchor_slots: int = 8, ring_size: int = 8) -> TrajectoryTree:
-    """Rebuild the trajectory tree of one record file by inserting its records in order.
+def load_tree(path: str | os.PathLike[str], *, anchor_slots: int = 8, ring_size: int = 8,
+              lines: int | None = None) -> TrajectoryTree:
+    """Rebuild the trajectory tree of one record file by inserting its records in order and
+    applying each delivery mark where it stands.
 
     The result is bit-identical (:meth:`TrajectoryTree.digest`) to the tree built live from
-    the same records with the same ``anchor_slots``. Raises as :func:`read_records`.
+    the same records and marks with the same ``anchor_slots``. ``lines``: read only the first
+    that many lines (records and marks; :attr:`TrajectoryTree.num_entries` of a live tree says
+    how many it has applied). Raises as :func:`read_records`.
     """
     tree = TrajectoryTree(anchor_slots=anchor_slots)
-    for rec in _scan(Path(path), _ScanState(ring_size)):  # streamed: O(ring) records in memory
-        tree.insert(rec)
+    state = _ScanState(ring_size)
+    for item in _scan(Path(path), state):  # streamed: O(ring) records in memory
+        if lines is not None and state.lines > lines:
+            break
+        if isinstance(item, DeliveryMark):
+            tree.mark_delivered(int(item))
+        else:
+            tree.insert(item)
     return tree
 
 
@@ -350,9 +404,10 @@ class RecordWriter:
         self.execution_id: str | None = None
         if self.path.exists():
             state = _ScanState(ring_size)
-            for rec in _scan(self.path, state):
-                self.execution_id = rec.execution_id
-                self._calls.add(rec.call_index)
+            for item in _scan(self.path, state):
+                if isinstance(item, RequestRecord):
+                    self.execution_id = item.execution_id
+                    self._calls.add(item.call_index)
             if state.torn:
                 with open(self.path, "r+b") as f:
                     f.truncate(state.good_end)
@@ -401,6 +456,25 @@ class RecordWriter:
         self._calls.add(record.call_index)
         self._seq += 1
         return seq
+
+    def mark_delivered(self, call_index: int) -> None:
+        """Append a delivery mark of record ``call_index`` (flushed; fsynced per the policy).
+
+        Raises:
+            ValueError: closed writer, or no record ``call_index`` in the file.
+        """
+        if self._closed:
+            raise ValueError(f"writer for {self.path} is closed")
+        if call_index not in self._calls or self.execution_id is None:
+            raise ValueError(f"no record {call_index} in {self.path}")
+        if self._f is None:
+            self._f = open(self.path, "ab")
+        self._f.write(encode_delivery_mark(self.execution_id, call_index))
+        self._f.flush()
+        self._since_sync += 1
+        if self.fsync_every and self._since_sync >= self.fsync_every:
+            os.fsync(self._f.fileno())
+            self._since_sync = 0
 
     def sync(self) -> None:
         """Flush and ``os.fsync`` now."""
@@ -477,6 +551,20 @@ class TrajectoryStore:
             old, _ = self._open.popitem(last=False)
             self._writers[old].suspend()
         return seq
+
+    def mark_delivered(self, execution_id: str, call_index: int) -> None:
+        """Append a delivery mark of record ``call_index`` to its execution's file. Raises as
+        :meth:`RecordWriter.mark_delivered`."""
+        w = self._writers.get(execution_id)
+        if w is None:
+            w = RecordWriter(self.path(execution_id), fsync_every=self.fsync_every)
+            self._writers[execution_id] = w
+        w.mark_delivered(call_index)
+        self._open[execution_id] = None
+        self._open.move_to_end(execution_id)
+        while len(self._open) > self.max_open:
+            old, _ = self._open.popitem(last=False)
+            self._writers[old].suspend()
 
     def close_execution(self, execution_id: str) -> None:
         """Close (fsync) the writer of one execution, e.g. at execution closure."""

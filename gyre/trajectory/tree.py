@@ -190,6 +190,8 @@ class TrajectoryTree:
         self._by_call: dict[int, int] = {}
         self._anchors: list[_Anchor] = []  # most recent last
         self._num_tokens = 0
+        #: delivery marks applied (:meth:`mark_delivered`)
+        self.delivery_marks = 0
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -215,6 +217,12 @@ class TrajectoryTree:
     def record_info(self, call_index: int) -> RecordInfo:
         """Metadata of the record with ``call_index``. Raises ``KeyError`` if absent."""
         return self.records[self._by_call[call_index]]
+
+    @property
+    def num_entries(self) -> int:
+        """Records inserted plus delivery marks applied: how many lines of the execution's
+        record file this tree reflects (:func:`~gyre.trajectory.store.load_tree`'s ``lines``)."""
+        return len(self.records) + self.delivery_marks
 
     def record_node(self, call_index: int) -> int:
         """Node at whose end the record's ``input ++ output`` path ends."""
@@ -558,6 +566,26 @@ class TrajectoryTree:
         if len(self._anchors) > self.anchor_slots:
             del self._anchors[0]
         return InsertResult(new_id, nid, depth, int(tokens.shape[0]), split)
+
+    def mark_delivered(self, call_index: int) -> None:
+        """Record that the answer of record ``call_index``, inserted as undelivered, reached the
+        harness after all (a client retry got it): its :class:`RecordInfo` (and its insert-index
+        anchor) say ``delivered`` from now on, so later matches prefer it as they prefer any
+        delivered record. The nodes do not change.
+
+        Raises:
+            KeyError: no record ``call_index``.
+            ValueError: the record is delivered already.
+        """
+        idx = self._by_call[call_index]
+        info = self.records[idx]
+        if info.delivered:
+            raise ValueError(f"record {call_index} of {self.execution_id!r} is delivered already")
+        info.delivered = True
+        for a in self._anchors:
+            if a.record == idx:
+                a.delivered = True
+        self.delivery_marks += 1
 
     def _split(self, node_id: int, k: int) -> int:
         """Split ``node_id`` after ``k`` tokens (0 < k < n); return the new head's id.

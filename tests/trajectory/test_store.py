@@ -251,3 +251,72 @@ def test_store_file_is_compact_for_growing_contexts(tmp_path):
     assert path.stat().st_size < 12 * tree.num_tokens
     # storing each full context would take > 5 bytes per input token: 14x more tokens here
     assert sum(r.num_input_tokens for r in records) > 10 * tree.num_tokens
+
+
+def _marked_execution():
+    """r1 repeats r0 (same input, same sampled tokens) undelivered; r2 extends that path while
+    r0 alone is delivered (so it extends r0); then r1 is marked delivered; r3 extends the path
+    again (now r1, the newer of two delivered matches)."""
+    return [rec(0, [1, 2], [3, 4]), rec(1, [1, 2], [3, 4], delivered=False),
+            rec(2, [1, 2, 3, 4, 5], [6]), rec(3, [1, 2, 3, 4, 7], [8])]
+
+
+def test_a_delivery_mark_applies_where_it_stands(tmp_path):
+    r0, r1, r2, r3 = _marked_execution()
+    live = TrajectoryTree()
+    path = tmp_path / "exec-1.jsonl"
+    with RecordWriter(path) as w:
+        for r in (r0, r1, r2):
+            w.append(r)
+            live.insert(r)
+        w.mark_delivered(1)
+        live.mark_delivered(1)
+        w.append(r3)
+        live.insert(r3)
+    assert payload(lines(path)[3]) == {"v": 1, "mark": "delivered", "execution_id": r1.execution_id, "call_index": 1}
+    assert [live.owner(live.nodes[live.record_node(c)].parent).call_index for c in (2, 3)] == [0, 1]
+    assert [r.delivered for r in live.records] == [True] * 4 and live.num_entries == 5
+    back = read_records(path)
+    assert [r.call_index for r in back] == [0, 1, 2, 3] and [r.delivered for r in back] == [True] * 4
+    assert load_tree(path).digest() == live.digest()
+    # applying the mark at the record (as a reader of final states would) builds another tree
+    assert live_tree(back).digest() != live.digest()
+    # a prefix of the file: the tree as it stood after that many lines
+    before = TrajectoryTree()
+    for r in (r0, r1, r2):
+        before.insert(r)
+    assert load_tree(path, lines=3).digest() == before.digest()
+    before.mark_delivered(1)
+    assert load_tree(path, lines=4).digest() == before.digest() and before.num_entries == 4
+    with pytest.raises(ValueError, match="delivered already"):
+        before.mark_delivered(1)
+
+
+def test_delivery_mark_errors_reopen_and_torn_tail(tmp_path):
+    r0, r1, r2, r3 = _marked_execution()
+    path = tmp_path / "exec-1.jsonl"
+    with RecordWriter(path) as w:
+        w.append(r0)
+        w.append(r1)
+        with pytest.raises(ValueError, match="no record 7"):
+            w.mark_delivered(7)
+        w.mark_delivered(1)
+    with RecordWriter(path) as w:  # reopening: the mark takes no seq, records go on numbering
+        assert w.num_records == 2
+        assert w.append(r2) == 2
+    assert [payload(x).get("seq") for x in lines(path)] == [0, 1, None, 2]
+    assert [r.delivered for r in read_records(path)] == [True, True, True]
+    with open(path, "ab") as f:  # a torn mark at the end is skipped
+        f.write(store_mod.encode_delivery_mark(r0.execution_id, 2)[:-9])
+    with pytest.warns(TornTailWarning):
+        assert [r.delivered for r in read_records(path)] == [True, True, True]
+    bad = tmp_path / "exec-2.jsonl"  # a mark of a call no earlier line recorded is corruption
+    bad.write_bytes(store_mod.encode_delivery_mark(r0.execution_id, 0) + store_mod.encode_record(r0, 0, None))
+    with pytest.raises(StoreCorruptError, match="bad delivery mark"):
+        read_records(bad)
+    store = TrajectoryStore(tmp_path / "store")
+    store.append(r0)
+    store.append(r1)
+    store.mark_delivered(r1.execution_id, 1)
+    assert [r.delivered for r in store.read_records(r1.execution_id)] == [True, True]
+    store.close()
