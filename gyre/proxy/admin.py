@@ -23,7 +23,7 @@ from gyre.proxy.request_body import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
-from gyre.proxy.model_call import RecentCalls
+from gyre.proxy.retries import RecentCalls, RetryMemory
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.router import RouteError, Router
@@ -66,7 +66,7 @@ class Execution:
     role_rules: Any = None
     closed: bool = False
     counters: ExecutionCounters = field(default_factory=ExecutionCounters)
-    #: the last few model calls, which a client retry may join (:mod:`gyre.proxy.model_call`)
+    #: the last few model calls, which a client retry may join (:mod:`gyre.proxy.retries`)
     recent_calls: RecentCalls = field(default_factory=RecentCalls)
     created: float = field(default_factory=time.time)
     file_closed: Any = None  # a future: the record file closed, once the execution is finalised
@@ -89,7 +89,8 @@ class ExecutionAdmin:
     * inspection: :meth:`counters`, :meth:`tree`, ``GET /gyre/executions[/{id}]``,
       ``GET /gyre/stats[?since=N]`` (per-call CPU stage times, those recorded at index N on;
       ``stages_recorded``: how many ever; ``process_cpu_s``: the process's CPU seconds, all
-      threads, at nanosecond resolution), ``GET /health``."""
+      threads, at nanosecond resolution; ``retry_memory``: the bytes and calls kept for client
+      retries, :meth:`~gyre.proxy.retries.RetryMemory.snapshot`), ``GET /health``."""
 
     executions: dict[str, Execution]
     router: Router
@@ -97,6 +98,7 @@ class ExecutionAdmin:
     config: Any  # ProxyConfig
     stage_times: Any  # deque of per-call stage times
     stages_recorded: int  # entries ever appended to it
+    retry_memory: RetryMemory  # the answers kept for client retries, all executions
     _by_key: dict[str, Execution]
     _sink: RecordSink | None
     _loop: asyncio.AbstractEventLoop | None
@@ -165,7 +167,8 @@ class ExecutionAdmin:
             raise ValueError("api key already in use")
         session = TitoSession(eid, self.renderer, restore_reasoning=self.config.restore_reasoning)
         ex = Execution(eid, key, session, task_id=task_id, harness=harness,
-                       role_rules=role_rules if role_rules is not None else self.default_role_rules)
+                       role_rules=role_rules if role_rules is not None else self.default_role_rules,
+                       recent_calls=RecentCalls(memory=self.retry_memory))
         self.executions[eid] = ex
         self._by_key[key] = ex
         self.router.set_route(eid, engine_id)
@@ -347,6 +350,7 @@ class ExecutionAdmin:
             new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
             return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
                     "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
+                    "retry_memory": self.retry_memory.snapshot(),
                     "process_cpu_s": time.process_time()}
 
         @app.post("/gyre/routes")

@@ -1,39 +1,41 @@
-"""One model call in the proxy, and the recent calls a client retry may join.
+"""One model call in the proxy, and the answer a client retry of it receives.
 
 :class:`ModelCall` runs one generation (the router's chunks through the output parser into the
-API's response builder) and hands its events to whoever consumes them: the request that started
-it, and any *client retry* that joined it.  Every event is kept in order (``history``) so that a
-consumer attaching late gets all of them; the request that started the call reads a queue.
+API's response builder) and hands its answer to whoever consumes it: the request that started
+it, and any *client retry* that joined it (:mod:`gyre.proxy.retries` finds them). A streamed
+call serialises each SSE event once, to the bytes that go on the wire, and keeps them in order
+(``history``) so that a consumer attaching late gets all of them; the request that started the
+call reads a queue. A non-streamed call keeps no events: its body is built once at the end.
 
-A client retry is the same request sent again by the harness's SDK after a timeout or a dropped
-connection.  It must not become a second sample: :class:`RecentCalls` keeps an execution's last
-few calls by a digest of their request bytes, and :meth:`RecentCalls.retry_target` says which
-call a new request repeats: a byte-identical request joins a call still in flight or one whose
-answer was not delivered, and with a retry header (``x-stainless-retry-count`` >= 1) also one
-that was delivered (the client did not get it whole).  A repeat of a delivered answer without a
-retry header is a new model call, as are repeats of failed calls.
+Once its record is committed the call keeps only its answer, compactly: the SSE bytes joined into
+one (and the closing events' bytes), or the non-streamed body's bytes, plus the output message
+when the record was committed undelivered (:meth:`ModelCall.nbytes` counts them). The parser,
+the builder, the per-event history and the request are released.
 
-Delivery: a call is *delivered* once one consumer received the whole answer; it is
-*undelivered* once the generation ended with nobody attached (the client left and no retry
-joined before the end).  The record is committed once, with that outcome.
+Delivery: a call is *delivered* once a consumer received the whole answer; it is *undelivered*
+once the generation ended with nobody attached (the client left and no retry joined before the
+end), or when nobody took the answer within ``delivery_timeout_s``. The record is committed once,
+with the outcome known then. A consumer that receives the whole answer later (a client retry
+after an undelivered commit) marks the record delivered (:meth:`ProxyServer._mark_delivered
+<gyre.proxy.server.ProxyServer._mark_delivered>`): a logical call has exactly one record, and it
+is delivered as soon as any consumer got the answer whole.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import xxhash
 from sse_starlette import ServerSentEvent
+from starlette.responses import JSONResponse
 
 from gyre.proxy.api.common import ResponseBuilder, Sse
 from gyre.proxy.engines import EngineRejected
 from gyre.proxy.errors import ProxyError
-from gyre.proxy.messages import ChatRequest
+from gyre.proxy.messages import ChatRequest, Message
 from gyre.proxy.parse import OutputParser
 from gyre.proxy.router import Attempt, GenerationFailed, RouteError
 
@@ -41,38 +43,75 @@ if TYPE_CHECKING:  # pragma: no cover
     from gyre.proxy.admin import Execution
     from gyre.proxy.server import ProxyServer
 
-__all__ = ["ModelCall", "RecentCalls", "END", "request_digest", "retry_count"]
+__all__ = ["ModelCall", "END", "CALL_OVERHEAD_BYTES"]
 
 logger = logging.getLogger(__name__)
 
 #: Queue sentinel: the generation ended.
 END = object()
 
+#: Bytes a committed call holds besides its answer (the object, its futures and events, its
+#: entries in the recent-call maps), counted by :meth:`ModelCall.nbytes`; tests/proxy check it
+#: against tracemalloc.
+CALL_OVERHEAD_BYTES = 2048
+
+
+def sse_bytes(item: Sse) -> bytes:
+    """One SSE event as the bytes sent on the wire."""
+    name, data = item
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return ServerSentEvent(payload, event=name, sep="\n").encode()
+
+
+def _message_nbytes(m: Message) -> int:
+    n = len(m.content.encode()) + len((m.reasoning or "").encode())
+    n += sum(len(tc.arguments.encode()) + len(tc.name) + len(tc.id or "") for tc in m.tool_calls)
+    return n + sum(len(i) for i in m.item_ids)
+
 
 class ModelCall:
-    """One model call: generation task, parser, response builder, event history and consumers."""
+    """One model call: generation task, parser, response builder, answer and consumers."""
+
+    __slots__ = ("server", "ex", "req", "prep", "role", "meta", "sampling", "builder", "parser", "stream", "queue",
+                 "history", "_grew", "out_ids", "logprobs", "finish", "attempts", "error", "delivered", "t0",
+                 "t_first", "rid", "closing", "answer", "output_message", "recorded", "call_index", "_commit_task",
+                 "_mark_task", "engine_answered", "done", "attached", "joins", "digest", "_nbytes", "__weakref__")
 
     def __init__(self, server: "ProxyServer", ex: "Execution", req: ChatRequest, prep, role: str,
                  meta: dict[str, Any], sampling: dict[str, Any], builder: ResponseBuilder) -> None:
         self.server, self.ex, self.req, self.prep, self.role, self.meta = server, ex, req, prep, role, meta
         self.sampling = sampling
-        self.builder = builder
+        self.builder: ResponseBuilder | None = builder
         r = server.renderer
-        self.parser = OutputParser(r.decode, server.stop_ids, req.tool_kinds, starts_in_reasoning=prep.starts_in_reasoning)
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.history: list[Sse] = []
+        self.parser: OutputParser | None = OutputParser(r.decode, server.stop_ids, req.tool_kinds,
+                                                        starts_in_reasoning=prep.starts_in_reasoning)
+        self.stream = bool(req.stream)
+        #: the starting request's SSE bytes, then END (streamed calls)
+        self.queue: asyncio.Queue | None = asyncio.Queue() if self.stream else None
+        #: every SSE event's bytes so far (streamed calls, until committed)
+        self.history: list[bytes] | None = [] if self.stream else None
         self._grew = asyncio.Event()
         self.out_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish = "stop"
         self.attempts: list[Attempt] = []
         self.error: ProxyError | None = None
+        #: the delivery outcome the record is committed with
         self.delivered: asyncio.Future = asyncio.get_running_loop().create_future()
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
         self.rid = f"{ex.execution_id}-{server._next_rid()}"
-        self.final_events: list[Sse] = []
+        #: the closing events' bytes (streamed), known when the generation ends
+        self.closing = b""
+        #: the answer's bytes: all SSE events but the closing ones, or the non-streamed body
+        self.answer: bytes | None = None
+        #: the output as returned (kept after the commit only while the record is undelivered)
+        self.output_message: Message | None = None
+        #: whether the record says delivered (None: not recorded, or its commit failed)
+        self.recorded: bool | None = None
+        self.call_index: int | None = None
         self._commit_task: asyncio.Future | None = None
+        self._mark_task: asyncio.Future | None = None
         #: set at the engine's first output chunk, or when generation ends (output or error)
         self.engine_answered = asyncio.Event()
         #: set when the generation ended (output or error)
@@ -81,12 +120,18 @@ class ModelCall:
         self.attached = 1
         #: client retries that joined this call
         self.joins = 0
+        #: the request digest the call is kept under among its execution's recent calls
+        self.digest = b""
+        self._nbytes = 0
 
     def _put(self, events: list[Sse]) -> None:
+        if self.history is None or not events:  # non-streamed: the builder keeps what the body needs
+            return
         for e in events:
-            self.queue.put_nowait(e)
-            self.history.append(e)
-        if events and self.joins:  # wake joined retries (none on almost every call)
+            b = sse_bytes(e)
+            self.queue.put_nowait(b)
+            self.history.append(b)
+        if self.joins:  # wake joined retries (none on almost every call)
             self._grew.set()
             self._grew = asyncio.Event()
 
@@ -118,7 +163,9 @@ class ModelCall:
             for ev in self.parser.finish(self.finish):
                 self._put(self.builder.on_event(ev))
             # closing events go out only after the record is committed (see sse())
-            self.final_events = self.builder.finish(self.finish, len(self.out_ids))
+            final = self.builder.finish(self.finish, len(self.out_ids))
+            if self.stream:
+                self.closing = b"".join(sse_bytes(e) for e in final)
         except EngineRejected as exc:  # the engine refused the request: the client's error, no retry
             self.error = ProxyError(exc.status, f"the engine refused the request: {exc.message}")
             ex.counters.rejected += 1
@@ -132,34 +179,82 @@ class ModelCall:
             ex.counters.failed += 1
         finally:
             ex.counters.inflight -= 1
-            self.queue.put_nowait(END)
+            if self.queue is not None:
+                self.queue.put_nowait(END)
             self.engine_answered.set()
             self.done.set()
             self._grew.set()
             if self.attached == 0:  # the client left and no retry joined: nobody to deliver to
                 self.set_delivered(False)
-        if self.error is None:
-            try:
-                delivered = await asyncio.wait_for(asyncio.shield(self.delivered), server.config.delivery_timeout_s)
-            except asyncio.TimeoutError:
-                delivered = False
-            await self.commit_once(bool(delivered))
-        # the record holds the tokens now; a retry joining later needs only the answer's events
-        # (the request's messages and tools, a whole conversation, are not kept with the call)
-        self.prep = None
-        self.out_ids, self.logprobs = [], []
-        self.req.messages, self.req.tools = [], []
+        if self.error is not None:  # a retry of a failed call generates again
+            ex.recent_calls.drop(self)
+            return
+        try:
+            delivered = await asyncio.wait_for(asyncio.shield(self.delivered), server.config.delivery_timeout_s)
+        except asyncio.TimeoutError:
+            delivered = False
+        await self.commit_once(bool(delivered))
 
     async def commit_once(self, delivered: bool) -> None:
         """Record the call (once; later callers wait for the first): store, then tree, then the
-        restoration cache. The commit is not cancelled with its caller."""
+        restoration cache; then keep only the answer (:meth:`_compact`). The commit is not
+        cancelled with its caller."""
         if self._commit_task is None:
-            self._commit_task = asyncio.ensure_future(self.server._commit(self, delivered))
+            self._commit_task = asyncio.ensure_future(self._commit(delivered))
         await asyncio.shield(self._commit_task)
+
+    async def _commit(self, delivered: bool) -> None:
+        if self.answer is None and not self.stream:
+            self.body()
+        await self.server._commit(self, delivered)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Release everything but the answer; count what is kept for retries."""
+        if self.stream:
+            self.answer = b"".join(self.history)
+        if self.recorded is False:
+            self.output_message = self.builder.output_message()
+        self.history = self.queue = None  # a consumer still reading keeps its own reference
+        self.builder = self.parser = self.prep = None
+        self.out_ids, self.logprobs, self.attempts, self.meta, self.sampling = [], [], [], {}, {}
+        self.req = None
+        self._nbytes = len(self.answer) + len(self.closing) + CALL_OVERHEAD_BYTES
+        if self.output_message is not None:
+            self._nbytes += _message_nbytes(self.output_message)
+        self.ex.recent_calls.keep(self)
+
+    def nbytes(self) -> int:
+        """Bytes the call holds for retries once committed (0 before): its answer, the
+        undelivered output message, and ``CALL_OVERHEAD_BYTES``."""
+        return self._nbytes
+
+    def body(self) -> bytes:
+        """The non-streamed answer: the response body's bytes (built once)."""
+        if self.answer is None:
+            self.answer = JSONResponse(self.builder.body()).body
+        return self.answer
+
+    async def deliver(self) -> None:
+        """A consumer received the whole answer (the closing events of a stream excepted): the
+        record is committed delivered, or, committed undelivered already, marked delivered."""
+        self.set_delivered(True)
+        await self.commit_once(True)
+        if self.recorded is False:
+            if self._mark_task is None:
+                self._mark_task = asyncio.ensure_future(self.server._mark_delivered(self))
+            await asyncio.shield(self._mark_task)
 
     def set_delivered(self, value: bool) -> None:
         if not self.delivered.done():
             self.delivered.set_result(value)
+
+    def settled(self) -> bool | None:
+        """Whether the answer reached a consumer whole: the record's state once committed, the
+        outcome it will be committed with before; ``None`` while not known yet."""
+        if self.recorded is not None:
+            return self.recorded
+        return self.delivered.result() if self.delivered.done() else None
 
     def detach(self) -> None:
         """A consumer left without the whole answer; with nobody left after the generation
@@ -175,98 +270,48 @@ class ModelCall:
 
     async def follow(self):
         """Every event so far, then each new one until the generation ends (a joined retry)."""
+        history = self.history
         i = 0
         while True:
-            while i < len(self.history):
-                yield self.history[i]
+            while i < len(history):
+                yield history[i]
                 i += 1
             if self.done.is_set():
                 return
             await self._grew.wait()
 
     async def sse(self, joined: bool = False):
-        """The SSE event stream (an async generator for ``EventSourceResponse``).
+        """The SSE byte stream (an async generator for ``EventSourceResponse``).
 
         Every event but the closing ones is sent first; the record is then committed as
         delivered -- the client is still connected and has everything but the closing events --
-        and only then do the closing events go out, so a harness that reacts to the end of a
-        stream always finds its previous call recorded. A client that disconnects earlier
-        detaches (:meth:`detach`). ``joined``: a client retry's stream, replayed from the
-        event history.
+        (or marked delivered, :meth:`deliver`) and only then do the closing events go out, so a
+        harness that reacts to the end of a stream always finds its previous call recorded. A
+        client that disconnects earlier detaches (:meth:`detach`). ``joined``: a client retry's
+        stream: the kept answer, or the events so far and then each new one.
         """
         whole = False
+        queue = self.queue
         try:
             if joined:
-                async for item in self.follow():
-                    yield self._event(item)
+                if self.answer is not None:  # committed: one write
+                    yield self.answer
+                else:
+                    async for item in self.follow():
+                        yield item
             else:
                 while True:
-                    item = await self.queue.get()
+                    item = await queue.get()
                     if item is END:
                         break
-                    yield self._event(item)
+                    yield item
             if self.error is not None:
-                yield self._event(self.builder.error_event(self.error))
+                yield sse_bytes(self.builder.error_event(self.error))
                 return
-            await self.commit_once(True)
-            self.set_delivered(True)
+            await self.deliver()
             whole = True
-            for item in self.final_events:
-                yield self._event(item)
+            if self.closing:
+                yield self.closing
         finally:
             if not whole:
                 self.detach()
-
-    @staticmethod
-    def _event(item: Sse) -> ServerSentEvent:
-        name, data = item
-        payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        return ServerSentEvent(payload, event=name, sep="\n")
-
-
-def request_digest(api: str, raw: bytes, content_encoding: str) -> bytes:
-    """Digest of one request's bytes (with its API and content encoding), which finds a client's
-    retry of the same body among its execution's recent calls: XXH3-128, ~20x faster than
-    SHA-256 (0.08 against 1.8 ms for a 2.8 MB body, a 700k-token conversation, here). It is not
-    collision-resistant against crafted input; bodies are only compared within one execution,
-    so a harness could at most have its own call answered with its own earlier answer."""
-    h = xxhash.xxh3_128(f"{api}\0{content_encoding.strip().lower()}\0".encode())
-    h.update(raw)
-    return h.digest()
-
-
-def retry_count(headers: Any) -> int:
-    """The SDK's retry number (``x-stainless-retry-count``; 0 when absent or malformed)."""
-    try:
-        return max(0, int(headers.get("x-stainless-retry-count", "0")))
-    except (TypeError, ValueError):
-        return 0
-
-
-class RecentCalls:
-    """An execution's last ``size`` model calls by request digest (the ones a retry may join)."""
-
-    def __init__(self, size: int = 4) -> None:
-        self.size = size
-        self._calls: collections.OrderedDict[bytes, ModelCall] = collections.OrderedDict()
-
-    def add(self, digest: bytes, call: ModelCall) -> None:
-        self._calls.pop(digest, None)
-        self._calls[digest] = call
-        while len(self._calls) > self.size:
-            self._calls.popitem(last=False)
-
-    def clear(self) -> None:
-        """Forget every call (their ``ex`` links back to the execution would keep it in a cycle)."""
-        self._calls.clear()
-
-    def retry_target(self, digest: bytes, retries: int) -> ModelCall | None:
-        """The call a request with ``digest`` repeats, if it is a client retry (module doc)."""
-        call = self._calls.get(digest)
-        if call is None or call.error is not None:
-            return None
-        if not call.done.is_set() or not call.delivered.done():  # in flight, or its delivery not settled
-            return call
-        if call.delivered.result() is False or retries >= 1:
-            return call
-        return None

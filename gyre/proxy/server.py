@@ -35,12 +35,13 @@ from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.errors import ProxyError, error_body
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
 from gyre.proxy.messages import ChatRequest
-from gyre.proxy.model_call import END, ModelCall, request_digest, retry_count
+from gyre.proxy.model_call import ModelCall
 from gyre.proxy.prompt_size import check_prompt_size, max_token_bytes
 from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.request_body import (RequestLimits, check_body_counts, check_request_counts, decode_json, inflate,
                                      read_body)
+from gyre.proxy.retries import Preparing, RetryMemory, request_digest, retry_count
 from gyre.proxy.roles import classify_role, harness_metadata
 from gyre.proxy.router import Attempt, Router
 from gyre.trajectory.store import TrajectoryStore
@@ -81,6 +82,10 @@ class ProxyConfig:
       engines that move KV payloads only); ``kv_transport`` -- ``"mooncake"`` (engine to engine,
       HTTP as the fallback) or ``"http"`` (through the proxy).
     * ``delivery_timeout_s`` -- how long a finished stream may take to be sent (seconds).
+    * ``retry_memory_bytes`` -- the answers of committed calls kept for client retries (the last
+      4 calls of each execution, :mod:`gyre.proxy.retries`), all executions together, at most
+      (bytes); beyond it the oldest are forgotten. The default holds 1,152 executions x 4 calls
+      of ~2k-token streamed answers (docs/proxy.md gives the measured bytes per call).
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
       the response starts (seconds): an engine refusal or a failure within that time is
@@ -118,6 +123,7 @@ class ProxyConfig:
     kv_migration: bool = False
     kv_transport: str = "mooncake"
     delivery_timeout_s: float = 300.0
+    retry_memory_bytes: int = 1 << 30
     sse_ping_s: float = 15.0
     stream_hold_s: float = 30.0
     admin_token: str | None = None
@@ -194,6 +200,7 @@ class ProxyServer(ExecutionAdmin):
         self.store = store
         self.ids = ids
         self.executions: dict[str, Execution] = {}
+        self.retry_memory = RetryMemory(self.config.retry_memory_bytes)
         self._by_key: dict[str, Execution] = {}
         self.stop_ids = renderer.stop_ids
         self._rid = 0
@@ -363,6 +370,7 @@ class ProxyServer(ExecutionAdmin):
             except Exception:
                 logger.exception("could not record call %s of %s", call.rid, ex.execution_id)
                 return
+            call.recorded, call.call_index = delivered, rec.call_index
         st = dict(call.prep.timings)
         st["record_s"] = time.perf_counter() - t_rec
         st["input_tokens"] = int(call.prep.input_ids.shape[0])
@@ -381,6 +389,26 @@ class ProxyServer(ExecutionAdmin):
         c.malformed_tool_calls += call.parser.result().malformed
         if ex.closed and c.inflight == 0:
             self._finalise(ex)
+
+    async def _mark_delivered(self, call: ModelCall) -> None:
+        """The answer of ``call``, committed undelivered, reached a client whole (a retry got
+        it): the delivery mark is stored, then applied to the tree and the restoration cache
+        (:meth:`~gyre.proxy.tito.TitoSession.mark_delivered`); serialised with the execution's
+        commits, so that store order = tree order."""
+        ex = call.ex
+        async with ex.commit_lock:
+            if call.recorded is not False or ex.session.tree is None:
+                return
+            try:
+                if self._sink is not None:
+                    await asyncio.wrap_future(self._sink.mark_delivered(ex.execution_id, call.call_index))
+                ex.session.mark_delivered(call.call_index, call.output_message)
+            except Exception:
+                logger.exception("could not mark call %s of %s delivered", call.rid, ex.execution_id)
+                return
+            call.recorded, call.output_message = True, None
+            ex.counters.delivered += 1
+            ex.counters.undelivered -= 1
 
     def _auth(self, request: Request) -> Execution:
         key = request.headers.get("x-api-key")
@@ -449,6 +477,7 @@ class ProxyServer(ExecutionAdmin):
 
     async def _model_call(self, request: Request, api: str):
         ex = self._auth(request)
+        slot: Preparing | None = None
         try:
             try:
                 raw = await read_body(request, self.config.max_body_bytes)
@@ -460,9 +489,10 @@ class ProxyServer(ExecutionAdmin):
                                                                           raw, encoding)
             else:
                 digest = request_digest(api, raw, encoding)
-            prev = ex.recent_calls.retry_target(digest, retry_count(request.headers))
+            prev = await self._retry_target(ex, digest, retry_count(request.headers))
             if prev is not None:  # a client retry: the same answer, not a second sample
                 return await self._answer_retry(request, prev)
+            slot = ex.recent_calls.reserve(digest)  # a retry arriving while this one is prepared waits
             body, req, parse_s, normalize_s = await self._decode(api, raw, encoding)
             del raw
             headers = {k.lower(): v for k, v in request.headers.items()}
@@ -478,24 +508,40 @@ class ProxyServer(ExecutionAdmin):
                                               cfg.default_sampling, cfg.forced_sampling)
             check_engine_sampling(sampling)
             meta.update(self._capped(req, sampling, room))
-        except ProxyError:
-            ex.counters.rejected += 1
+            if not req.model:
+                req.model = self.config.model_name
+            builder = make_builder(req, n_in, self.ids)
+            call = ModelCall(self, ex, req, prep, role, meta, sampling, builder)
+        except BaseException as exc:
+            if slot is not None:
+                ex.recent_calls.abandon(digest, slot, exc)
+            if isinstance(exc, ProxyError):
+                ex.counters.rejected += 1
             raise
-        if not req.model:
-            req.model = self.config.model_name
-        builder = make_builder(req, n_in, self.ids)
-        call = ModelCall(self, ex, req, prep, role, meta, sampling, builder)
         ex.recent_calls.add(digest, call)
         task = asyncio.create_task(call.run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if req.stream:
             return await self._stream(call, joined=False)
-        while True:  # drain the queue (no SSE): wait for the end of generation
-            item = await call.queue.get()
-            if item is END:
-                break
+        await call.done.wait()
         return await self._body(request, call)
+
+    @staticmethod
+    async def _retry_target(ex: Execution, digest: bytes, retries: int) -> ModelCall | None:
+        """The call a request repeats (:meth:`~gyre.proxy.retries.RecentCalls.retry_target`); a
+        repeat of a request still being prepared waits for the call it becomes.
+
+        Raises:
+            ProxyError: the first copy's preparation refused it (the same error).
+        """
+        while True:
+            prev = ex.recent_calls.retry_target(digest, retries)
+            if not isinstance(prev, Preparing):
+                return prev
+            call = await prev.wait()
+            if call is not None:
+                return call
 
     async def _stream(self, call: ModelCall, joined: bool):
         # hold the response until the engine answers, so that a refusal is a status, not a 200
@@ -510,22 +556,23 @@ class ProxyServer(ExecutionAdmin):
                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def _body(self, request: Request, call: ModelCall):
-        """A finished call's non-streamed answer; the record is stored before it goes out."""
+        """A finished call's non-streamed answer; the record is stored (or marked delivered,
+        :meth:`ModelCall.deliver`) before it goes out."""
         if call.error is not None:
             call.detach()
             raise call.error
         if await request.is_disconnected():
             call.detach()  # undelivered unless a joined retry receives it
             return Response(status_code=499)
-        await call.commit_once(True)
-        call.set_delivered(True)
-        return JSONResponse(call.builder.body())
+        body = call.body()
+        await call.deliver()
+        return Response(body, media_type="application/json")
 
     async def _answer_retry(self, request: Request, call: ModelCall):
         """A client retry of ``call``: it joins the generation (or gets its finished answer)."""
         call.join()
         call.ex.counters.joined_retries += 1
-        if call.req.stream:
+        if call.stream:
             return await self._stream(call, joined=True)
         await call.done.wait()
         return await self._body(request, call)

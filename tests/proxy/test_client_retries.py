@@ -153,7 +153,7 @@ def test_a_retry_of_a_failed_call_generates_again(served):
 def test_the_request_digest_covers_the_api_the_encoding_and_every_byte():
     import xxhash
 
-    from gyre.proxy.model_call import request_digest
+    from gyre.proxy.retries import request_digest
 
     body = json.dumps({"messages": [{"role": "user", "content": "x" * 100_000}]}).encode()
     d = request_digest("chat", body, " GZIP ")
