@@ -8,9 +8,10 @@ call serialises each SSE event once, to the bytes that go on the wire, and keeps
 call reads a queue. A non-streamed call keeps no events: its body is built once at the end.
 
 Once its record is committed the call keeps only its answer, compactly: the SSE bytes joined into
-one (and the closing events' bytes), or the non-streamed body's bytes, plus the output message
-when the record was committed undelivered (:meth:`ModelCall.nbytes` counts them). The parser,
-the builder, the per-event history and the request are released.
+one and zlib-compressed (level 1; the per-event JSON framing is most of a stream's bytes) with the
+closing events' bytes, or the non-streamed body's bytes, plus the output message when the record
+was committed undelivered (:meth:`ModelCall.nbytes` counts them). The parser, the builder, the
+per-event history, the request and the call's events are released.
 
 Delivery: a call is *delivered* once a consumer received the whole answer; it is *undelivered*
 once the generation ended with nobody attached (the client left and no retry joined before the
@@ -27,6 +28,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from sse_starlette import ServerSentEvent
@@ -56,6 +58,23 @@ END = object()
 CALL_OVERHEAD_BYTES = 2048
 
 
+class _Set:
+    """Stands for an :class:`asyncio.Event` that is set, once a committed call drops its own."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def is_set() -> bool:
+        return True
+
+    @staticmethod
+    async def wait() -> bool:
+        return True
+
+
+_SET = _Set()
+
+
 def sse_bytes(item: Sse) -> bytes:
     """One SSE event as the bytes sent on the wire."""
     name, data = item
@@ -74,7 +93,7 @@ class ModelCall:
 
     __slots__ = ("server", "ex", "req", "prep", "role", "meta", "sampling", "builder", "parser", "stream", "queue",
                  "history", "_grew", "out_ids", "logprobs", "finish", "attempts", "error", "delivered", "t0",
-                 "t_first", "rid", "closing", "answer", "output_message", "recorded", "call_index", "_commit_task",
+                 "t_first", "rid", "closing", "answer", "output_message", "recorded", "call_index", "_commit_task", "committed",
                  "_mark_task", "engine_answered", "done", "attached", "joins", "digest", "_nbytes", "__weakref__")
 
     def __init__(self, server: "ProxyServer", ex: "Execution", req: ChatRequest, prep, role: str,
@@ -111,6 +130,7 @@ class ModelCall:
         self.recorded: bool | None = None
         self.call_index: int | None = None
         self._commit_task: asyncio.Future | None = None
+        self.committed = False  #: the commit (and the compaction) finished
         self._mark_task: asyncio.Future | None = None
         #: set at the engine's first output chunk, or when generation ends (output or error)
         self.engine_answered = asyncio.Event()
@@ -199,6 +219,8 @@ class ModelCall:
         """Record the call (once; later callers wait for the first): store, then tree, then the
         restoration cache; then keep only the answer (:meth:`_compact`). The commit is not
         cancelled with its caller."""
+        if self.committed:
+            return
         if self._commit_task is None:
             self._commit_task = asyncio.ensure_future(self._commit(delivered))
         await asyncio.shield(self._commit_task)
@@ -212,13 +234,14 @@ class ModelCall:
     def _compact(self) -> None:
         """Release everything but the answer; count what is kept for retries."""
         if self.stream:
-            self.answer = b"".join(self.history)
+            self.answer = zlib.compress(b"".join(self.history), 1)
         if self.recorded is False:
             self.output_message = self.builder.output_message()
         self.history = self.queue = None  # a consumer still reading keeps its own reference
         self.builder = self.parser = self.prep = None
-        self.out_ids, self.logprobs, self.attempts, self.meta, self.sampling = [], [], [], {}, {}
-        self.req = None
+        self.out_ids = self.logprobs = self.attempts = self.meta = self.sampling = self.req = None
+        self._grew, self.engine_answered, self.done = None, _SET, _SET  # all were set when generation ended
+        self._commit_task, self.committed = None, True
         self._nbytes = len(self.answer) + len(self.closing) + CALL_OVERHEAD_BYTES
         if self.output_message is not None:
             self._nbytes += _message_nbytes(self.output_message)
@@ -295,7 +318,7 @@ class ModelCall:
         try:
             if joined:
                 if self.answer is not None:  # committed: one write
-                    yield self.answer
+                    yield zlib.decompress(self.answer)
                 else:
                     async for item in self.follow():
                         yield item

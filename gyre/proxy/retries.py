@@ -60,10 +60,11 @@ class Preparing:
     """A request still being prepared (decoded, normalised, TITO-prepared): the placeholder a
     byte-identical retry waits on."""
 
-    __slots__ = ("_done",)
+    __slots__ = ("_done", "waiters")
 
     def __init__(self) -> None:
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.waiters = 0  #: retries that have waited for it
 
     def resolve(self, call: ModelCall | None, error: BaseException | None = None) -> None:
         """The preparation ended: in ``call``, or refused with ``error`` (``None``: failed
@@ -78,6 +79,7 @@ class Preparing:
         Raises:
             ProxyError: the preparation refused the request: the same status and message.
         """
+        self.waiters += 1
         call, error = await asyncio.shield(self._done)
         if isinstance(error, ProxyError):
             raise ProxyError(error.status, error.message, param=error.param)
