@@ -50,7 +50,9 @@ At the end: ``records_lost`` = calls answered - records in the store, and the pr
 threads and file descriptors; ``rss_bytes_per_context_token`` = its RSS growth over the live
 context tokens (each execution's last prompt); ``rss_bytes_per_added_context_token`` = its RSS
 growth over the load phases / the live tokens they added (what a further token costs, without the
-per-execution memory of ``rss_bytes_per_execution_at_warm``).
+per-execution memory of ``rss_bytes_per_execution_at_warm``). Per phase, ``retry_memory_bytes``
+and ``retry_memory_calls``: the answers the proxy keeps for client retries at the phase's end
+(``GET /gyre/stats``), and ``retry_memory_bytes_per_call``.
 """
 
 from __future__ import annotations
@@ -237,6 +239,11 @@ class Proxies:
         ``/proc`` counts 10 ms ticks (the sweep's few calls at 10k context cost a few ms each)."""
         return sum(proxy_stats(u, 1 << 62)["process_cpu_s"] for u in self.urls)
 
+    def retry_memory(self) -> dict[str, int]:
+        """The answers the workers keep for client retries, together (``GET /gyre/stats``)."""
+        snaps = [proxy_stats(u, 1 << 62)["retry_memory"] for u in self.urls]
+        return {k: sum(s[k] for s in snaps) for k in ("bytes", "calls", "evicted", "limit_bytes")}
+
     def stage_counts(self) -> list[int]:
         return [proxy_stats(u, 1 << 62)["stages_recorded"] for u in self.urls]
 
@@ -346,6 +353,10 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
            "machine_stolen_cores": (m1[1] - m0[1]) / wall if wall else 0.0,
            "stages_ms": stages_ms(st),
            "context_tokens": res["context_tokens"], "proxy_rss_bytes": proxy.rss_bytes()}
+    rm = proxy.retry_memory()
+    out.update({"retry_memory_bytes": rm["bytes"], "retry_memory_calls": rm["calls"],
+                "retry_memory_bytes_per_call": rm["bytes"] / rm["calls"] if rm["calls"] else None,
+                "retry_memory_evicted": rm["evicted"]})
     if cmd.get("rate"):
         out["offered_calls_per_s"] = cmd["rate"]
     print(*out["error_examples"][:2], file=sys.stderr) if out["errors"] else None
@@ -354,7 +365,8 @@ def phase(name: str, load: Load, cmd: dict[str, Any], share: str | None, proxy: 
           f"proxy CPU {out['cpu_ms_per_call'] or 0:7.2f} ms/call ({out['proxy_cpu_share']:.0%} of a core; "
           f"load {out['load_cpu_share']:.0%}, engines {out['engines_cpu_share']:.0%}; {out['machine_busy_cores']:.2f} of "
           f"{os.cpu_count()} cores busy, {out['machine_stolen_cores']:.2f} stolen)  "
-          f"stages {json.dumps({k: round(v, 2) for k, v in out['stages_ms'].items()})}", flush=True)
+          f"stages {json.dumps({k: round(v, 2) for k, v in out['stages_ms'].items()})}  "
+          f"kept for retries {rm['bytes'] / 2**20:.1f} MiB in {rm['calls']} calls", flush=True)
     return out
 
 

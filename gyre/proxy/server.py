@@ -85,7 +85,8 @@ class ProxyConfig:
     * ``retry_memory_bytes`` -- the answers of committed calls kept for client retries (the last
       4 calls of each execution, :mod:`gyre.proxy.retries`), all executions together, at most
       (bytes); beyond it the oldest are forgotten. The default holds 1,152 executions x 4 calls
-      of ~2k-token streamed answers (docs/proxy.md gives the measured bytes per call).
+      of 2,000-token answers in the costliest mode (Responses, streamed: 245 MiB measured by
+      ``bench/retry_memory.py``, docs/proxy.md) twice over.
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
       the response starts (seconds): an engine refusal or a failure within that time is
@@ -123,7 +124,7 @@ class ProxyConfig:
     kv_migration: bool = False
     kv_transport: str = "mooncake"
     delivery_timeout_s: float = 300.0
-    retry_memory_bytes: int = 1 << 30
+    retry_memory_bytes: int = 512 << 20
     sse_ping_s: float = 15.0
     stream_hold_s: float = 30.0
     admin_token: str | None = None
