@@ -24,7 +24,8 @@ section that did not run is 0):
   once more with a long timeout; an attempt answered in time ends the logical call. One
   execution per logical call, so the records of a logical call are its execution's records.
   ``retry_records_extra`` counts records beyond one per logical call; ``retry_delivered_extra``
-  counts delivered ones beyond one; ``retry_client_timeouts`` the attempts that hit the read
+  counts delivered ones beyond one; ``retry_answered_undelivered`` the logical calls answered
+  (200) with no delivered record; ``retry_client_timeouts`` the attempts that hit the read
   timeout.
 * ``huge_bodies`` -- a 33 MB Chat body (a tool name of millions of tokens; the proxy's context is
   131,072 tokens) alone, then ``--huge-bodies`` of them at once, each from its own execution
@@ -321,7 +322,7 @@ def section_retries(n: int, seed: int) -> dict:
     finally:
         srv.stop()
         engine.stop()
-    extra = delivered_extra = failed = 0
+    extra = delivered_extra = failed = answered_undelivered = 0
     for eid, sent, final in calls:
         try:
             recs = store.read_records(eid)
@@ -329,10 +330,12 @@ def section_retries(n: int, seed: int) -> dict:
             recs = []
         extra += max(0, len(recs) - 1)
         delivered_extra += max(0, sum(bool(x.delivered) for x in recs) - 1)
+        answered_undelivered += final == 200 and not any(x.delivered for x in recs)
         failed += final != 200
     return {"retry_calls": len(calls), "retry_requests_sent": sum(s for _, s, _ in calls),
             "retry_client_timeouts": gave_up,
-            "retry_records_extra": extra, "retry_delivered_extra": delivered_extra, "retry_final_not_200": failed}
+            "retry_records_extra": extra, "retry_delivered_extra": delivered_extra, "retry_final_not_200": failed,
+            "retry_answered_undelivered": answered_undelivered}
 
 
 # --------------------------------------------------------------------------------- huge bodies
