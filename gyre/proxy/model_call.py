@@ -316,7 +316,7 @@ class ModelCall:
         whole = False
         queue = self.queue
         try:
-            if joined:
+            if joined or queue is None:  # a retry, or a start after the call was committed
                 if self.answer is not None:  # committed: one write
                     yield zlib.decompress(self.answer)
                 else:

@@ -154,13 +154,12 @@ class RecentCalls:
         self._set(digest, slot)
         return slot
 
-    def add(self, digest: bytes, call: ModelCall) -> None:
-        """``call`` is the model call of the request with ``digest`` (its placeholder, if still
-        there, is replaced; a retry waiting on it joins ``call``)."""
-        slot = self._calls.get(digest)
+    def add(self, digest: bytes, call: ModelCall, slot: Preparing | None = None) -> None:
+        """``call`` is the model call of the request with ``digest``, reserved as ``slot`` (a
+        retry waiting on it joins ``call``, even if more recent requests pushed it out)."""
         call.digest = digest
         self._set(digest, call)
-        if isinstance(slot, Preparing):
+        if slot is not None:
             slot.resolve(call)
 
     def abandon(self, digest: bytes, slot: Preparing, error: BaseException | None) -> None:

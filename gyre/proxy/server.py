@@ -519,7 +519,7 @@ class ProxyServer(ExecutionAdmin):
             if isinstance(exc, ProxyError):
                 ex.counters.rejected += 1
             raise
-        ex.recent_calls.add(digest, call)
+        ex.recent_calls.add(digest, call, slot)
         task = asyncio.create_task(call.run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

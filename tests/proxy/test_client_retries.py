@@ -338,3 +338,32 @@ def _answer_nbytes(srv, raw):
     assert srv.retry_memory.nbytes == 0
     assert 0.5 * counted < freed <= counted, (freed, counted)
     return counted // 20
+
+
+def test_a_waiting_retry_joins_its_call_even_after_newer_requests_pushed_the_placeholder_out():
+    import asyncio
+    import types
+
+    from gyre.proxy.retries import RecentCalls
+
+    async def go():
+        recent = RecentCalls(size=1)
+        first = recent.reserve(b"a")
+        waiter = asyncio.ensure_future(first.wait())
+        await asyncio.sleep(0)
+        recent.reserve(b"b")                          # a newer request: "a" is pushed out
+        assert recent.retry_target(b"a", 0) is None and first.waiters == 1
+        call = types.SimpleNamespace(digest=b"")
+        recent.add(b"a", call, first)
+        assert await asyncio.wait_for(waiter, 5) is call
+        refused = recent.reserve(b"c")
+        waiter = asyncio.ensure_future(refused.wait())
+        await asyncio.sleep(0)
+        from gyre.proxy.errors import ProxyError
+        recent.abandon(b"c", refused, ProxyError(400, "bad", param="messages"))
+        with pytest.raises(ProxyError) as err:
+            await waiter
+        assert (err.value.status, err.value.message, err.value.param) == (400, "bad", "messages")
+        assert recent.retry_target(b"c", 0) is None
+
+    asyncio.run(go())
