@@ -166,8 +166,10 @@ class ProxyServer(ExecutionAdmin):
     arrive). The record is committed (store, then tree) *before* the closing events or the plain
     body go out, so the harness's next request always finds it. It is ``delivered`` when the
     client is still connected at that point; a client that left earlier leaves a
-    ``delivered=false`` record (the generation runs in its own task), and a harness retry is
-    then a new call.
+    ``delivered=false`` record (the generation runs in its own task). A client retry of the
+    same bytes joins the call or gets its answer instead of a new sample, and a record stored
+    undelivered whose answer a retry then receives is marked delivered (:mod:`gyre.proxy.retries`,
+    :meth:`_mark_delivered`).
 
     Args:
         renderer: the model's :class:`~gyre.proxy.render.ChatRenderer`.
