@@ -28,6 +28,7 @@ _LAZY = {
     "CodexHarness": "gyre.harness.codex",
     "CommandHarness": "gyre.harness.command",
     "ExecutionDir": "gyre.harness.execution",
+    "ExecutionUnresolved": "gyre.harness.base",
     "FINAL_MESSAGE_KEY": "gyre.harness.execution",
     "HARNESSES": "gyre.harness.registry",
     "Harness": "gyre.harness.base",

@@ -43,7 +43,7 @@ from gyre.sandbox.spec import python_runtime_paths
 from gyre.harness.roles import RoleRules
 from gyre.tasks import TaskSpec, WorkspaceError
 
-__all__ = ["Harness", "HarnessUnavailable", "RunningExecution"]
+__all__ = ["ExecutionUnresolved", "Harness", "HarnessUnavailable", "RunningExecution"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,12 @@ def _needs_shared_tmp(argv: Sequence[str]) -> bool:
 class HarnessUnavailable(RuntimeError):
     """The harness cannot be used here: its package registry is unreachable, or the
     installed command is missing. ``str(exc)`` is one line with the reason."""
+
+
+class ExecutionUnresolved(RuntimeError):
+    """The execution has no closure to assess: the machine it ran on was lost before it closed, or it
+    was cancelled before it started anywhere. The main job excludes it (an unresolved assessment,
+    never a placeholder reward). ``str(exc)`` is one line with the reason."""
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -263,6 +269,20 @@ class Harness(abc.ABC):
         return SandboxCommandRunner(self.backend, self.environment_of(task), run_label=self.run_label(run_dir),
                                     evaluator_files=(task.task_dir, *task.hidden), masks=(Path(run_dir).resolve(),),
                                     network=self.network, limits=self.limits)
+
+    def evaluator(self, settings: Any, task: TaskSpec, run_dir: str | os.PathLike[str], judge_base_url: str) -> Any:
+        """``task``'s designated evaluator (``settings``: the run's
+        :class:`~gyre.evaluation.EvaluatorSettings`; judges without an endpoint of their own call
+        ``judge_base_url``), its executable checks run by :meth:`evaluation_runner`.
+
+        Raises:
+            ValueError / ImportError / TypeError: see :meth:`gyre.evaluation.EvaluatorSettings.build`.
+        """
+        return settings.build(task, judge_base_url, self.evaluation_runner(task, run_dir))
+
+    def release(self, execution_id: str) -> None:
+        """Called once an execution's assessment is over; this launcher keeps nothing per execution
+        (its directory stays in the run directory)."""
 
     def runtime_paths(self, spec: LaunchSpec) -> tuple[Path, ...]:
         """What the harness command needs from this machine, bound read-only into its sandbox:

@@ -72,7 +72,7 @@ def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *,
                   on_launch: Callable[[Any], None], evaluators=None) -> FinishedExecution:
     """harness -> proxy -> trajectory tree -> evaluation, for one execution registered at the proxy.
 
-    The task's designated evaluator is built first (``evaluators``, a
+    The task's designated evaluator is built first by the harness (``evaluators``, a
     :class:`gyre.evaluation.EvaluatorSettings`; judges call the model through the proxy at
     ``endpoint`` unless a judge endpoint is configured).  The harness runs against ``endpoint``
     (the proxy records every model call into the execution's tree); the closed workspace is
@@ -84,10 +84,13 @@ def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *,
     Outcomes: the evaluator's (``VALID``, or ``EXCLUDED`` when every attempt was unresolved);
     ``PLACEHOLDER`` (reward 0, empty tree) only when the harness closed without assessable work
     (workspace setup failed, it could not start, it crashed at start); ``EXCLUDED`` when the
-    evaluator cannot be built, the launcher raises, or the assessment itself raises.  Never raises.
+    evaluator cannot be built, the launcher raises (:class:`gyre.harness.ExecutionUnresolved`: the
+    execution's machine was lost), or the assessment itself raises.  The harness is told when the
+    execution is over (:meth:`gyre.harness.Harness.release`).  Never raises.
     """
     from gyre.evaluation.rewards import OutcomeStatus, TerminationStatus, placeholder_tree
     from gyre.evaluation.settings import EvaluatorSettings
+    from gyre.harness.base import ExecutionUnresolved
 
     sid = str(key)
     clock = rewards.clock
@@ -95,8 +98,7 @@ def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *,
     result, outcome, error = None, None, ""
     try:
         try:
-            evaluator = (evaluators or EvaluatorSettings()).build(task, endpoint.openai_base_url,
-                                                                  harness.evaluation_runner(task, run_dir))
+            evaluator = harness.evaluator(evaluators or EvaluatorSettings(), task, run_dir, endpoint.openai_base_url)
         except Exception as exc:  # a task that cannot be scored is not run
             error = f"evaluator cannot be built: {_one_line(exc)}"
             outcome = rewards.exclude(sid, TerminationStatus.SETUP_FAILED, error)
@@ -104,6 +106,11 @@ def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *,
         try:
             result = harness.run(task, run_dir, sid, endpoint, timeout_s=timeout_s,
                                  model_calls=lambda: proxy.counters(sid)["calls"], on_launch=on_launch)
+        except ExecutionUnresolved as exc:  # e.g. its fleet node was lost: no closure, no placeholder
+            error = f"execution unresolved: {_one_line(exc)}"
+            logger.warning("execution %s: %s", sid, error)
+            outcome = rewards.exclude(sid, TerminationStatus.CRASHED, error)
+            return FinishedExecution(key, None, outcome, _tree(proxy, sid), error)
         except Exception as exc:  # a broken launcher must not stop the run
             logger.exception("execution %s failed in the launcher", sid)
             error = f"launcher failed: {_one_line(exc)}"
@@ -118,6 +125,10 @@ def run_execution(key: ExecutionKey, task, harness, proxy, rewards, endpoint, *,
         tree = placeholder_tree(sid) if outcome.status is OutcomeStatus.PLACEHOLDER else _tree(proxy, sid)
         return FinishedExecution(key, result, outcome, tree, error)
     finally:
+        try:
+            harness.release(sid)
+        except Exception as exc:
+            logger.warning("execution %s: releasing it at the launcher failed: %s", sid, exc)
         try:
             proxy.close_execution(sid)
         except Exception as exc:
