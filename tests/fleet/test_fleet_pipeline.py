@@ -1,0 +1,80 @@
+"""`pipeline.run_execution` through the fleet: a real proxy on 127.0.0.1, a three-node Ray cluster on
+this machine, real harness processes on the nodes (:class:`~gyre.harness.CommandHarness`), the
+task's executable check run on the node."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre.evaluation import AssessmentLog, OutcomeStatus, RetryPolicy, RewardManager, TerminationStatus
+from gyre.harness import CommandHarness, ProxyEndpoint
+from gyre.runtime.pipeline import ExecutionKey, run_execution
+from tests.runtime.test_run_execution import CALL_AND_EXIT, EXIT_CODE_CHECK, proxy, renderer, taskset  # noqa: F401
+
+ray = pytest.importorskip("ray", reason="ray is not installed")
+
+
+def launcher_for(run_dir: Path, argv: list[str]):
+    from gyre.fleet.launcher import FleetLauncher
+    from gyre.harness.roles import RoleRules
+
+    factory = functools.partial(CommandHarness, argv, isolation="off", kill_grace_s=0.5)
+    launcher = FleetLauncher(factory, name="command", roles=RoleRules("command"), run_dir=run_dir)
+    assert launcher.pool.wait_for_slots(6, timeout_s=120) == 6
+    return launcher
+
+
+def run_one(proxy, launcher, task, run_dir: Path, index: int, log: AssessmentLog, on_launch=lambda r: None):
+    key = ExecutionKey(0, index, index)
+    ex = proxy.register_execution(str(key), task_id=task.id, harness=launcher.name, role_rules=launcher.roles,
+                                  engine_id="engine-0")
+    rewards = RewardManager(RetryPolicy(max_retries=0, attempt_timeout_s=30), log)
+    return run_execution(key, task, launcher, proxy, rewards, ProxyEndpoint(proxy.url, ex.api_key), run_dir=run_dir,
+                         timeout_s=60, on_launch=on_launch)
+
+
+def test_executions_run_and_are_assessed_on_the_nodes(cluster, proxy, tmp_path):
+    import ray
+
+    ray.init(address=cluster.address)
+    run_dir = tmp_path / "run"
+    task = taskset(tmp_path, EXIT_CODE_CHECK)
+    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_EXIT, "0"])
+    log = AssessmentLog(tmp_path / "assessments.jsonl")
+    try:
+        fins = [None] * 6
+        threads = [threading.Thread(target=lambda i=i: fins.__setitem__(i, run_one(proxy, launcher, task, run_dir, i,
+                                                                                   log))) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(240)
+        nodes = set()
+        for fin in fins:
+            assert fin.outcome.status is OutcomeStatus.VALID and fin.outcome.reward == 1.0, fin
+            assert fin.result.termination is TerminationStatus.COMPLETED and fin.result.model_calls == 1
+            assert len(fin.tree.records) == 1
+            root = run_dir / "executions" / fin.execution_id
+            meta = json.loads((root / "execution.json").read_text())
+            assert meta["result"]["termination"] == "completed" and meta["result"]["model_calls"] == 1
+            nodes.add(meta["fleet"]["node_id"])
+            # the workspace lived on the node (under its slot's directory), never in rank 0's run directory
+            ws = fin.result.workspace
+            assert str(ws.path).startswith(meta["fleet"]["root"]) and ws.ref.startswith("sha256:")
+            assert not (root / "workspace").exists() and (root / "harness.log").exists()
+            assert not ws.path.exists()  # released after the assessment
+        assert len(nodes) == 3  # six executions at once on six slots: every node ran some
+        assessed = [json.loads(line) for line in (tmp_path / "assessments.jsonl").read_text().splitlines()]
+        assert sorted(a["execution_id"] for a in assessed) == sorted(f.execution_id for f in fins)
+        assert {a["evaluator"] for a in assessed} == {"executable"} and all(a["score"] == 1.0 for a in assessed)
+        counts = launcher.pool.counts()
+        assert counts["free"] == 6 and counts["busy"] == 0 and counts["lost"] == 0
+    finally:
+        launcher.close()
