@@ -11,7 +11,7 @@ what they track (cgroups, containers). A process that clears its environment esc
 scan; the ``local`` backend's isolation (a pid namespace that dies with its first process) and
 bwrap's ``--die-with-parent`` cover those.
 
-Usage: python -m gyre.fleet.guard --pid PID --start-time T --token TOKEN [--remove DIR ...]
+Usage: python -m gyre.fleet.guard --pid PID --start-time T --token TOKEN [--remove DIR ...] [--detach]
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ def kill_marked(token: str, *, settle_s: float = 3.0) -> int:
         time.sleep(0.05)
 
 
-def start_guard(token: str, *, remove: tuple[str, ...] = ()) -> subprocess.Popen:
-    """Start the guard of this process (module docstring). The guard itself carries no token."""
+def start_guard(token: str, *, remove: tuple[str, ...] = ()) -> None:
+    """Start the guard of this process (module docstring). The guard itself carries no token and is
+    not this process's child (it forks once more and its parent exits), so a runtime that kills a
+    dead worker's children (Ray does) does not end it."""
     argv = [sys.executable, "-m", "gyre.fleet.guard", "--pid", str(os.getpid()), "--start-time",
             process_start_time(os.getpid()) or "", "--token", token]
     for d in remove:
@@ -78,8 +80,8 @@ def start_guard(token: str, *, remove: tuple[str, ...] = ()) -> subprocess.Popen
     env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    subprocess.run([*argv, "--detach"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, start_new_session=True, env=env, timeout=60, check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token", required=True)
     parser.add_argument("--remove", action="append", default=[])
     parser.add_argument("--poll-s", type=float, default=0.5)
+    parser.add_argument("--detach", action="store_true", help="fork; the parent exits at once")
     args = parser.parse_args(argv)
+    if args.detach and os.fork() > 0:
+        os._exit(0)
     start = args.start_time or process_start_time(args.pid)
     while start is not None and process_start_time(args.pid) == start:
         time.sleep(args.poll_s)

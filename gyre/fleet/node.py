@@ -90,7 +90,7 @@ class SlotAgent:
         self.root = fleet_dir() / run_label / f"slot-{self.token[:12]}"
         self.run_dir = self.root / "run"
         self.run_dir.mkdir(parents=True)
-        self.guard = start_guard(self.token, remove=(str(self.root),))
+        start_guard(self.token, remove=(str(self.root),))
         self.info = {"node_id": node_id, "host": socket.gethostname(), "pid": os.getpid(), "root": str(self.root)}
         self._harness = None
         self._lock = threading.Lock()

@@ -78,3 +78,64 @@ def test_executions_run_and_are_assessed_on_the_nodes(cluster, proxy, tmp_path):
         assert counts["free"] == 6 and counts["busy"] == 0 and counts["lost"] == 0
     finally:
         launcher.close()
+
+
+# one model call, result.txt, then a long sleep (so that a node can be lost while it runs)
+CALL_AND_SLEEP = CALL_AND_EXIT.replace("sys.exit(int(sys.argv[1]))", "import time; time.sleep(float(sys.argv[1]))")
+
+
+def fleet_processes() -> list[int]:
+    """Processes of this machine that carry a fleet slot's token (harnesses, evaluation commands)."""
+    from pathlib import Path as P
+
+    out = []
+    for environ in P("/proc").glob("[0-9]*/environ"):
+        try:
+            if b"GYRE_FLEET_TOKEN=" in environ.read_bytes():
+                out.append(int(environ.parent.name))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_lost_node_fails_its_executions_unresolved_and_the_rest_finish(cluster, proxy, tmp_path):
+    import ray
+
+    from tests.processes import wait_until
+
+    ray.init(address=cluster.address)
+    run_dir = tmp_path / "run"
+    task = taskset(tmp_path, EXIT_CODE_CHECK)
+    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_SLEEP, "25"])
+    log = AssessmentLog(tmp_path / "assessments.jsonl")
+    try:
+        fins: dict[int, object] = {}
+        threads = [threading.Thread(target=lambda i=i: fins.__setitem__(i, run_one(proxy, launcher, task, run_dir, i,
+                                                                                   log))) for i in range(6)]
+        for t in threads:
+            t.start()
+        ids = [str(ExecutionKey(0, i, i)) for i in range(6)]
+        assert wait_until(lambda: all(proxy.counters(s)["calls"] == 1 for s in ids), timeout=120)
+        victim = next(n for n in cluster.list_all_nodes() if n is not cluster.head_node)
+        lost = {s for s in ids if launcher.slot_of(s).node_id == victim.node_id}
+        assert len(lost) == 2  # both slots of that node were busy
+        cluster.remove_node(victim, allow_graceful=False)
+        for t in threads:
+            t.join(240)
+        by_id = {f.execution_id: f for f in fins.values()}
+        for sid in lost:
+            fin = by_id[sid]
+            assert fin.result is None and fin.outcome.status is OutcomeStatus.EXCLUDED and fin.outcome.reward is None
+            assert "fleet node" in fin.error and "lost while the execution ran" in fin.error, fin.error
+            assert len(fin.tree.records) == 1  # its model call, recorded on rank 0, is kept
+        for sid in set(ids) - lost:
+            fin = by_id[sid]
+            assert fin.outcome.status is OutcomeStatus.VALID and fin.outcome.reward == 1.0, fin
+        records = [json.loads(line) for line in (tmp_path / "assessments.jsonl").read_text().splitlines()]
+        unresolved = {r["execution_id"] for r in records if r["status"] == "unresolved"}
+        assert unresolved == lost and not [r for r in records if r["execution_id"] in lost and r["score"] == 0.0]
+        # the lost slots' guards killed their harnesses; nothing of theirs runs on this machine
+        assert wait_until(lambda: not fleet_processes(), timeout=30), fleet_processes()
+        assert launcher.pool.counts()["lost"] == 2
+    finally:
+        launcher.close()
