@@ -379,6 +379,15 @@ def _add_execution_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                             "image:NAME (podman, docker), dockerfile:PATH, rootfs:PATH.")
     group.add_argument("--docker-host", type=str, default=None,
                        help="The Docker daemon the docker backend talks to (DOCKER_HOST; default: the CLI's).")
+    group.add_argument("--execution-fleet", type=str, default=None, metavar="ADDRESS|auto",
+                       help="Run executions on the nodes of a Ray cluster (needs requirements-fleet.txt): ADDRESS of "
+                            "its head (host:port or ray://...), or auto (RAY_ADDRESS or a cluster started on this "
+                            "machine with `ray start`, else a one-node fleet started here). Each node offers "
+                            "gyre_execution_slot resources and runs executions in its own --execution-backend; rank 0 "
+                            "keeps the proxy (see docs/fleet.md).")
+    group.add_argument("--fleet-slots-per-node", type=_positive_int, default=4,
+                       help="--execution-fleet auto without a cluster: execution slots of the one-node fleet "
+                            "started here (nodes started with `ray start` declare their own).")
     return parser
 
 

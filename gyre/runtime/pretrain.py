@@ -146,12 +146,31 @@ def check_main_job_args(args: argparse.Namespace) -> None:
     if res.problems and args.strict_tasks:
         raise ArgumentError(f"argument --strict-tasks: {len(res.problems)} problem(s) in the task files "
                             f"({res.skipped} task(s) would be skipped), the first: {res.problems[0]}")
-    _check_execution_backend(args, res.tasks)
+    if args.execution_fleet:
+        _check_fleet(args, res.tasks)
+    else:
+        _check_execution_backend(args, res.tasks)
     if res.problems and os.environ.get("RANK", "0") == "0":
         for p in res.problems:
             print(f"warning: {p}", file=sys.stderr)
         print(f"warning: argument --tasks: {len(res.tasks)} tasks loaded, {res.skipped} skipped, "
               f"{len(res.problems)} problem(s) (--strict-tasks refuses such a run)", file=sys.stderr)
+
+
+def _check_fleet(args: argparse.Namespace, tasks) -> None:
+    """``--execution-fleet``: Ray imports, and every task can be sent to a node (its hidden paths lie
+    in its directory); the nodes check their own backend."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ArgumentError("argument --execution-fleet: ray is not installed "
+                            "(pip install -c constraints.txt -r requirements-fleet.txt)")
+    from gyre.fleet.shipping import outside_task_dir
+
+    for task in tasks:
+        if outside := outside_task_dir(task):
+            raise ArgumentError(f"argument --execution-fleet: task {task.id} has hidden paths outside its directory "
+                                f"({outside[0]}); a fleet node receives only the task's directory")
 
 
 def _check_execution_backend(args: argparse.Namespace, tasks) -> None:
@@ -444,7 +463,12 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     run_dir = Path(args.run_dir)
     loaded = load_tasks(args.tasks.split(","))
     tasks = loaded.tasks
-    harness = harness_from_args(args)
+    if args.execution_fleet:
+        from gyre.fleet import launcher_from_args
+
+        harness = launcher_from_args(args)  # the same launcher interface; executions run on the fleet's nodes
+    else:
+        harness = harness_from_args(args)
     harness.ensure_installed()
     harness.sweep(run_dir)  # sandboxes an earlier, crashed attempt of this run directory left
     proxy = _rank0_proxy(args, model_dir, run_dir, harness)
