@@ -14,11 +14,18 @@
    every execution is live before it ends. Reports the most live at once, the start times, the
    calls answered and ``records_lost`` (answered calls without a record in the proxy's store).
 
+3. **Fleet** (``--fleet``, needs Ray): ``--executions`` light executions through the execution fleet
+   on a local Ray cluster of ``--nodes`` nodes (``bench/executions_fleet.py`` says what is measured);
+   the last line is then that phase's JSON object (``nodes``, ``executions``, ``completed``,
+   ``records_lost``, ``first_call_p50_s``, ``first_call_p99_s``, ``fleet_overhead_ms_per_execution``,
+   ``rank0_rss_bytes``, ...). ``--quick``: 96 executions.
+
 Prints one JSON object as its last line: ``{"backends": {name: {"start_p50_s", "start_p99_s",
 "rss_bytes_per_sandbox", "pss_bytes_per_sandbox", ...}}, "live_max", "records_lost", ...}``.
 
     .venv/bin/python bench/executions.py --json                 # the defaults: 1,152 live (~5 min)
     .venv/bin/python bench/executions.py --live 64 --starts 10  # a quick look
+    .venv/bin/python bench/executions.py --fleet --json         # 1,152 executions on a 3-node fleet
 """
 
 from __future__ import annotations
@@ -247,7 +254,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-starts", type=int, default=None,
                     help="sandbox starts at once (the backend's gate; default: its own, twice the cores, >= 4)")
     ap.add_argument("--json", action="store_true", help="only the JSON line")
+    ap.add_argument("--fleet", action="store_true", help="only the fleet phase (a local Ray cluster)")
+    ap.add_argument("--executions", type=int, default=1152, help="--fleet: executions sent through the fleet")
+    ap.add_argument("--quick", action="store_true", help="--fleet: 96 executions")
+    ap.add_argument("--nodes", type=int, default=3, help="--fleet: nodes of the local cluster")
+    ap.add_argument("--slots-per-node", type=int, default=4, help="--fleet: execution slots per node")
+    ap.add_argument("--store-mb", type=int, default=100, help="--fleet: object store of each node (MB)")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="--fleet: executions in flight at once (default: the slots)")
+    ap.add_argument("--baseline", type=int, default=32,
+                    help="--fleet: executions run by a local launcher for the overhead baseline")
     args = ap.parse_args(argv)
+    if args.fleet:
+        from executions_fleet import fleet
+
+        result = fleet(96 if args.quick else args.executions, nodes=args.nodes, slots_per_node=args.slots_per_node,
+                       store_mb=args.store_mb, concurrency=args.concurrency, baseline_n=args.baseline)
+        print(json.dumps(result))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))
     result: dict[str, Any] = {"backends": {}}
     try:

@@ -4,7 +4,8 @@ Names are read from inline code spans and fenced code blocks: repository paths m
 dotted ``gyre.`` names must import (module, then attributes), and a ``--flag`` must appear in the
 ``--help`` of the script named last before it (``pretrain_gyre.py`` when none); ``-m gyre.x`` counts
 as a script (``python -m gyre.x --help``), while the flags of other programs (``-m`` of another
-package, ``claude``, ``codex``, ``mini``, ``curl``, ``bwrap``, ``podman``, ``docker``, ``mmdebstrap``)
+package, ``claude``, ``codex``, ``mini``, ``curl``, ``bwrap``, ``podman``, ``docker``, ``mmdebstrap``,
+``ray``, ``kubectl``, ``srun``)
 are not checked.
 """
 
@@ -26,7 +27,8 @@ ROOT_FILE = re.compile(r"^[\w.-]+\.(py|md|txt|yaml|sh|toml|jsonl)$")
 DOTTED = re.compile(r"^gyre(\.\w+)+$")
 FLAG = re.compile(r"^--[a-z][a-z0-9-]*$")
 #: Programs that are not Gyre's: their flags are not checked.
-EXTERNAL = frozenset({"claude", "codex", "mini", "curl", "bwrap", "podman", "docker", "mmdebstrap"})
+EXTERNAL = frozenset({"claude", "codex", "mini", "curl", "bwrap", "podman", "docker", "mmdebstrap", "ray", "kubectl",
+                      "srun"})
 
 
 def snippets(text: str) -> list[str]:

@@ -3,6 +3,7 @@
 #   - Debian libibverbs1 (needed by mooncake-transfer-engine-non-cuda), via apt-get when root
 #   - .venv with Python 3.11, CPU requirements with torch pinned by constraints.txt on every pip call
 #   - dashscope 2.0.2 without dependencies (it only carries the offline Qwen BPE file)
+#   - requirements-fleet.txt (Ray, for --execution-fleet and tests/fleet; the embedded default runs without it)
 #   - a .pth file so `gyre` and `megatron_patches` import from this checkout
 # Usage: bash tools/setup.sh        (prints the venv's python path as its last line)
 set -euo pipefail
@@ -32,12 +33,14 @@ if [ ! -x "$PY" ]; then
 fi
 
 STAMP="$VENV/.gyre-setup-stamp"
-WANT="$(cat "$ROOT/requirements.txt" "$ROOT/constraints.txt" "$ROOT/tools/setup.sh" | sha256sum | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-fleet.txt" "$ROOT/constraints.txt" "$ROOT/tools/setup.sh" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   say "installing CPU requirements (torch pinned by constraints.txt)"
   PIP=("$PY" -m pip --disable-pip-version-check -q)
   "${PIP[@]}" install -c "$ROOT/constraints.txt" -r "$ROOT/requirements.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
   "${PIP[@]}" install -c "$ROOT/constraints.txt" --no-deps dashscope==2.0.2 2>&1 | grep -v '^WARNING: Location' >&2 || true
+  # optional for a run, installed for the test tier (tests/fleet): the execution fleet's Ray
+  "${PIP[@]}" install -c "$ROOT/constraints.txt" -r "$ROOT/requirements-fleet.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
   "$PY" -W ignore -c 'import torch, megatron.core, transformers, yaml, fastapi, pytest; assert torch.__version__.startswith("2.13.0"), torch.__version__' \
     || { say "error: requirements did not install"; exit 1; }
   SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
