@@ -150,6 +150,7 @@ def fleet(executions: int, *, nodes: int, slots_per_node: int, store_mb: int, co
         for _ in range(nodes - 1):
             cluster.add_node(**node)
         ray.init(address=cluster.address, log_to_driver=False)
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # bench/ is not on the nodes' path
         launcher = FleetLauncher(harness_factory, name="command", roles=RoleRules("command"), run_dir=work / "run")
         slots = launcher.pool.wait_for_slots(nodes * slots_per_node, timeout_s=300)
         for i in range(min(slots, executions)):  # every slot builds its harness before the clock starts
