@@ -31,8 +31,9 @@ def launcher_for(run_dir: Path, argv: list[str]):
     return launcher
 
 
-def run_one(proxy, launcher, task, run_dir: Path, index: int, log: AssessmentLog, on_launch=lambda r: None):
-    key = ExecutionKey(0, index, index)
+def run_one(proxy, launcher, task, run_dir: Path, index: int, log: AssessmentLog, on_launch=lambda r: None,
+            group: int = 0):
+    key = ExecutionKey(0, group, index)  # the module's proxy keeps every id it registered: each test its own group
     ex = proxy.register_execution(str(key), task_id=task.id, harness=launcher.name, role_rules=launcher.roles,
                                   engine_id="engine-0")
     rewards = RewardManager(RetryPolicy(max_retries=0, attempt_timeout_s=30), log)
@@ -111,10 +112,10 @@ def test_a_lost_node_fails_its_executions_unresolved_and_the_rest_finish(cluster
     try:
         fins: dict[int, object] = {}
         threads = [threading.Thread(target=lambda i=i: fins.__setitem__(i, run_one(proxy, launcher, task, run_dir, i,
-                                                                                   log))) for i in range(6)]
+                                                                                   log, group=1))) for i in range(6)]
         for t in threads:
             t.start()
-        ids = [str(ExecutionKey(0, i, i)) for i in range(6)]
+        ids = [str(ExecutionKey(0, 1, i)) for i in range(6)]
         assert wait_until(lambda: all(proxy.counters(s)["calls"] == 1 for s in ids), timeout=120)
         victim = next(n for n in cluster.list_all_nodes() if n is not cluster.head_node)
         lost = {s for s in ids if launcher.slot_of(s).node_id == victim.node_id}
