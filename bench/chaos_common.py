@@ -44,8 +44,11 @@ def _valid(api: str, text: str = "hi", max_tokens: int = 8) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": text}], MAX_KEY[api]: max_tokens}
 
 
-def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096, **config):
-    """An embedded engine and a ProxyServer in this process, both on 127.0.0.1. ``config``: more
+def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096,
+                      engine_process: bool = False, **config):
+    """An embedded engine and a ProxyServer in this process, both on 127.0.0.1; with
+    ``engine_process`` the engine runs in a process of its own (``python -m gyre.rollout.serve``),
+    so that this process's memory is the proxy's alone. ``config``: more
     :class:`~gyre.proxy.server.ProxyConfig` fields; those this version of ProxyConfig lacks are left
     out."""
     import dataclasses
@@ -60,7 +63,13 @@ def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max
     from gyre.trajectory.store import TrajectoryStore
 
     model = ensure_tiny_model("local")
-    engine = EngineServer(EngineConfig(model_dir=str(model), max_running_requests=8)).start()
+    if engine_process:
+        from gyre.rollout.serve import EmbeddedEngineProcess
+
+        engine = EmbeddedEngineProcess(str(model), port=_free_port(), env=ENV, extra_args=[
+            "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=300)
+    else:
+        engine = EngineServer(EngineConfig(model_dir=str(model), max_running_requests=8)).start()
     store = TrajectoryStore(tmp, fsync_every=0)
     have = {f.name for f in dataclasses.fields(ProxyConfig)}
     srv = ProxyServer(ChatRenderer(load_tokenizer(model)), store=store,

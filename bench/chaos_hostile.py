@@ -1,6 +1,7 @@
 """``bench/chaos.py``'s ``hostile`` section: seeded hostile requests of seven classes against a real
-:class:`~gyre.proxy.server.ProxyServer` in front of an embedded engine (both in this process, on
-127.0.0.1), with another execution's small calls running beside them.
+:class:`~gyre.proxy.server.ProxyServer` in this process in front of an embedded engine in a process
+of its own (``python -m gyre.rollout.serve``), both on 127.0.0.1, with another execution's small
+calls running beside them.
 
 The cases are those of ``tests/proxy/test_hostile_bodies.py`` (``tests/hostile_cases.py``), drawn
 with ``random.Random(seed)`` instead of hypothesis: ``compression`` (gzip / deflate bombs, bodies
@@ -18,8 +19,7 @@ Reported per class (``hostile_by_class``) and overall: ``hostile_requests``, ``h
 whose fresh execution does not hold exactly one delivered record, or an unanswered one that holds
 any), ``hostile_wrong_status`` (a 2xx/4xx other than the one promised), ``hostile_rss_growth_max``
 (this process's peak RSS above its level before the request, bytes; ``..._x_cap``: as a multiple of
-the cap; the embedded engine runs in this process too, so a long prompt's forward pass counts in
-it), and the other execution's calls: ``hostile_others_p99_s``, ``hostile_others_max_s``,
+the cap; the engine's memory is not in it), and the other execution's calls: ``hostile_others_p99_s``, ``hostile_others_max_s``,
 ``hostile_others_failed``. ``hostile_targets`` holds the figures the proxy promises beside them.
 """
 
@@ -113,7 +113,8 @@ def section_hostile(n: int, seed: int, cap: int = 256 << 10) -> dict:
     r = random.Random(seed)
     lim = limits(cap)
     tmp = Path(tempfile.mkdtemp(prefix="chaos-hostile-"))
-    engine, srv, _ = _in_process_proxy(tmp, cap=48, retry_timeout_s=5.0, max_context=32768, **lim)
+    engine, srv, _ = _in_process_proxy(tmp, cap=48, retry_timeout_s=5.0, max_context=32768, engine_process=True,
+                                       **lim)
     by_class: dict[str, dict] = {}
     examples: list[dict] = []
     all_lat: list[float] = []
