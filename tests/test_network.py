@@ -26,3 +26,11 @@ def test_a_remote_master_gives_a_local_non_loopback_address():
 def test_an_unresolvable_master_is_an_error():
     with pytest.raises(OSError):
         node_address("no-such-host.invalid")
+
+
+def test_gyre_node_addr_names_the_address(monkeypatch):
+    monkeypatch.setenv("GYRE_NODE_ADDR", "127.0.0.2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert node_address() == "127.0.0.2"
+    monkeypatch.setenv("GYRE_NODE_ADDR", "")  # empty: the route, as unset
+    assert node_address() == "127.0.0.1"

@@ -10,6 +10,7 @@
 # 127.0.0.2.  Processes are tracked through /proc (proctrack/linuxproc, task/none: no cgroups).
 # munged runs on its own socket and key.  Everything it writes but the /etc/hosts lines lives under
 # GYRE_SLURM_DIR (default ~/.cache/gyre/slurm): slurm.conf, the munge key, state, spool, logs, pids.
+# A requeued job may start again 21 s after `scontrol requeue` (cred_expire=20; Slurm's default is 120).
 # Client commands find the cluster through SLURM_CONF: `export "$(bash tools/setup_slurm.sh | tail -n 1)"`.
 # Starting is a no-op when the cluster already answers.  Needs root (apt, /etc/hosts, daemons).
 set -euo pipefail
@@ -81,7 +82,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=20
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -107,6 +108,8 @@ NodeName=n1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((CTLD_PORT + 1)) CPUs=2
 NodeName=n2 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((CTLD_PORT + 2)) CPUs=2 RealMemory=8000 State=UNKNOWN
 PartitionName=local Nodes=n1,n2 Default=YES MaxTime=INFINITE OverSubscribe=FORCE:2 State=UP
 EOF
+changed=0
+cmp -s "$CONF.tmp" "$CONF" || changed=1
 mv "$CONF.tmp" "$CONF"
 export SLURM_CONF="$CONF"
 
@@ -118,6 +121,8 @@ if ! alive "$DIR/munged.pid"; then
 fi
 if ! alive "$DIR/slurmctld.pid"; then
   slurmctld -f "$CONF"  # daemonises; keeps its state in $DIR/state
+elif [[ "$changed" == 1 ]]; then
+  scontrol reconfigure >&2  # a running cluster takes the new slurm.conf
 fi
 for n in "${NODES[@]}"; do
   if ! alive "$DIR/slurmd-$n.pid"; then
