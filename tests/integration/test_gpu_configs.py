@@ -122,8 +122,8 @@ def test_sbatch_dry_run_prints_each_nodes_command_and_checks_the_config():
     lines = r.stdout.splitlines()
     assert lines[0] == "nodes: 32 x 8 GPUs (WORLD_SIZE=256), rendezvous head:29500"
     assert lines[1] == "node 0: mooncake_master --port 50051"
-    assert lines[2].startswith("node 0: torchrun --nnodes 32 --nproc-per-node 8 --node-rank 0 --rdzv-backend c10d "
-                               "--rdzv-endpoint head:29500 ")
+    assert lines[2].startswith("node 0: torchrun --nnodes 32 --nproc-per-node 8 --node-rank 0 --master-addr head "
+                               "--master-port 29500 ")
     assert lines[3].startswith("node 31: torchrun --nnodes 32 --nproc-per-node 8 --node-rank 31 ")
     assert lines[2].endswith("--config examples/gpu/multinode_cells.yaml --rollout-shared-kv-store head:50051")
 
@@ -137,6 +137,21 @@ def test_sbatch_dry_run_refuses_a_world_the_config_does_not_fit():
     assert r.returncode == 2 and "at least --config FILE" in r.stderr
     r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", NNODES="abc")
     assert r.returncode == 2 and r.stderr.strip() == "gyre_multinode.sbatch: error: NNODES=abc is not a positive integer"
+    r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", GYRE_SLURM_ENV="examples/slurm/none.env")
+    assert r.returncode == 2 and r.stderr.strip() == (f"gyre_multinode.sbatch: error: GYRE_SLURM_ENV="
+                                                      f"{ROOT}/examples/slurm/none.env is not a file")
+
+
+def test_sbatch_dry_run_of_the_cpu_profile():
+    r = sbatch_dry_run("--config", "examples/cpu_tiny.yaml", "--num-cells", "4", NNODES="2", MASTER_ADDR="n1",
+                       GYRE_SLURM_ENV="examples/slurm/cpu.env")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "nodes: 2 x 2 CPU ranks (WORLD_SIZE=4), rendezvous n1:29500"
+    assert lines[1].startswith("node 0: torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr n1 ")
+    r = sbatch_dry_run("--config", "examples/cpu_tiny.yaml", NNODES="2", GYRE_SLURM_ENV="examples/slurm/cpu.env")
+    assert r.returncode == 2  # 3 cells do not fill 2 nodes x 2 ranks
+    assert "WORLD_SIZE=4 must be --num-cells x TP x PP" in r.stderr.splitlines()[-1]
 
 
 def test_sbatch_dry_run_anywhere_on_the_line_and_without_the_shared_store_by_default():
@@ -184,5 +199,18 @@ for i in $(seq 0 $((n - 1))); do SLURM_NODEID=$i "$@"; done''',
     assert calls[1] == "mooncake_master --port 50051"
     flags = (f"pretrain_gyre.py --run-dir {tmp_path / 'run'} --config examples/gpu/node8_cells8.yaml --num-cells 16 "
              f"--lr 2e-6 --rollout-shared-kv-store head:50051")
-    assert calls[2:] == [f"torchrun --nnodes 2 --nproc-per-node 8 --node-rank {i} --rdzv-backend c10d "
-                         f"--rdzv-endpoint head:29500 --rdzv-id 77 {flags}" for i in (0, 1)]
+    assert calls[2:] == [f"torchrun --nnodes 2 --nproc-per-node 8 --node-rank {i} --master-addr head "
+                         f"--master-port 29500 {flags}" for i in (0, 1)]
+
+
+def test_sbatch_resumes_a_run_directory_that_holds_a_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", NNODES="1", RUN_DIR=str(run))
+    assert "--load" not in r.stdout
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", NNODES="1", RUN_DIR=str(run))
+    assert r.stdout.splitlines()[1].endswith(f"--config examples/gpu/node8_cells8.yaml --load {run}")
+    r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", "--load", "elsewhere", NNODES="1",
+                       RUN_DIR=str(run))
+    assert r.stdout.splitlines()[1].endswith("--load elsewhere")  # an explicit --load is kept, not doubled
