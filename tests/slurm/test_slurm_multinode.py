@@ -53,23 +53,36 @@ def wait_ended(job: str, timeout: float) -> str:
     return state
 
 
-def job_processes(job: str, node: str | None = None) -> list[int]:
-    """Processes on this machine whose environment names Slurm job ``job`` (on ``node`` if given)."""
+def job_processes(job: str, node: str | None = None, mark: str | None = None) -> list[int]:
+    """Processes on this machine whose environment names Slurm job ``job`` (on ``node`` if given), or
+    whose command line or environment holds ``mark`` (a sandbox clears its environment)."""
     pids = []
-    for env_file in Path("/proc").glob("[0-9]*/environ"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            env = dict(kv.split("=", 1) for kv in env_file.read_bytes().decode(errors="replace").split("\0") if "=" in kv)
+            raw = (proc / "environ").read_bytes().decode(errors="replace")
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
+        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
         if env.get("SLURM_JOB_ID") == job and (node is None or env.get("SLURMD_NODENAME") == node):
-            pids.append(int(env_file.parent.name))
+            pids.append(int(proc.name))
+        elif mark is not None and (mark in cmdline or mark in raw) and int(proc.name) != os.getpid():
+            pids.append(int(proc.name))
     return pids
 
 
+def leftovers(jobs: list[str], mark: str, timeout: float = 60) -> list[int]:
+    """The processes of ``jobs`` (or naming ``mark``) still running after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (left := sorted({p for job in jobs for p in job_processes(job, mark=mark)})) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 @pytest.fixture
-def slurm_jobs():
+def slurm_jobs(tmp_path):
     """Submits the sbatch script on the CPU profile; cancels every job at the end, then checks that
-    none of their processes is left."""
+    none of their processes (nor any naming the test's directory) is left."""
     jobs: list[str] = []
 
     def submit(run_dir: Path, *gyre_args: str) -> tuple[str, Path]:
@@ -87,11 +100,7 @@ def slurm_jobs():
     yield submit
     for job in jobs:
         subprocess.run(["scancel", "--full", job], capture_output=True, timeout=30)
-    deadline = time.monotonic() + 60
-    left = [p for job in jobs for p in job_processes(job)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = [p for job in jobs for p in job_processes(job)]
+    left = leftovers(jobs, str(tmp_path))
     assert not left, f"processes of jobs {jobs} still run: {left}"
 
 
@@ -124,6 +133,7 @@ def test_two_nodes_run_the_cpu_job_end_to_end(tmp_path, slurm_jobs):
     trained = [json.loads(line)["execution_id"] for line in (run / "executions.jsonl").read_text().splitlines()
                if json.loads(line)["event"] == "trained"]
     assert len(trained) == len(set(trained)) == 24
+    assert leftovers([job], str(tmp_path)) == []  # every rank, engine and harness ended with the job
 
 
 def test_a_lost_node_ends_the_job_and_the_requeued_job_resumes(tmp_path, slurm_jobs):
@@ -150,6 +160,7 @@ def test_a_lost_node_ends_the_job_and_the_requeued_job_resumes(tmp_path, slurm_j
     assert "srun: error: n2: task 1: Killed" in log, log[-3000:]
     assert "gyre_multinode.sbatch: error: the ranks of a node failed" in log
     assert not (run / "summary.json").exists()
+    assert leftovers([job], str(tmp_path)) == []  # n1's ranks ended too
     done = int(tracker.read_text())
     ck = json.loads((run / "checkpoints" / f"iter_{done:07d}" / "controller.json").read_text())
     assert 1 <= done < 3 and ck["iteration"] == done
@@ -175,4 +186,5 @@ def test_a_lost_node_ends_the_job_and_the_requeued_job_resumes(tmp_path, slurm_j
     assert sorted({r["step"] for r in rows}) == [1, 2, 3]
     assert [r["step"] for r in rows][-(3 - done):] == list(range(done + 1, 4))
     assert len(engines_of_attempts(run)) == 2
+    assert leftovers([job], str(tmp_path)) == []
     print(f"lost node: the job ended {ended_s:.1f} s after n2's processes were killed")
