@@ -21,15 +21,21 @@ NODES=(n1 n2)
 ADDRS=(127.0.0.1 127.0.0.2)
 
 log() { echo "setup_slurm: $*" >&2; }
+running() {  # process $1 runs (an exited, unreaped zombie does not)
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  [[ "${stat##*) }" != Z* ]]
+}
+alive() { [[ -f "$1" ]] && running "$(cat "$1")"; }  # the daemon of pid file $1 runs
 
 stop_pidfile() {  # stop the daemon whose pid file is $1 (only that process, by its id)
   local f="$1" pid
   [[ -f "$f" ]] || return 0
   pid="$(cat "$f")"
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+  if [[ -n "$pid" ]] && running "$pid"; then
     kill "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do running "$pid" || break; sleep 0.1; done
+    running "$pid" && kill -9 "$pid" 2>/dev/null
   fi
   rm -f "$f"
 }
@@ -113,16 +119,17 @@ cmp -s "$CONF.tmp" "$CONF" || changed=1
 mv "$CONF.tmp" "$CONF"
 export SLURM_CONF="$CONF"
 
-alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 if ! alive "$DIR/munged.pid"; then
   munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
     --pid-file="$DIR/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed"
 fi
+if [[ "$changed" == 1 ]]; then  # a running cluster takes a new slurm.conf on a restart (jobs keep running)
+  for n in "${NODES[@]}"; do stop_pidfile "$DIR/slurmd-$n.pid"; done
+  stop_pidfile "$DIR/slurmctld.pid"
+fi
 if ! alive "$DIR/slurmctld.pid"; then
   slurmctld -f "$CONF"  # daemonises; keeps its state in $DIR/state
-elif [[ "$changed" == 1 ]]; then
-  scontrol reconfigure >&2  # a running cluster takes the new slurm.conf
 fi
 for n in "${NODES[@]}"; do
   if ! alive "$DIR/slurmd-$n.pid"; then
