@@ -134,6 +134,11 @@ def test_two_nodes_run_the_cpu_job_end_to_end(tmp_path, slurm_jobs):
                if json.loads(line)["event"] == "trained"]
     assert len(trained) == len(set(trained)) == 24
     assert leftovers([job], str(tmp_path)) == []  # every rank, engine and harness ended with the job
+    from datetime import datetime
+
+    start, end = (datetime.fromisoformat(job_field(job, k)) for k in ("StartTime", "EndTime"))
+    print(f"two nodes: job {job} ran {(end - start).total_seconds():.0f} s (Slurm's StartTime to EndTime), "
+          f"the run itself {summary['wall_s']:.1f} s (summary.json's wall_s)")
 
 
 def test_a_lost_node_ends_the_job_and_the_requeued_job_resumes(tmp_path, slurm_jobs):
