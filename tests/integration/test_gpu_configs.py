@@ -214,3 +214,36 @@ def test_sbatch_resumes_a_run_directory_that_holds_a_checkpoint(tmp_path):
     r = sbatch_dry_run("--config", "examples/gpu/node8_cells8.yaml", "--load", "elsewhere", NNODES="1",
                        RUN_DIR=str(run))
     assert r.stdout.splitlines()[1].endswith("--load elsewhere")  # an explicit --load is kept, not doubled
+
+
+def test_sbatch_says_what_failed_and_how_to_resume(tmp_path):
+    """A failing step (a fake ``srun`` that exits as if a node's task was killed): the script exits
+    with srun's status and one line naming the checkpoint a requeued job resumes from."""
+    bin_dir, env_dir, run = tmp_path / "bin", tmp_path / "venv", tmp_path / "run"
+    (env_dir / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    (env_dir / "bin" / "activate").write_text(f"export PATH={bin_dir}:$PATH\n")
+    fakes = {"scontrol": "echo n1; echo n2", "srun": "echo 'srun: error: n2: task 1: Killed' >&2; exit 137",
+             "python": "exit 0"}  # the configuration check passes (tested above)
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="n[1-2]", SLURM_JOB_ID="9", GYRE_ENV=str(env_dir),
+               GYRE_SLURM_ENV="examples/slurm/cpu.env", RUN_DIR=str(run), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    argv = ["bash", str(SBATCH), "--config", "examples/cpu_tiny.yaml", "--num-cells", "4"]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 137
+    assert r.stderr.splitlines()[-1] == (
+        f"gyre_multinode.sbatch: error: a node's ranks failed (srun exit status 137; srun's lines above name the node "
+        f"and task) and the job step was ended on every node; {run} holds no checkpoint yet: a requeued job starts "
+        f"the run over")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    r = subprocess.run(argv, capture_output=True, text=True, env=dict(env, SLURM_RESTART_COUNT="1"), cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 137
+    assert f"gyre_multinode.sbatch: job 9 attempt 2 on n[1-2] (2 x 2 CPU ranks), run directory {run}, resumed" \
+        in r.stdout
+    assert r.stderr.splitlines()[-1].endswith(f"{run} keeps the checkpoint of step 2: scontrol requeue 9 (or a new "
+                                              f"sbatch with RUN_DIR={run}) resumes from it")

@@ -163,10 +163,11 @@ def test_a_lost_node_ends_the_job_and_the_requeued_job_resumes(tmp_path, slurm_j
     ended_s = time.monotonic() - t_kill
     log = out.read_text()
     assert "srun: error: n2: task 1: Killed" in log, log[-3000:]
-    assert "gyre_multinode.sbatch: error: the ranks of a node failed" in log
+    assert "gyre_multinode.sbatch: error: a node's ranks failed" in log
     assert not (run / "summary.json").exists()
     assert leftovers([job], str(tmp_path)) == []  # n1's ranks ended too
     done = int(tracker.read_text())
+    assert f"{run} keeps the checkpoint of step {done}: scontrol requeue {job}" in log
     ck = json.loads((run / "checkpoints" / f"iter_{done:07d}" / "controller.json").read_text())
     assert 1 <= done < 3 and ck["iteration"] == done
     before = [json.loads(line) for line in (run / "executions.jsonl").read_text().splitlines()]
