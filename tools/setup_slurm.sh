@@ -12,7 +12,8 @@
 # GYRE_SLURM_DIR (default ~/.cache/gyre/slurm): slurm.conf, the munge key, state, spool, logs, pids.
 # A requeued job may start again 21 s after `scontrol requeue` (cred_expire=20; Slurm's default is 120).
 # Client commands find the cluster through SLURM_CONF: `export "$(bash tools/setup_slurm.sh | tail -n 1)"`.
-# Starting is a no-op when the cluster already answers.  Needs root (apt, /etc/hosts, daemons).
+# Starting again is a no-op while the daemons run and slurm.conf is unchanged (a change restarts them).
+# Needs root (apt, /etc/hosts, daemons).
 set -euo pipefail
 DIR="${GYRE_SLURM_DIR:-$HOME/.cache/gyre/slurm}"
 CONF="$DIR/slurm.conf"
