@@ -14,6 +14,17 @@ A boundary between messages ``a`` and ``b`` is *cuttable* when ``render(.. a)`` 
 ``render(.. a, b)`` (not inside a group of consecutive tool results, whose shared block closes
 only after the last one). Segments are encoded separately, so a stored token sequence can be
 reused at every cuttable boundary.
+
+Cost. A boundary is tested in the window of the group it would close: the message before the
+group and the group so far. While a group is at most ``GROUP_WINDOW`` messages long that is the
+whole test; in a longer group (hundreds of tool results after one assistant message) each further
+boundary is first tested in a sliding window of the ``GROUP_WINDOW`` messages before it, and only a
+boundary that is cuttable there is tested again in the group's whole window (the same test as for
+a short group), so a group costs a number of template calls linear in its length, each on at most
+``GROUP_WINDOW + 1`` messages, plus two renders of the whole group where it ends. For templates
+that decide a boundary from its neighbours (as Gyre's and Qwen's decide a tool result's closing
+``<|im_end|>`` from the next message's role) this finds the same cuts as testing every boundary in
+the whole window.
 """
 
 from __future__ import annotations
@@ -31,6 +42,9 @@ __all__ = ["ChatRenderer", "RenderError", "Segment", "DeltaRender"]
 _PROBE = "\u2063GYRE_PROBE\u2063"
 _PROBE_R = "\u2063GYRE_PROBE_REASONING\u2063"
 _EMPTY_THINK = re.escape(THINK_OPEN) + r"\s*" + re.escape(THINK_CLOSE) + r"\s*"
+#: Messages of a group tested in the group's whole window; later boundaries of a longer group are
+#: tested in a sliding window of this many messages first (see the module docstring).
+GROUP_WINDOW = 2
 
 
 class RenderError(ValueError):
@@ -240,8 +254,21 @@ class ChatRenderer:
         n = len(dicts)
         gs = 0  # first message of the open group
         t_prev: str | None = None  # rendering of win + dicts[gs:j]; None while the group is empty
+        stale = False  # t_prev was not rendered for the current j (a long group, see the module docstring)
         j = 0
         while j < n:
+            if j - gs > GROUP_WINDOW:
+                ctx = dicts[j - GROUP_WINDOW:j]
+                if not self.render(ctx + [dicts[j]], None, template_kwargs=kw).startswith(
+                        self.render(ctx, None, template_kwargs=kw)):
+                    stale = True
+                    j += 1
+                    continue
+                # a cut in the sliding window: test it in the group's window
+                t_prev = self.render(win + dicts[gs:j], use_tools, template_kwargs=kw)
+                if not t_prev.startswith(base):
+                    raise RenderError("rendering is not prefix-stable after the previous message")
+                stale = False
             t = self.render(win + dicts[gs:j + 1], use_tools, template_kwargs=kw)
             if not t.startswith(base):
                 raise RenderError("rendering is not prefix-stable after the previous message")
@@ -256,6 +283,10 @@ class ChatRenderer:
                 continue  # re-render new[j] in the new window
             t_prev = t
             j += 1
+        if stale:  # the open long group's rendering
+            t_prev = self.render(win + dicts[gs:], use_tools, template_kwargs=kw)
+            if not t_prev.startswith(base):
+                raise RenderError("rendering is not prefix-stable after the previous message")
         gen_ids: list[int] = []
         gen_in_last = False
         if add_generation_prompt:

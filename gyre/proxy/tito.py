@@ -7,7 +7,17 @@ earlier outputs, matches the messages against the execution's message trie
 ``input_ids`` from the stored tokens plus the new messages rendered at message boundaries
 (:mod:`gyre.proxy.render`). :meth:`TitoSession.commit` stores the resulting
 :class:`~gyre.trajectory.records.RequestRecord` durably first, then inserts it into the tree.
-Not thread-safe: the caller serialises prepare and commit per execution.
+
+Threads. A session's state is read and written on one thread (the server's event loop); the
+caller serialises commits per execution. :meth:`TitoSession.prepare_async` reads the state in two
+synchronous steps, before its first await (restore and match: a
+:class:`~gyre.proxy.tito_input.MatchedRequest`) and after its last one (the stored tokens the
+input starts with, assembly). In between, the new messages are rendered and encoded
+(:func:`~gyre.proxy.tito_input.draft_input`), in a worker thread when there are many of them; that
+work reads only the :class:`~gyre.proxy.tito_input.MatchedRequest`, never the session. A commit
+that runs meanwhile cannot invalidate the match: trie nodes only gain children, a node's ``end``
+never changes once set, and a node's ``ref`` only moves to a later record that holds the same
+tokens up to ``end``.
 """
 
 from __future__ import annotations
@@ -22,8 +32,9 @@ import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import ROLE_ASSISTANT, ChatRequest, Message, ToolCall
-from gyre.proxy.render import ChatRenderer, RenderError
-from gyre.proxy.tito_input import InputPlan, OutputEntry, PreparedInput, TextRef, TrieNode, trie_key
+from gyre.proxy.render import ChatRenderer
+from gyre.proxy.tito_input import (InputPlan, MatchedRequest, OutputEntry, PreparedInput, TrieNode, draft_input,
+                                   trie_key)
 from gyre.trajectory.records import RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
@@ -35,6 +46,10 @@ _NO_IDS = np.zeros(0, np.int32)
 # another core. 1,024 characters are ~0.3 ms of tokenizing (code, or the benches' filler text); the
 # hop to the pool costs ~0.1 ms.
 INLINE_ENCODE_MAX_CHARS = 1024
+# A request with more new messages than this is rendered (and encoded) in the thread pool: the
+# template costs ~0.1-0.3 ms per call and a message two or three calls, so the event loop renders
+# at most a few milliseconds of any request.
+INLINE_RENDER_MAX_MESSAGES = 16
 _Recent = tuple[np.ndarray, np.ndarray, np.ndarray, int, "ContextBuffer | None"]
 
 
@@ -256,47 +271,77 @@ class TitoSession:
             gyre.proxy.render.RenderError: the template cannot render the messages at all.
         """
         t0 = time.perf_counter()
-        plan, t1 = self._plan_request(request)
-        prep = plan.finish(self.renderer.encode_batch(plan.texts))
+        matched = self._match(request)
+        t1 = time.perf_counter()
+        plan = draft_input(self.renderer, matched)
+        prep = self._complete(plan, self.renderer.encode_batch(plan.texts))
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
         return prep
 
     async def prepare_async(self, request: ChatRequest, executor: Any = None) -> PreparedInput:
-        """:meth:`prepare` with the encoding of new text longer than ``INLINE_ENCODE_MAX_CHARS`` run
-        in ``executor`` (a thread pool: the tokenizer releases the GIL, so tool outputs neither
-        block the event loop nor stay on its core). Restoration, matching and rendering happen
-        before the first await, so the result is the same as :meth:`prepare` at that moment.
+        """:meth:`prepare` with the long work in ``executor`` (a thread pool): a request with more
+        than ``INLINE_RENDER_MAX_MESSAGES`` new messages is rendered and encoded there; otherwise
+        only the encoding of new text longer than ``INLINE_ENCODE_MAX_CHARS`` is (the tokenizer
+        releases the GIL, so tool outputs neither block the event loop nor stay on its core).
+        Restoration and matching happen before the first await, the stored prefix is read and the
+        input assembled after the last one (see the module docstring), so the result is the same
+        as :meth:`prepare` at the first step's moment.
         """
         import asyncio
 
         t0 = time.perf_counter()
-        plan, t1 = self._plan_request(request)
-        t2 = time.perf_counter()
-        if plan.texts and sum(len(t) for t in plan.texts) > INLINE_ENCODE_MAX_CHARS:
-            enc = await asyncio.get_running_loop().run_in_executor(executor, self.renderer.encode_batch, plan.texts)
+        matched = self._match(request)
+        t1 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        if matched.new_messages() > INLINE_RENDER_MAX_MESSAGES:
+            plan, enc, encode_s = await loop.run_in_executor(executor, self._draft_and_encode, matched)
         else:
-            enc = self.renderer.encode_batch(plan.texts)
-        t3 = time.perf_counter()
-        prep = plan.finish(enc)
-        prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": t3 - t2}
+            plan = draft_input(self.renderer, matched)
+            t2 = time.perf_counter()
+            if plan.texts and sum(len(t) for t in plan.texts) > INLINE_ENCODE_MAX_CHARS:
+                enc = await loop.run_in_executor(executor, self.renderer.encode_batch, plan.texts)
+            else:
+                enc = self.renderer.encode_batch(plan.texts)
+            encode_s = time.perf_counter() - t2
+        prep = self._complete(plan, enc)
+        prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": encode_s}
         return prep
 
-    def _plan_request(self, request: ChatRequest):
-        """Restore, match and render ``request``: ``(plan, time after matching)``."""
-        messages, ident, restored = self.restore(request.messages)
-        keys, path = self._walk(request, messages, ident)
-        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
-        t1 = time.perf_counter()
-        return self._plan(request, messages, ident, keys, path, restored, starts_in_reasoning), t1
+    def _draft_and_encode(self, matched: MatchedRequest) -> tuple[InputPlan, list[list[int]], float]:
+        """:func:`~gyre.proxy.tito_input.draft_input` and the encoding of its texts (in a worker
+        thread: reads only ``matched`` and the renderer): ``(plan, encoded, encoding seconds)``."""
+        plan = draft_input(self.renderer, matched)
+        t = time.perf_counter()
+        enc = self.renderer.encode_batch(plan.texts)
+        return plan, enc, time.perf_counter() - t
 
-    def _walk(self, request: ChatRequest, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
+    def _match(self, request: ChatRequest) -> MatchedRequest:
+        """Restore and match ``request`` against the session's state (on the state's thread)."""
+        messages, ident, restored = self.restore(request.messages)
+        header = self.header_key(request)
+        keys, path = self._walk(header, messages, ident)
+        _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
+        outputs = {ci: self._outputs[ci] for ci in ident if ci is not None}
+        return MatchedRequest(request, messages, ident, keys, path, [nd.end for nd in path], outputs, header,
+                              restored, starts_in_reasoning)
+
+    def _complete(self, plan: InputPlan, encoded: list[list[int]]) -> PreparedInput:
+        """Put the stored tokens up to the plan's anchor before its new ones and assemble the input
+        (on the state's thread)."""
+        if plan.path:
+            anchor = plan.path[-1]
+            pieces, buffer = self._record_prefix(anchor.ref, plan.anchor_end)
+            plan.set_prefix(pieces, anchor.close, buffer)
+        return plan.finish(encoded)
+
+    def _walk(self, header: Hashable, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
         """Match the messages against the trie: ``(keys, path)``. An output identified by its
         content alone may be another output with the same content (an agent that says the same
         thing twice); where the trie continues with such a sibling output instead, that one is
         taken (``messages`` and ``ident`` are updated in place)."""
         keys: list[Hashable] = [("out", ci) if ci is not None else trie_key(m) for m, ci in zip(messages, ident)]
         path: list[TrieNode] = []
-        node = self._root.children.get(self.header_key(request))
+        node = self._root.children.get(header)
         if node is not None:
             path.append(node)
             for i, k in enumerate(keys):
@@ -326,93 +371,6 @@ class TitoSession:
                            for tc in message.tool_calls):
                         return k[1]
         return None
-
-    def _plan(self, request, messages, ident, keys, path, restored, starts_in_reasoning) -> "InputPlan":
-        """Back off to the deepest cuttable boundary that the continuation renders after."""
-        depth = len(path)
-        while True:
-            while depth > 0 and path[depth - 1].end < 0:
-                depth -= 1
-            try:
-                return self._assemble(request, messages, ident, keys, path, depth, restored, starts_in_reasoning)
-            except RenderError:
-                if depth == 0:
-                    raise
-                depth -= 1
-
-    def _assemble(
-        self,
-        request: ChatRequest,
-        messages: list[Message],
-        ident: list[int | None],
-        keys: list[Hashable],
-        path: list[TrieNode],
-        depth: int,
-        restored: int,
-        starts_in_reasoning: bool,
-    ) -> "InputPlan":
-        """Plan the input of a request: stored token arrays and texts still to encode, in order.
-
-        Raises:
-            RenderError: the continuation does not render after ``path[depth - 1]``.
-        """
-        plan = InputPlan(request, messages, ident, restored, starts_in_reasoning, path[:depth])
-        if depth > 0:
-            anchor = path[depth - 1]
-            pieces, buffer = self._record_prefix(anchor.ref, anchor.end)
-            if buffer is not None:
-                plan.continue_buffer(buffer, pieces[0][0].shape[0])
-            for toks, prov in pieces:
-                plan.add(toks, prov)
-            if anchor.close:
-                plan.add_ext(np.asarray(anchor.close, np.int32))
-        plan.reused = plan.known_len()
-        # path[0] is the header node, path[k] the node of messages[k - 1]: with depth d >= 1
-        # messages[d - 1:] are new; depth 0 (no header either) renders everything.
-        first_new = max(0, depth - 1)
-        # the message before the first new one (path[depth - 1] is its node; same key, same rendering)
-        prev: Message | None = None
-        if depth > 1:
-            ci = ident[depth - 2]
-            prev = messages[depth - 2] if ci is None else self._outputs[ci].message
-        tools = request.tools
-        if depth == 0:
-            plan.pend(self.header_key(request), False, [], cut=True)
-        n = len(messages)
-        i = first_new
-        kw = request.template_kwargs
-        while True:
-            j = i  # next identified output at or after i
-            while j < n and ident[j] is None:
-                j += 1
-            run = messages[i:j]
-            last = j >= n
-            if run or last:
-                d = self.renderer.render_delta(prev, run, tools if prev is None else None, add_generation_prompt=last,
-                                               template_kwargs=kw, encode=plan.text)
-                for seg in d.segments:
-                    plan.add_part(seg.ids)
-                    for mi in range(seg.first, seg.last + 1):
-                        k = i + mi
-                        plan.pend(keys[k], False, [], cut=mi == seg.last)
-                if last:
-                    plan.gen_start = len(plan.parts)
-                    if isinstance(d.gen_ids, TextRef):
-                        plan.add_part(d.gen_ids)
-                    if d.gen_in_last and plan.pending:
-                        plan.pending[-1][4] = False
-                    break
-                if run:
-                    prev = run[-1]
-            e = self._outputs[ident[j]]  # type: ignore[index]  # splice the identified output
-            plan.add_ext(e.open_ids)
-            plan.add(e.output_ids, np.full(e.output_ids.shape[0], e.output_provenance, np.int8))
-            plan.pend(keys[j], True, list(e.close_ids), cut=True)
-            if e.close_ids:
-                plan.add_ext(np.asarray(e.close_ids, np.int32))
-            prev = e.message
-            i = j + 1
-        return plan
 
     # ------------------------------------------------------------------ commit
     def release(self) -> None:

@@ -8,9 +8,15 @@ requests and what it hands to the server for one request.
   boundary points at a stored record and an offset into its ``input ++ output`` tokens.
 * :class:`OutputEntry` -- a delivered output, kept so that a later request echoing it gets
   the sampled tokens spliced back in.
-* :class:`InputPlan` -- one request's input before encoding: stored token slices (with their
-  provenance) and texts still to encode, in order, plus the trie nodes to create at commit
-  (:class:`PendingNode`). :meth:`InputPlan.finish` turns it into a :class:`PreparedInput`:
+* :class:`MatchedRequest` -- what the session read from its state for one request (restored
+  messages, the matched trie path, the identified outputs): all :func:`draft_input` needs.
+* :func:`draft_input` -- the pure part of assembly: backs off to the deepest cuttable boundary the
+  new messages render after and renders them (:mod:`gyre.proxy.render`). It reads nothing but its
+  :class:`MatchedRequest` and the renderer, so it may run off the event loop.
+* :class:`InputPlan` -- one request's input before encoding: the new messages' texts still to
+  encode and the spliced outputs' token arrays (with their provenance), in order, plus the trie
+  nodes to create at commit (:class:`PendingNode`); :meth:`InputPlan.set_prefix` puts the stored
+  tokens before them. :meth:`InputPlan.finish` turns it into a :class:`PreparedInput`:
   ``input_ids``, provenance, reuse counts and what commit needs.
 """
 
@@ -22,11 +28,12 @@ from typing import Any, Hashable
 import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
-from gyre.proxy.messages import Message
+from gyre.proxy.messages import ChatRequest, Message
+from gyre.proxy.render import ChatRenderer, RenderError
 from gyre.trajectory.records import Provenance
 
-__all__ = ["OutputEntry", "TrieNode", "PendingNode", "PreparedInput", "TextRef", "InputPlan", "EXTERNAL", "POLICY",
-           "trie_key"]
+__all__ = ["OutputEntry", "TrieNode", "PendingNode", "PreparedInput", "TextRef", "InputPlan", "MatchedRequest",
+           "draft_input", "EXTERNAL", "POLICY", "trie_key"]
 
 #: Provenance values (``int8``) of template tokens and of sampled tokens.
 EXTERNAL = int(Provenance.EXTERNAL)
@@ -132,25 +139,38 @@ class TextRef:
 
 
 class InputPlan:
-    """A request's input before encoding: token arrays (with provenance) and texts, in order;
-    trie nodes to create, with their boundaries as part counts."""
+    """A request's input before encoding: the stored prefix (:meth:`set_prefix`), then token arrays
+    (with provenance) and texts, in order; trie nodes to create, with their boundaries as part
+    counts. ``path`` is the matched trie path down to the anchor (the boundary the new messages
+    render after), ``anchor_end`` the anchor's token offset when it was matched."""
 
-    def __init__(self, request, messages, ident, restored, starts_in_reasoning, path) -> None:
+    def __init__(self, request, messages, ident, restored, starts_in_reasoning, path, anchor_end: int = 0) -> None:
         self.request, self.messages, self.ident = request, messages, ident
         self.restored, self.starts_in_reasoning, self.path = restored, starts_in_reasoning, path
+        self.anchor_end = anchor_end
+        #: stored tokens before ``parts`` (``set_prefix``)
+        self.prefix: list[tuple[np.ndarray, np.ndarray | None]] = []
         self.parts: list[tuple[Any, np.ndarray | None]] = []  # (array | TextRef, provenance | None)
         self.texts: list[str] = []
         self.pending: list[list[Any]] = []  # [key, is_output, close, cuttable, after_parts]
         self.reused = 0
         self.gen_start = -1
-        #: the context buffer whose first ``keep`` tokens are the first part (see ``continue_buffer``)
+        #: the context buffer whose first ``keep`` tokens are the first prefix piece (see ``set_prefix``)
         self.buffer: ContextBuffer | None = None
         self.keep = 0
 
-    def continue_buffer(self, buffer: ContextBuffer | None, keep: int) -> None:
-        """The first part added was ``buffer.ids[:keep]``: write the input after it, in place
-        where nothing else was written there (:func:`~gyre.proxy.context_buffer.write_input`)."""
-        self.buffer, self.keep = buffer, keep
+    def set_prefix(self, pieces: list[tuple[np.ndarray, np.ndarray]], close: list[int],
+                   buffer: ContextBuffer | None) -> None:
+        """The stored tokens the input starts with: ``pieces`` (``(ids, provenance)``) of a stored
+        record, then the template's ``close`` tokens (``EXTERNAL``). With ``buffer``, the first
+        piece is ``buffer.ids[:n]``: the input is written after it, in place where nothing else was
+        written there (:func:`~gyre.proxy.context_buffer.write_input`)."""
+        self.prefix = list(pieces)
+        if buffer is not None:
+            self.buffer, self.keep = buffer, int(pieces[0][0].shape[0])
+        if close:
+            self.prefix.append((np.asarray(close, np.int32), None))
+        self.reused = sum(int(p[0].shape[0]) for p in self.prefix)
 
     def text(self, text: str) -> TextRef:
         self.texts.append(text)
@@ -168,15 +188,13 @@ class InputPlan:
     def pend(self, key, is_output: bool, close: list[int], cut: bool) -> None:
         self.pending.append([key, is_output, close, cut, len(self.parts)])
 
-    def known_len(self) -> int:
-        return sum(p[0].shape[0] for p in self.parts)
-
     def finish(self, encoded: list[list[int]]) -> PreparedInput:
+        """The input, with ``encoded[i]`` the tokens of ``texts[i]``."""
         ids_parts: list[np.ndarray] = []
         prov_parts: list[np.ndarray] = []
         ends = [0]
         rendered = 0
-        for obj, prov in self.parts:
+        for obj, prov in self.prefix + self.parts:
             if isinstance(obj, TextRef):
                 arr = np.asarray(encoded[obj.index], np.int32)
                 rendered += arr.shape[0]
@@ -186,8 +204,9 @@ class InputPlan:
             prov_parts.append(prov if prov is not None else np.full(arr.shape[0], EXTERNAL, np.int8))
             ends.append(ends[-1] + arr.shape[0])
         pending = []
+        off = len(self.prefix)
         for key, is_output, close, cut, after in self.pending:
-            end = ends[after] if cut else -1  # an identified output's boundary is before its close
+            end = ends[off + after] if cut else -1  # an identified output's boundary is before its close
             pending.append(PendingNode(key, end, close, is_output))
         input_ids, input_prov, buffer, replaced = write_input(ids_parts, prov_parts, self.buffer, self.keep)
         return PreparedInput(
@@ -199,10 +218,113 @@ class InputPlan:
             identified=self.ident,
             restored_calls=self.restored,
             starts_in_reasoning=self.starts_in_reasoning,
-            gen_start=ends[self.gen_start] if self.gen_start >= 0 else -1,
+            gen_start=ends[off + self.gen_start] if self.gen_start >= 0 else -1,
             path=self.path,
             pending=pending,
             tool_kinds=dict(self.request.tool_kinds),
             buffer=buffer,
             replaced=replaced,
         )
+
+
+@dataclass(slots=True)
+class MatchedRequest:
+    """One request as matched against an execution's state (``TitoSession``'s restore and trie
+    walk, on the event loop): the restored ``messages``, per message the identified output's call
+    index (``ident``) and trie key (``keys``), the matched trie ``path`` (header node first) with
+    each node's ``end`` when matched (``ends``), the identified ``outputs``, the ``header`` key,
+    the count of ``restored`` tool calls and whether the generation prompt opens a think block.
+    Nothing here is changed by a later commit: ``ends`` are copies, outputs and messages are
+    never modified once made."""
+
+    request: ChatRequest
+    messages: list[Message]
+    ident: list[int | None]
+    keys: list[Hashable]
+    path: list[TrieNode]
+    ends: list[int]
+    outputs: dict[int, OutputEntry]
+    header: Hashable
+    restored: int
+    starts_in_reasoning: bool
+
+    def new_messages(self) -> int:
+        """Messages after the deepest matched node: the fewest the request renders."""
+        return len(self.messages) - max(0, len(self.path) - 1)
+
+
+def draft_input(renderer: ChatRenderer, m: MatchedRequest) -> InputPlan:
+    """Plan the input of a matched request after its deepest cuttable boundary that the new
+    messages render after, backing off one boundary at a time where they do not. The plan's
+    texts are not encoded and its stored prefix is not set (:meth:`InputPlan.set_prefix`).
+
+    Pure: reads only ``m`` and ``renderer``, so it may run in a worker thread.
+
+    Raises:
+        RenderError: the template cannot render the messages even from the start.
+    """
+    depth = len(m.path)
+    while True:
+        while depth > 0 and m.ends[depth - 1] < 0:
+            depth -= 1
+        try:
+            return _draft_at(renderer, m, depth)
+        except RenderError:
+            if depth == 0:
+                raise
+            depth -= 1
+
+
+def _draft_at(renderer: ChatRenderer, m: MatchedRequest, depth: int) -> InputPlan:
+    """The plan for ``m`` with the new messages rendered after ``m.path[depth - 1]``.
+
+    Raises:
+        RenderError: the continuation does not render after that node.
+    """
+    messages, ident, keys, request = m.messages, m.ident, m.keys, m.request
+    plan = InputPlan(request, messages, ident, m.restored, m.starts_in_reasoning, m.path[:depth],
+                     m.ends[depth - 1] if depth > 0 else 0)
+    # path[0] is the header node, path[k] the node of messages[k - 1]: with depth d >= 1
+    # messages[d - 1:] are new; depth 0 (no header either) renders everything.
+    first_new = max(0, depth - 1)
+    # the message before the first new one (path[depth - 1] is its node; same key, same rendering)
+    prev: Message | None = None
+    if depth > 1:
+        ci = ident[depth - 2]
+        prev = messages[depth - 2] if ci is None else m.outputs[ci].message
+    if depth == 0:
+        plan.pend(m.header, False, [], cut=True)
+    n = len(messages)
+    i = first_new
+    kw = request.template_kwargs
+    while True:
+        j = i  # next identified output at or after i
+        while j < n and ident[j] is None:
+            j += 1
+        run = messages[i:j]
+        last = j >= n
+        if run or last:
+            d = renderer.render_delta(prev, run, request.tools if prev is None else None, add_generation_prompt=last,
+                                      template_kwargs=kw, encode=plan.text)
+            for seg in d.segments:
+                plan.add_part(seg.ids)
+                for mi in range(seg.first, seg.last + 1):
+                    plan.pend(keys[i + mi], False, [], cut=mi == seg.last)
+            if last:
+                plan.gen_start = len(plan.parts)
+                if isinstance(d.gen_ids, TextRef):
+                    plan.add_part(d.gen_ids)
+                if d.gen_in_last and plan.pending:
+                    plan.pending[-1][3] = False
+                break
+            if run:
+                prev = run[-1]
+        e = m.outputs[ident[j]]  # type: ignore[index]  # splice the identified output
+        plan.add_ext(e.open_ids)
+        plan.add(e.output_ids, np.full(e.output_ids.shape[0], e.output_provenance, np.int8))
+        plan.pend(keys[j], True, list(e.close_ids), cut=True)
+        if e.close_ids:
+            plan.add_ext(np.asarray(e.close_ids, np.int32))
+        prev = e.message
+        i = j + 1
+    return plan
