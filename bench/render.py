@@ -4,7 +4,7 @@ with many new messages, and the longest time one preparation holds the event loo
 Usage::
 
     python bench/render.py [--tool-results 10,100,500,1000,2000] [--messages 1000,10000,50000]
-                           [--result-chars 200] [--max-seconds 60] [--quick]
+                           [--result-chars 200] [--max-seconds 60]
 
 In-process, no HTTP: one :class:`gyre.proxy.tito.TitoSession` per case on the embedded tiny Qwen
 model's ``local`` tokenizer (Gyre's Qwen-format chat template), ``prepare_async`` awaited on an
@@ -122,14 +122,13 @@ def main() -> int:
     ap.add_argument("--messages", default="1000,10000,50000", help="N small messages in one conversation")
     ap.add_argument("--result-chars", type=int, default=200, help="characters of each tool result")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="stop a series after a call this slow")
-    ap.add_argument("--quick", action="store_true", help="the default sizes, each once (the default too)")
     args = ap.parse_args()
     renderer = _renderer()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bench-encode")
     out: dict = {"tool_results": [], "messages": []}
     slow = False
     for n in _sizes(args.tool_results):
-        row = {"n": n, "prepare_s": None, "hold_s": None} if slow else tool_results_case(renderer, pool, n, args.result_chars)
+        row = {"n": n, "prepare_s": None} if slow else tool_results_case(renderer, pool, n, args.result_chars)
         slow = slow or row["prepare_s"] > args.max_seconds
         out["tool_results"].append(row)
     slow = False

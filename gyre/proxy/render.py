@@ -264,11 +264,11 @@ class ChatRenderer:
                     stale = True
                     j += 1
                     continue
-                # a cut in the sliding window: test it in the group's window
-                t_prev = self.render(win + dicts[gs:j], use_tools, template_kwargs=kw)
-                if not t_prev.startswith(base):
-                    raise RenderError("rendering is not prefix-stable after the previous message")
-                stale = False
+                if stale:  # a cut in the sliding window: test it in the group's window
+                    t_prev = self.render(win + dicts[gs:j], use_tools, template_kwargs=kw)
+                    if not t_prev.startswith(base):
+                        raise RenderError("rendering is not prefix-stable after the previous message")
+                    stale = False
             t = self.render(win + dicts[gs:j + 1], use_tools, template_kwargs=kw)
             if not t.startswith(base):
                 raise RenderError("rendering is not prefix-stable after the previous message")

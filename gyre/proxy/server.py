@@ -7,7 +7,8 @@ its execution's API key; an unknown or closed key gets 401 and touches no tree. 
 API's own shape (:func:`gyre.proxy.errors.error_body`); a malformed body is a 4xx, never a 5xx.
 
 The app runs on one event loop (:meth:`ProxyServer.start` serves from a background thread);
-TITO prepare and commit are synchronous on it, so per-execution state needs no lock.
+TITO state is read and written only on it (many new messages are rendered in the encoder pool from
+what the loop read, see :mod:`gyre.proxy.tito`), so per-execution state needs no lock.
 """
 
 from __future__ import annotations
