@@ -20,11 +20,14 @@ asyncio loop with a two-thread pool, as the server runs it. Two workloads:
 
 For each call, ``hold_s`` is the longest gap a heartbeat task (``asyncio.sleep(0.0005)`` in a
 loop) saw while the call was being prepared, less the sleep: the longest stretch the event loop
-could not run anything else. A series stops when one call took more than ``--max-seconds``
-(later sizes are reported as ``null``).
+could not run anything else. ``gc_s`` is the longest pause of Python's garbage collector in that
+time: a collection stops every thread, the loop included, whichever thread triggered it (the
+server's :class:`gyre.proxy.gc_policy.CollectorPolicy` shortens later ones; this bench does not
+install it). A series stops when one call took more than ``--max-seconds`` (later sizes are
+reported as ``null``).
 
-Prints ONE JSON line: ``{"tool_results": [{"n", "prepare_s", "hold_s"}...], "messages": [{"n",
-"first_s", "first_hold_s", "extend_s", "extend_hold_s"}...]}``.
+Prints ONE JSON line: ``{"tool_results": [{"n", "prepare_s", "hold_s", "gc_s"}...], "messages":
+[{"n", "first_s", "first_hold_s", "first_gc_s", "extend_s", "extend_hold_s", "extend_gc_s"}...]}``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import gc
 import json
 import os
 import sys
@@ -51,8 +55,29 @@ def _renderer():
     return ChatRenderer(load_tokenizer(ensure_tiny_model("local")))
 
 
-async def _timed_prepare(session, request, pool) -> tuple[object, float, float]:
-    """``(prepared, seconds, longest event-loop hold)`` of one ``prepare_async``."""
+class _CollectorPauses:
+    """The longest pause of Python's cyclic garbage collector while active (``gc.callbacks``)."""
+
+    def __init__(self):
+        self.longest, self._t = 0.0, 0.0
+
+    def __call__(self, phase, _info):
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.longest = max(self.longest, time.perf_counter() - self._t)
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+
+
+async def _timed_prepare(session, request, pool) -> tuple[object, float, float, float]:
+    """``(prepared, seconds, longest event-loop hold, longest collector pause)`` of one
+    ``prepare_async``."""
     done = False
     longest = 0.0
 
@@ -65,12 +90,13 @@ async def _timed_prepare(session, request, pool) -> tuple[object, float, float]:
 
     hb = asyncio.ensure_future(heartbeat())
     await asyncio.sleep(HEARTBEAT_S * 2)  # the heartbeat is running
-    t0 = time.perf_counter()
-    prep = await session.prepare_async(request, pool)
-    dt = time.perf_counter() - t0
-    done = True
-    await hb
-    return prep, dt, longest
+    with _CollectorPauses() as pauses:
+        t0 = time.perf_counter()
+        prep = await session.prepare_async(request, pool)
+        dt = time.perf_counter() - t0
+        done = True
+        await hb
+    return prep, dt, longest, pauses.longest
 
 
 def _commit(session, prep, renderer, message):
@@ -87,15 +113,15 @@ def tool_results_case(renderer, pool, n: int, chars: int) -> dict:
 
     s = TitoSession("bench", renderer)
     head = [Message("system", "You are a helpful agent."), Message("user", "Inspect every file.")]
-    prep, _, _ = asyncio.run(_timed_prepare(s, ChatRequest("chat", head, tools=TOOLS), pool))
+    prep, *_ = asyncio.run(_timed_prepare(s, ChatRequest("chat", head, tools=TOOLS), pool))
     calls = tuple(ToolCall(f"call_{i}", "bash", json.dumps({"command": f"cat f{i}.py"})) for i in range(n))
     out = Message("assistant", "", None, calls)
     _commit(s, prep, renderer, out)
     filler = ("x = compute(y) + 1\n" * (chars // 19 + 1))[:chars]
     results = [Message("tool", f"{i}: {filler}", tool_call_id=f"call_{i}") for i in range(n)]
     req = ChatRequest("chat", head + [out] + results, tools=TOOLS)
-    _, dt, hold = asyncio.run(_timed_prepare(s, req, pool))
-    return {"n": n, "prepare_s": round(dt, 4), "hold_s": round(hold, 4)}
+    _, dt, hold, gc_s = asyncio.run(_timed_prepare(s, req, pool))
+    return {"n": n, "prepare_s": round(dt, 4), "hold_s": round(hold, 4), "gc_s": round(gc_s, 4)}
 
 
 def messages_case(renderer, pool, n: int) -> dict:
@@ -104,12 +130,14 @@ def messages_case(renderer, pool, n: int) -> dict:
 
     s = TitoSession("bench", renderer)
     conv = [Message("user" if i % 2 == 0 else "assistant", f"m{i}") for i in range(n - 1 + n % 2)]
-    prep, first, first_hold = asyncio.run(_timed_prepare(s, ChatRequest("chat", conv), pool))
+    prep, first, first_hold, first_gc = asyncio.run(_timed_prepare(s, ChatRequest("chat", conv), pool))
     out = Message("assistant", "done")
     _commit(s, prep, renderer, out)
-    _, ext, ext_hold = asyncio.run(_timed_prepare(s, ChatRequest("chat", conv + [out, Message("user", "next")]), pool))
+    _, ext, ext_hold, ext_gc = asyncio.run(_timed_prepare(s, ChatRequest("chat", conv + [out, Message("user", "next")]),
+                                                          pool))
     return {"n": len(conv), "first_s": round(first, 4), "first_hold_s": round(first_hold, 4),
-            "extend_s": round(ext, 4), "extend_hold_s": round(ext_hold, 4)}
+            "first_gc_s": round(first_gc, 4), "extend_s": round(ext, 4), "extend_hold_s": round(ext_hold, 4),
+            "extend_gc_s": round(ext_gc, 4)}
 
 
 def _sizes(text: str) -> list[int]:

@@ -170,6 +170,7 @@ class TitoSession:
                 continue
             calls = list(m.tool_calls)
             cands: set[int] = set()
+            changed = False
             for i, tc in enumerate(calls):
                 hit = self._by_call_id.get(tc.id) if tc.id else None
                 if hit is None:
@@ -182,11 +183,12 @@ class TitoSession:
                     if a is not None and a == b:
                         calls[i] = ToolCall(tc.id, tc.name, orig.arguments, orig.kind, tc.item_id)
                         restored += 1
+                        changed = True
             for iid in m.item_ids:
                 ci = self._by_item_id.get(iid)
                 if ci is not None:
                     cands.add(ci)
-            if restored or calls != list(m.tool_calls):
+            if changed:
                 m = Message(m.role, m.content, m.reasoning, tuple(calls), m.tool_call_id, m.is_error, m.item_ids)
             key = m.key()
             if not cands:
@@ -196,7 +198,7 @@ class TitoSession:
                 if ci is not None:
                     cands.add(ci)
             hit_ci: int | None = None
-            for ci in sorted(cands, reverse=True):
+            for ci in sorted(cands, reverse=True) if cands else ():
                 if self._echoes(ci, m, key):
                     hit_ci = ci
                     break
@@ -274,7 +276,8 @@ class TitoSession:
         matched = self._match(request)
         t1 = time.perf_counter()
         plan = draft_input(self.renderer, matched)
-        prep = self._complete(plan, self.renderer.encode_batch(plan.texts))
+        plan.join(self.renderer.encode_batch(plan.texts))
+        prep = self._complete(plan)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
         return prep
 
@@ -294,7 +297,7 @@ class TitoSession:
         t1 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if matched.new_messages() > INLINE_RENDER_MAX_MESSAGES:
-            plan, enc, encode_s = await loop.run_in_executor(executor, self._draft_and_encode, matched)
+            plan, encode_s = await loop.run_in_executor(executor, self._draft_and_encode, matched)
         else:
             plan = draft_input(self.renderer, matched)
             t2 = time.perf_counter()
@@ -303,17 +306,21 @@ class TitoSession:
             else:
                 enc = self.renderer.encode_batch(plan.texts)
             encode_s = time.perf_counter() - t2
-        prep = self._complete(plan, enc)
+            plan.join(enc)
+        prep = self._complete(plan)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": encode_s}
         return prep
 
-    def _draft_and_encode(self, matched: MatchedRequest) -> tuple[InputPlan, list[list[int]], float]:
-        """:func:`~gyre.proxy.tito_input.draft_input` and the encoding of its texts (in a worker
-        thread: reads only ``matched`` and the renderer): ``(plan, encoded, encoding seconds)``."""
+    def _draft_and_encode(self, matched: MatchedRequest) -> tuple[InputPlan, float]:
+        """:func:`~gyre.proxy.tito_input.draft_input`, the encoding of its texts and
+        :meth:`~gyre.proxy.tito_input.InputPlan.join` (in a worker thread: reads only ``matched``
+        and the renderer): ``(plan, encoding seconds)``."""
         plan = draft_input(self.renderer, matched)
         t = time.perf_counter()
         enc = self.renderer.encode_batch(plan.texts)
-        return plan, enc, time.perf_counter() - t
+        encode_s = time.perf_counter() - t
+        plan.join(enc)
+        return plan, encode_s
 
     def _match(self, request: ChatRequest) -> MatchedRequest:
         """Restore and match ``request`` against the session's state (on the state's thread)."""
@@ -325,14 +332,14 @@ class TitoSession:
         return MatchedRequest(request, messages, ident, keys, path, [nd.end for nd in path], outputs, header,
                               restored, starts_in_reasoning)
 
-    def _complete(self, plan: InputPlan, encoded: list[list[int]]) -> PreparedInput:
-        """Put the stored tokens up to the plan's anchor before its new ones and assemble the input
-        (on the state's thread)."""
+    def _complete(self, plan: InputPlan) -> PreparedInput:
+        """Put the stored tokens up to the plan's anchor before its joined new ones and assemble
+        the input (on the state's thread)."""
         if plan.path:
             anchor = plan.path[-1]
             pieces, buffer = self._record_prefix(anchor.ref, plan.anchor_end)
             plan.set_prefix(pieces, anchor.close, buffer)
-        return plan.finish(encoded)
+        return plan.finish()
 
     def _walk(self, header: Hashable, messages: list[Message], ident: list[int | None]) -> tuple[list, list]:
         """Match the messages against the trie: ``(keys, path)``. An output identified by its

@@ -15,9 +15,10 @@ requests and what it hands to the server for one request.
   :class:`MatchedRequest` and the renderer, so it may run off the event loop.
 * :class:`InputPlan` -- one request's input before encoding: the new messages' texts still to
   encode and the spliced outputs' token arrays (with their provenance), in order, plus the trie
-  nodes to create at commit (:class:`PendingNode`); :meth:`InputPlan.set_prefix` puts the stored
-  tokens before them. :meth:`InputPlan.finish` turns it into a :class:`PreparedInput`:
-  ``input_ids``, provenance, reuse counts and what commit needs.
+  nodes to create at commit (:class:`PendingNode`). :meth:`InputPlan.join` joins the new tokens
+  into one array (pure), :meth:`InputPlan.set_prefix` puts the stored tokens before them, and
+  :meth:`InputPlan.finish` turns it into a :class:`PreparedInput`: ``input_ids``, provenance,
+  reuse counts and what commit needs.
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ class InputPlan:
         self.pending: list[list[Any]] = []  # [key, is_output, close, cuttable, after_parts]
         self.reused = 0
         self.gen_start = -1
+        # set by ``join``
+        self.rendered = 0
+        self.new_ids, self.new_prov = np.zeros(0, np.int32), np.zeros(0, np.int8)
+        self.nodes: list[PendingNode] = []
+        self.gen_end = -1
         #: the context buffer whose first ``keep`` tokens are the first prefix piece (see ``set_prefix``)
         self.buffer: ContextBuffer | None = None
         self.keep = 0
@@ -188,13 +194,15 @@ class InputPlan:
     def pend(self, key, is_output: bool, close: list[int], cut: bool) -> None:
         self.pending.append([key, is_output, close, cut, len(self.parts)])
 
-    def finish(self, encoded: list[list[int]]) -> PreparedInput:
-        """The input, with ``encoded[i]`` the tokens of ``texts[i]``."""
+    def join(self, encoded: list[list[int]]) -> None:
+        """Join the parts after the prefix into one token array and one provenance array
+        (``encoded[i]``: the tokens of ``texts[i]``), with the trie nodes to create, their ends
+        counted from the first new token. Pure (reads only the plan): may run in a worker thread."""
         ids_parts: list[np.ndarray] = []
         prov_parts: list[np.ndarray] = []
         ends = [0]
         rendered = 0
-        for obj, prov in self.prefix + self.parts:
+        for obj, prov in self.parts:
             if isinstance(obj, TextRef):
                 arr = np.asarray(encoded[obj.index], np.int32)
                 rendered += arr.shape[0]
@@ -203,24 +211,36 @@ class InputPlan:
             ids_parts.append(arr)
             prov_parts.append(prov if prov is not None else np.full(arr.shape[0], EXTERNAL, np.int8))
             ends.append(ends[-1] + arr.shape[0])
-        pending = []
-        off = len(self.prefix)
-        for key, is_output, close, cut, after in self.pending:
-            end = ends[off + after] if cut else -1  # an identified output's boundary is before its close
-            pending.append(PendingNode(key, end, close, is_output))
+        self.rendered = rendered
+        self.new_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
+        self.new_prov = np.concatenate(prov_parts) if prov_parts else np.zeros(0, np.int8)
+        # an identified output's boundary is before its close; -1: not cuttable
+        self.nodes = [PendingNode(key, ends[after] if cut else -1, close, is_output)
+                      for key, is_output, close, cut, after in self.pending]
+        self.gen_end = ends[self.gen_start] if self.gen_start >= 0 else -1
+
+    def finish(self) -> PreparedInput:
+        """The input: the prefix, then the joined new tokens (:meth:`join` first)."""
+        off = self.reused
+        for node in self.nodes:
+            if node.end >= 0:
+                node.end += off
+        ids_parts = [p[0] for p in self.prefix] + [self.new_ids]
+        prov_parts = [p[1] if p[1] is not None else np.full(p[0].shape[0], EXTERNAL, np.int8)
+                      for p in self.prefix] + [self.new_prov]
         input_ids, input_prov, buffer, replaced = write_input(ids_parts, prov_parts, self.buffer, self.keep)
         return PreparedInput(
             input_ids=input_ids,
             input_provenance=input_prov,
             reused_tokens=self.reused,
-            rendered_tokens=rendered,
+            rendered_tokens=self.rendered,
             messages=self.messages,
             identified=self.ident,
             restored_calls=self.restored,
             starts_in_reasoning=self.starts_in_reasoning,
-            gen_start=ends[off + self.gen_start] if self.gen_start >= 0 else -1,
+            gen_start=off + self.gen_end if self.gen_end >= 0 else -1,
             path=self.path,
-            pending=pending,
+            pending=self.nodes,
             tool_kinds=dict(self.request.tool_kinds),
             buffer=buffer,
             replaced=replaced,
