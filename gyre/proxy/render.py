@@ -24,7 +24,8 @@ a short group), so a group costs a number of template calls linear in its length
 ``GROUP_WINDOW + 1`` messages, plus two renders of the whole group where it ends. For templates
 that decide a boundary from its neighbours (as Gyre's and Qwen's decide a tool result's closing
 ``<|im_end|>`` from the next message's role) this finds the same cuts as testing every boundary in
-the whole window.
+the whole window. A sliding window the template refuses to render is treated as cuttable, so that
+boundary gets the whole-window test.
 """
 
 from __future__ import annotations
@@ -259,8 +260,12 @@ class ChatRenderer:
         while j < n:
             if j - gs > GROUP_WINDOW:
                 ctx = dicts[j - GROUP_WINDOW:j]
-                if not self.render(ctx + [dicts[j]], None, template_kwargs=kw).startswith(
-                        self.render(ctx, None, template_kwargs=kw)):
+                try:
+                    local_cut = self.render(ctx + [dicts[j]], None, template_kwargs=kw).startswith(
+                        self.render(ctx, None, template_kwargs=kw))
+                except Exception:  # the template refuses the sliding window: test in the group's window
+                    local_cut = True
+                if not local_cut:
                     stale = True
                     j += 1
                     continue

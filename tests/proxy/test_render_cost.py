@@ -143,6 +143,34 @@ def test_delta_equals_the_brute_force_reference(local_renderer, roles, system, c
         assert [(s.first, s.last, s.ids) for s in d.segments] == want and d.gen_ids == gen
 
 
+def test_a_long_tool_group_after_an_assistant_turn_on_qwen3_s_own_template(qwen3_renderer, local_renderer):
+    calls = tuple(ToolCall(f"c{i}", "f", "{}") for i in range(12))
+    prev = Message("assistant", "", None, calls)
+    new = [Message("tool", f"r{i}", tool_call_id=f"c{i}") for i in range(12)] + [Message("user", "next")]
+    for r in (qwen3_renderer, local_renderer):
+        want, gen = _reference(r, prev, new, None)
+        d = r.render_delta(prev, new, None, add_generation_prompt=True)
+        assert [(s.first, s.last) for s in d.segments] == [(0, 11), (12, 12)]
+        assert [(s.first, s.last, s.ids) for s in d.segments] == want and d.gen_ids == gen
+
+
+def test_a_sliding_window_the_template_refuses_gets_the_whole_window_test(tiny_model_dir, local_renderer):
+    from tests.proxy.conftest import renderer_with_template
+
+    strict = local_renderer.tokenizer.chat_template.replace(  # a tool result must not open the conversation
+        "{%- for message in messages[ns.start:] -%}",
+        "{%- if messages and messages[0].role == 'tool' -%}{{- raise_exception('a tool result opens it') -}}"
+        "{%- endif -%}{%- for message in messages[ns.start:] -%}", 1)
+    assert strict != local_renderer.tokenizer.chat_template
+    r = renderer_with_template(tiny_model_dir, strict)
+    calls = tuple(ToolCall(f"c{i}", "f", "{}") for i in range(8))
+    msgs = [Message("user", "u"), Message("assistant", "", None, calls)] + [
+        Message("tool", f"r{i}", tool_call_id=f"c{i}") for i in range(8)]
+    d = r.render_delta(None, msgs, TOOLS, add_generation_prompt=True)
+    assert [(s.first, s.last) for s in d.segments] == [(0, 0), (1, 1), (2, 9)]
+    assert sum((s.ids for s in d.segments), []) + d.gen_ids == _full_ids(r, msgs)
+
+
 def test_a_large_tool_group_renders_as_a_full_render_sync_and_in_the_pool(qwen_renderer):
     r = qwen_renderer
     n = 300
