@@ -26,8 +26,12 @@ server's :class:`gyre.proxy.gc_policy.CollectorPolicy` shortens later ones; this
 install it). A series stops when one call took more than ``--max-seconds`` (later sizes are
 reported as ``null``).
 
-Prints ONE JSON line: ``{"tool_results": [{"n", "prepare_s", "hold_s", "gc_s"}...], "messages":
-[{"n", "first_s", "first_hold_s", "first_gc_s", "extend_s", "extend_hold_s", "extend_gc_s"}...]}``.
+``template_calls`` counts the chat template's renders for the call (``template_messages``: the
+messages passed to them, all calls together): the work that does not depend on the machine's load.
+
+Prints ONE JSON line: ``{"tool_results": [{"n", "prepare_s", "hold_s", "gc_s", "template_calls",
+"template_messages"}...], "messages": [{"n", "first_s", "first_hold_s", "first_gc_s",
+"first_template_calls", "extend_s", "extend_hold_s", "extend_gc_s", "extend_template_calls"}...]}``.
 """
 
 from __future__ import annotations
@@ -49,10 +53,21 @@ HEARTBEAT_S = 0.0005
 
 
 def _renderer():
+    """The renderer, its ``render`` counting template calls and the messages passed to them
+    (``work``: ``[calls, messages]``)."""
     from gyre.embedded_model import ensure_tiny_model, load_tokenizer
     from gyre.proxy.render import ChatRenderer
 
-    return ChatRenderer(load_tokenizer(ensure_tiny_model("local")))
+    r = ChatRenderer(load_tokenizer(ensure_tiny_model("local")))
+    render, r.work = r.render, [0, 0]
+
+    def counted(messages, *args, **kw):
+        r.work[0] += 1
+        r.work[1] += len(messages)
+        return render(messages, *args, **kw)
+
+    r.render = counted
+    return r
 
 
 class _CollectorPauses:
@@ -90,6 +105,7 @@ async def _timed_prepare(session, request, pool) -> tuple[object, float, float, 
 
     hb = asyncio.ensure_future(heartbeat())
     await asyncio.sleep(HEARTBEAT_S * 2)  # the heartbeat is running
+    session.renderer.work[:] = [0, 0]
     with _CollectorPauses() as pauses:
         t0 = time.perf_counter()
         prep = await session.prepare_async(request, pool)
@@ -121,7 +137,8 @@ def tool_results_case(renderer, pool, n: int, chars: int) -> dict:
     results = [Message("tool", f"{i}: {filler}", tool_call_id=f"call_{i}") for i in range(n)]
     req = ChatRequest("chat", head + [out] + results, tools=TOOLS)
     _, dt, hold, gc_s = asyncio.run(_timed_prepare(s, req, pool))
-    return {"n": n, "prepare_s": round(dt, 4), "hold_s": round(hold, 4), "gc_s": round(gc_s, 4)}
+    return {"n": n, "prepare_s": round(dt, 4), "hold_s": round(hold, 4), "gc_s": round(gc_s, 4),
+            "template_calls": renderer.work[0], "template_messages": renderer.work[1]}
 
 
 def messages_case(renderer, pool, n: int) -> dict:
@@ -131,13 +148,15 @@ def messages_case(renderer, pool, n: int) -> dict:
     s = TitoSession("bench", renderer)
     conv = [Message("user" if i % 2 == 0 else "assistant", f"m{i}") for i in range(n - 1 + n % 2)]
     prep, first, first_hold, first_gc = asyncio.run(_timed_prepare(s, ChatRequest("chat", conv), pool))
+    first_work = list(renderer.work)
     out = Message("assistant", "done")
     _commit(s, prep, renderer, out)
     _, ext, ext_hold, ext_gc = asyncio.run(_timed_prepare(s, ChatRequest("chat", conv + [out, Message("user", "next")]),
                                                           pool))
     return {"n": len(conv), "first_s": round(first, 4), "first_hold_s": round(first_hold, 4),
-            "first_gc_s": round(first_gc, 4), "extend_s": round(ext, 4), "extend_hold_s": round(ext_hold, 4),
-            "extend_gc_s": round(ext_gc, 4)}
+            "first_gc_s": round(first_gc, 4), "first_template_calls": first_work[0], "extend_s": round(ext, 4),
+            "extend_hold_s": round(ext_hold, 4), "extend_gc_s": round(ext_gc, 4),
+            "extend_template_calls": renderer.work[0]}
 
 
 def _sizes(text: str) -> list[int]:
