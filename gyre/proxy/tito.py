@@ -9,15 +9,17 @@ earlier outputs, matches the messages against the execution's message trie
 :class:`~gyre.trajectory.records.RequestRecord` durably first, then inserts it into the tree.
 
 Threads. A session's state is read and written on one thread (the server's event loop); the
-caller serialises commits per execution. :meth:`TitoSession.prepare_async` reads the state in two
-synchronous steps, before its first await (restore and match: a
-:class:`~gyre.proxy.tito_input.MatchedRequest`) and after its last one (the stored tokens the
-input starts with, assembly). In between, the new messages are rendered and encoded
+caller serialises commits per execution. :meth:`TitoSession.prepare_async` reads the state before
+its first await: restore, match, and the stored tokens up to the deepest cuttable boundary matched
+(a :class:`~gyre.proxy.tito_input.MatchedRequest`). Then the new messages are rendered and encoded
 (:func:`~gyre.proxy.tito_input.draft_input`), in a worker thread when there are many of them; that
-work reads only the :class:`~gyre.proxy.tito_input.MatchedRequest`, never the session. A commit
-that runs meanwhile cannot invalidate the match: trie nodes only gain children, a node's ``end``
-never changes once set, and a node's ``ref`` only moves to a later record that holds the same
-tokens up to ``end``.
+work reads only the :class:`~gyre.proxy.tito_input.MatchedRequest`, never the session. After the
+last await the input is assembled on the loop: written after the stored tokens into the thread's
+context buffer, in place where no other input claimed the space meanwhile. Only when the new
+messages did not render after that boundary (the renderer backed off to an earlier one) are stored
+tokens read again there. A commit that runs meanwhile cannot invalidate the match: trie nodes only
+gain children, a node's ``end`` never changes once set, and a node's ``ref`` only moves to a later
+record that holds the same tokens up to ``end``.
 """
 
 from __future__ import annotations
@@ -277,7 +279,7 @@ class TitoSession:
         t1 = time.perf_counter()
         plan = draft_input(self.renderer, matched)
         plan.join(self.renderer.encode_batch(plan.texts))
-        prep = self._complete(plan)
+        prep = self._complete(plan, matched)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
         return prep
 
@@ -286,9 +288,9 @@ class TitoSession:
         than ``INLINE_RENDER_MAX_MESSAGES`` new messages is rendered and encoded there; otherwise
         only the encoding of new text longer than ``INLINE_ENCODE_MAX_CHARS`` is (the tokenizer
         releases the GIL, so tool outputs neither block the event loop nor stay on its core).
-        Restoration and matching happen before the first await, the stored prefix is read and the
-        input assembled after the last one (see the module docstring), so the result is the same
-        as :meth:`prepare` at the first step's moment.
+        Restoration, matching and the reading of the stored prefix happen before the first await,
+        the assembly after the last one (see the module docstring), so the result is the same as
+        :meth:`prepare` at the first step's moment.
         """
         import asyncio
 
@@ -307,7 +309,7 @@ class TitoSession:
                 enc = self.renderer.encode_batch(plan.texts)
             encode_s = time.perf_counter() - t2
             plan.join(enc)
-        prep = self._complete(plan)
+        prep = self._complete(plan, matched)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": encode_s}
         return prep
 
@@ -329,15 +331,22 @@ class TitoSession:
         keys, path = self._walk(header, messages, ident)
         _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
         outputs = {ci: self._outputs[ci] for ci in ident if ci is not None}
-        return MatchedRequest(request, messages, ident, keys, path, [nd.end for nd in path], outputs, header,
-                              restored, starts_in_reasoning)
+        m = MatchedRequest(request, messages, ident, keys, path, [nd.end for nd in path], outputs, header,
+                           restored, starts_in_reasoning)
+        depth = m.deepest_cut()
+        if depth > 0:
+            m.prefix = (depth, *self._record_prefix(path[depth - 1].ref, m.ends[depth - 1]))
+        return m
 
-    def _complete(self, plan: InputPlan) -> PreparedInput:
+    def _complete(self, plan: InputPlan, matched: MatchedRequest) -> PreparedInput:
         """Put the stored tokens up to the plan's anchor before its joined new ones and assemble
         the input (on the state's thread)."""
         if plan.path:
             anchor = plan.path[-1]
-            pieces, buffer = self._record_prefix(anchor.ref, plan.anchor_end)
+            if matched.prefix is not None and matched.prefix[0] == len(plan.path):
+                _, pieces, buffer = matched.prefix
+            else:
+                pieces, buffer = self._record_prefix(anchor.ref, plan.anchor_end)
             plan.set_prefix(pieces, anchor.close, buffer)
         return plan.finish()
 

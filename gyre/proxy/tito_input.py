@@ -253,9 +253,11 @@ class MatchedRequest:
     walk, on the event loop): the restored ``messages``, per message the identified output's call
     index (``ident``) and trie key (``keys``), the matched trie ``path`` (header node first) with
     each node's ``end`` when matched (``ends``), the identified ``outputs``, the ``header`` key,
-    the count of ``restored`` tool calls and whether the generation prompt opens a think block.
-    Nothing here is changed by a later commit: ``ends`` are copies, outputs and messages are
-    never modified once made."""
+    the count of ``restored`` tool calls and whether the generation prompt opens a think block;
+    ``prefix``: the stored tokens up to the deepest cuttable node, read when matched
+    (``(depth, [(ids, provenance)...], context buffer or None)``), or ``None``.
+    Nothing here is changed by a later commit: ``ends`` are copies, stored tokens, outputs and
+    messages are never modified once made."""
 
     request: ChatRequest
     messages: list[Message]
@@ -267,10 +269,18 @@ class MatchedRequest:
     header: Hashable
     restored: int
     starts_in_reasoning: bool
+    prefix: tuple | None = None
 
     def new_messages(self) -> int:
         """Messages after the deepest matched node: the fewest the request renders."""
         return len(self.messages) - max(0, len(self.path) - 1)
+
+    def deepest_cut(self) -> int:
+        """The depth of the deepest cuttable matched node (0: none)."""
+        depth = len(self.path)
+        while depth > 0 and self.ends[depth - 1] < 0:
+            depth -= 1
+        return depth
 
 
 def draft_input(renderer: ChatRenderer, m: MatchedRequest) -> InputPlan:
@@ -283,7 +293,7 @@ def draft_input(renderer: ChatRenderer, m: MatchedRequest) -> InputPlan:
     Raises:
         RenderError: the template cannot render the messages even from the start.
     """
-    depth = len(m.path)
+    depth = m.deepest_cut()
     while True:
         while depth > 0 and m.ends[depth - 1] < 0:
             depth -= 1

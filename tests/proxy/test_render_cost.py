@@ -259,3 +259,27 @@ def test_a_commit_while_the_pool_renders_does_not_change_the_input(local_rendere
     assert s.tree.path_tokens(node)[:len(want.input_ids)].tolist() == want.input_ids.tolist()
     nxt = s.prepare(ChatRequest("chat", long + [done, Message("user", "more")]))
     assert nxt.reused_tokens == len(got.input_ids) + len(ids) + 1
+
+
+def test_an_execution_released_while_the_pool_renders_still_gets_its_input(local_renderer):
+    """The server releases a closed execution's session (trie, caches, tree) once nothing is left
+    to commit; a call still being prepared read its stored tokens before the pool took over."""
+    r = local_renderer
+    s, ref = TitoSession("e", r), TitoSession("e", r)
+    conv = [Message("system", "S"), Message("user", "task")]
+    out = Message("assistant", "step")
+    for sess in (s, ref):
+        _turn(sess, ChatRequest("chat", conv), out)
+    long = ChatRequest("chat", conv + [out] + [Message("tool", f"r{i}") for i in range(3 * INLINE_RENDER_MAX_MESSAGES)])
+    want = ref.prepare(long)
+
+    class _ReleaseFirst:
+        def submit(self, fn, *args):
+            s.release()
+            s.tree = None
+            fut = concurrent.futures.Future()
+            fut.set_result(fn(*args))
+            return fut
+
+    got = asyncio.run(s.prepare_async(long, _ReleaseFirst()))
+    assert got.input_ids.tolist() == want.input_ids.tolist() and got.reused_tokens == want.reused_tokens > 0
