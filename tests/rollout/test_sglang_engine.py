@@ -453,3 +453,13 @@ def test_an_embedded_format_payload_never_reaches_an_sglang_server():
                 assert client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="1")["success"]
         assert "/update_weights_from_tensor" not in calls if refused else calls.count("/update_weights_from_tensor") == 2
         assert calls.count("/server_info") == 1
+
+
+def test_a_server_is_started_with_a_health_probe_that_does_not_generate():
+    """SGLang's /health generates a token by default (20 s and a 503 on a paused server); Gyre's servers
+    get the switch that turns that off, unless their environment sets it."""
+    from gyre.rollout.sglang_engine import HEALTH_GENERATION_ENV, server_environment
+
+    assert HEALTH_GENERATION_ENV == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+    assert server_environment({"RANK": "1", "A": "x"}) == {"A": "x", HEALTH_GENERATION_ENV: "false"}
+    assert server_environment({HEALTH_GENERATION_ENV: "1"}) == {HEALTH_GENERATION_ENV: "1"}
