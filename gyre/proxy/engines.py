@@ -31,8 +31,8 @@ import orjson
 
 from gyre.rollout.sglang_protocol import from_server_info
 
-__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine", "parse_version",
-           "engine_rid", "request_seed"]
+__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine",
+           "parse_version", "engine_rid", "request_seed"]
 
 
 class EngineUnavailable(RuntimeError):
@@ -145,10 +145,10 @@ class ClientEngine:
             (:func:`request_seed` of its rid).  ``None`` (the default): do so when the engine is
             an SGLang server, as the client's ``get_server_info()`` reports (asked before the first
             request, and again while it fails; a request sent while it fails is seeded).  An SGLang
-            server in deterministic inference mode (``--enable-deterministic-inference``, which
-            other flags switch on too) samples every unseeded request with one fixed seed, so a
-            group's identical prompts would all get the same output; out of that mode it ignores
-            the seed.  A client without ``get_server_info`` is not seeded.
+            server in deterministic inference mode (however that mode was switched on) samples
+            every unseeded request with one fixed seed, so a group's identical prompts would all
+            get the same output; out of that mode it ignores the seed.  A client without
+            ``get_server_info`` is not seeded.
     """
 
     def __init__(self, client: Any, engine_id: str, *, seed_each_request: bool | None = None) -> None:
@@ -179,7 +179,8 @@ class ClientEngine:
         if sampling_params.get("sampling_seed") is None and await self._seeds():
             sampling_params = {**sampling_params, "sampling_seed": request_seed(rid)}
         try:
-            async for ch in self.client.stream(input_ids, dict(sampling_params), rid=engine_rid(rid), return_logprob=True):
+            stream = self.client.stream(input_ids, dict(sampling_params), rid=engine_rid(rid), return_logprob=True)
+            async for ch in stream:
                 ids = list(ch.delta_output_ids or [])
                 lps = list(ch.delta_logprobs) if ch.delta_logprobs is not None else [0.0] * len(ids)
                 fr = ch.finish_reason.type if ch.finish_reason is not None else None

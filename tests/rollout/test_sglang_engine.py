@@ -404,7 +404,8 @@ def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
     client, _, calls = _scripted_sglang()
     with pytest.raises(ValueError, match="no weights"):
         push_weight_buckets(client, iter([]), "8")
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/end_weight_update", "/continue_generation"]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/end_weight_update",
+                                             "/continue_generation"]
 
 
 def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():
