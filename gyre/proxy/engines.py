@@ -29,7 +29,10 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_che
 import numpy as np
 import orjson
 
-__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine", "parse_version"]
+from gyre.rollout.sglang_protocol import from_server_info
+
+__all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine",
+           "parse_version", "engine_rid", "request_seed"]
 
 
 class EngineUnavailable(RuntimeError):
@@ -108,8 +111,30 @@ def request_seed(rid: str) -> int:
     return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "big") >> 1
 
 
+#: Ends every request id :func:`engine_rid` writes; inside an id it is escaped.
+RID_END = "#"
+_RID_ESCAPE = "\\"
+
+
+def engine_rid(rid: str) -> str:
+    """The id a request of ``rid`` has on its engine: ``rid`` with :data:`RID_END` and the escape
+    character escaped, then :data:`RID_END` (``"E-1"`` -> ``"E-1#"``).
+
+    SGLang's ``/abort_request`` aborts every request whose id *starts with* the one given, and
+    Gyre's ids are not prefix-free (``E-1`` is a prefix of ``E-12`` and of its retry ``E-1.r1``).
+    These ids are: the only unescaped :data:`RID_END` is the last character, so one such id
+    cannot be a prefix of another.  The embedded engine matches ids exactly, and sees the same id
+    in the request and in its abort."""
+    if RID_END in rid or _RID_ESCAPE in rid:
+        rid = rid.replace(_RID_ESCAPE, _RID_ESCAPE * 2).replace(RID_END, _RID_ESCAPE + RID_END)
+    return rid + RID_END
+
+
 class ClientEngine:
     """Adapter for an SGLang-native async client (``gyre.rollout.engine_client.AsyncEngineClient``).
+
+    Every request id goes to the engine as :func:`engine_rid` writes it (in the request and in its
+    abort), so aborting one request on SGLang never aborts another whose id it begins.
 
     Args:
         client: object with ``stream(input_ids, sampling_params, *, rid, return_logprob)`` (an
@@ -117,21 +142,45 @@ class ClientEngine:
             ``finish_reason`` (``.type``) and ``weight_version``) and ``abort(rid)``.
         engine_id: the route name of this engine.
         seed_each_request: give every request without a ``sampling_seed`` one of its own
-            (:func:`request_seed` of its rid).  For an SGLang server run with deterministic
-            inference, which samples every unseeded request with the same seed (42), so that a
-            group's identical prompts would all get the same output.
+            (:func:`request_seed` of its rid).  ``None`` (the default): do so when the engine is
+            an SGLang server, as the client's ``get_server_info()`` reports (asked before the first
+            request, and again while it fails; a request sent while it fails is seeded).  An SGLang
+            server in deterministic inference mode (however that mode was switched on) samples
+            every unseeded request with one fixed seed, so a group's identical prompts would all
+            get the same output; out of that mode it ignores the seed.  A client without
+            ``get_server_info`` is not seeded.
     """
 
-    def __init__(self, client: Any, engine_id: str, *, seed_each_request: bool = False) -> None:
+    def __init__(self, client: Any, engine_id: str, *, seed_each_request: bool | None = None) -> None:
         self.client = client
         self.engine_id = engine_id
         self.seed_each_request = seed_each_request
 
+    async def _seeds(self) -> bool:
+        """Whether this engine's requests get a seed of their own (see the class docstring)."""
+        if self.seed_each_request is None:
+            ask = getattr(self.client, "get_server_info", None)
+            if ask is None:
+                self.seed_each_request = False
+                return False
+            try:
+                info = await ask()
+            except Exception as exc:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                status = getattr(exc, "status_code", None)
+                if not (isinstance(status, int) and 400 <= status < 500):
+                    return True  # no answer now: seed this request, ask again next time
+                info = None  # refused: no SGLang (which serves /server_info)
+            self.seed_each_request = from_server_info(info).is_sglang
+        return self.seed_each_request
+
     async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
-        if self.seed_each_request and sampling_params.get("sampling_seed") is None:
+        if sampling_params.get("sampling_seed") is None and await self._seeds():
             sampling_params = {**sampling_params, "sampling_seed": request_seed(rid)}
         try:
-            async for ch in self.client.stream(input_ids, dict(sampling_params), rid=rid, return_logprob=True):
+            stream = self.client.stream(input_ids, dict(sampling_params), rid=engine_rid(rid), return_logprob=True)
+            async for ch in stream:
                 ids = list(ch.delta_output_ids or [])
                 lps = list(ch.delta_logprobs) if ch.delta_logprobs is not None else [0.0] * len(ids)
                 fr = ch.finish_reason.type if ch.finish_reason is not None else None
@@ -152,7 +201,7 @@ class ClientEngine:
 
     async def abort(self, rid: str) -> None:
         try:
-            await self.client.abort(rid)
+            await self.client.abort(engine_rid(rid))
         except Exception as exc:  # best effort: a dead engine aborts nothing
             if isinstance(exc, asyncio.CancelledError):
                 raise

@@ -54,7 +54,7 @@ class WorkerSpec:
     model_dir: str
     records_dir: str
     config: ProxyConfig
-    engines: list[tuple[str, str, bool]] = field(default_factory=list)  # (engine id, URL, seed_each_request)
+    engines: list[tuple[str, str, bool | None]] = field(default_factory=list)  # (engine id, URL, seed_each_request)
     role_rules: Any = None  # rules of the run's harness (``classify(headers, body)``), for every registration
 
 
@@ -147,7 +147,7 @@ class ProxyWorkers:
         only before :meth:`start`."""
         if self._procs:
             raise RuntimeError("proxy workers take engines before they start")
-        self.spec.engines.append((engine.engine_id, engine.client.base_url, bool(engine.seed_each_request)))
+        self.spec.engines.append((engine.engine_id, engine.client.base_url, engine.seed_each_request))
 
     # ------------------------------------------------------------------ admin calls
     def _request(self, worker: int, method: str, path: str, body: Any = None) -> Any:

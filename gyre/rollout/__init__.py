@@ -10,7 +10,7 @@
   behind ``model_runner.py``; ``serve.py`` is its command line (``tools/serve_engine.py``).
 * ``sglang_engine.py`` -- launches a real SGLang server with ``--sglang-*`` passthrough;
   ``sglang_weights.py`` pushes a cell's weights to it in the order SGLang needs, and
-  ``sglang_protocol.py`` tells which generation of SGLang's protocol it speaks.
+  ``sglang_protocol.py`` asks the server whether it has weight-update sessions.
 * ``weights.py`` -- weight payloads and :func:`~gyre.rollout.weights.publish_weights`.
 
 Importing this package is cheap (no torch); :func:`create_rollout_engine` picks the backend.

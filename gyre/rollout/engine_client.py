@@ -198,8 +198,10 @@ class EngineClient(_ClientBase):
         """Abort request ``rid``; the request then answers with ``finish_reason.type == "abort"``
         and its partial output.  On the embedded engine this reaches all ``n`` samples of the
         request; SGLang gives each of ``n > 1`` samples an id of its own, so there it reaches none
-        of them (:meth:`abort_all` does).  Returns ``False`` when the embedded engine does not know
-        ``rid`` (finished or never seen); SGLang always says ``True``."""
+        of them (:meth:`abort_all` does).  SGLang aborts every request whose id starts with ``rid``
+        (the proxy sends ids no other begins: :func:`gyre.proxy.engines.engine_rid`).  Returns
+        ``False`` when the embedded engine does not know ``rid`` (finished or never seen); SGLang
+        always says ``True``."""
         return self._do(op_abort(rid, False))
 
     def abort_all(self) -> None:
@@ -315,7 +317,9 @@ class EngineClient(_ClientBase):
     # status ---------------------------------------------------------------------
 
     def health(self) -> bool:
-        """``GET /health`` answered 200 (``False`` on errors or no answer)."""
+        """``GET /health`` answered 200 (``False`` on errors or no answer).  SGLang generates a token
+        for it unless started with that off, as :class:`~gyre.rollout.sglang_engine.SGLangEngine`
+        starts it; generating, it waits 20 s on a paused or released server and answers 503."""
         try:
             return self._do(op_health("/health"))
         except EngineConnectionError:

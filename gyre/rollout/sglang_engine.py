@@ -307,11 +307,21 @@ TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+#: SGLang's switch for ``GET /health`` generating a token.  Gyre's servers run with it off
+#: (:func:`server_environment`): a generating probe of a paused engine, or of one whose memory is
+#: released, waits 20 s, answers 503 and leaves the server marked unhealthy.  Off, ``/health``
+#: answers 503 only while the server starts or shuts down; ``/health_generate`` still generates.
+HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+
+
 def server_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) without torchrun's worker variables (:data:`TORCHRUN_ENV`
-    and every ``TORCHELASTIC_*``)."""
+    and every ``TORCHELASTIC_*``), and with :data:`HEALTH_GENERATION_ENV` ``false`` unless ``env``
+    sets it."""
     base = os.environ if env is None else env
-    return {k: v for k, v in base.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+    out = {k: v for k, v in base.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+    out.setdefault(HEALTH_GENERATION_ENV, "false")
+    return out
 
 
 def cpu_server_launcher() -> Path | None:
@@ -363,7 +373,8 @@ _PORT_RETRIES = 2
 
 
 class SGLangEngine:
-    """One SGLang server process (see module docstring).
+    """One SGLang server process (see module docstring), whose ``/health`` never generates
+    (:data:`HEALTH_GENERATION_ENV`).
 
     Args:
         model_path: HF model directory.

@@ -1,4 +1,5 @@
-"""Which generation of SGLang's HTTP protocol a server speaks, from the version it reports.
+"""What an SGLang server needs from Gyre, asked of the server itself rather than read from its
+version number.
 
 Gyre runs two generations of SGLang here (``tools/setup_sglang.sh``) and reads both sources:
 
@@ -11,18 +12,19 @@ Gyre runs two generations of SGLang here (``tools/setup_sglang.sh``) and reads b
   per-token ``weight_versions``, and ``/get_load``, ``/get_weight_version`` and
   ``/clear_hicache_storage_backend`` are gone.
 
-:func:`detect` asks ``/server_info`` (``/get_server_info`` on older servers) once; an engine that
-reports no SGLang version (the embedded engine) is treated as the older generation, whose calls it
-serves.
+:func:`probe_weight_update_sessions` tells the two apart by the capability: ``POST
+/end_weight_update`` answers 400 ("no weight-update session is open") on a server with sessions
+and 404 on one without (an older SGLang, the embedded engine).  So a development build
+(``0.0.0.dev0``), a release that gained sessions before Gyre saw one, and a front end whose
+``/server_info`` has no ``version`` are all read right.  The probe also closes a session left open
+on the server (it answers 200 then).  :func:`from_server_info` only says whether an engine is an
+SGLang server at all (it reports a version and is not the embedded engine).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-#: The first SGLang version Gyre has seen that needs weight-update sessions.
-SESSIONS_SINCE = (0, 5, 23)
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -35,7 +37,7 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class SGLangProtocol:
-    """What a server of SGLang ``version`` (``None``: not SGLang, or unknown) needs from Gyre."""
+    """The SGLang ``version`` a server reports (``None``: not SGLang, or unknown)."""
 
     version: tuple[int, ...] | None = None
 
@@ -43,16 +45,6 @@ class SGLangProtocol:
     def is_sglang(self) -> bool:
         """The server reported an SGLang version."""
         return self.version is not None
-
-    @property
-    def weight_update_sessions(self) -> bool:
-        """Weight loads must be wrapped in ``/begin_weight_update`` ... ``/end_weight_update``."""
-        return self.version is not None and self.version >= SESSIONS_SINCE
-
-    @property
-    def flushes_while_retracted(self) -> bool:
-        """``/flush_cache`` succeeds while requests wait after a ``retract`` pause."""
-        return self.version is not None and self.version >= SESSIONS_SINCE
 
 
 #: ``engine`` in the embedded engine's ``/server_info`` (its ``version`` is Gyre's, not SGLang's).
@@ -67,6 +59,29 @@ def from_server_info(info) -> SGLangProtocol:
     return SGLangProtocol(parse_version(info.get("version")))
 
 
-def detect(client) -> SGLangProtocol:
-    """The protocol of the server behind ``client`` (from its ``get_server_info()``)."""
-    return from_server_info(client.get_server_info())
+#: Statuses of ``POST /end_weight_update`` from a server without the endpoint (no such route;
+#: a front end that knows the path for another method).
+NO_ROUTE = frozenset({404, 405})
+
+
+def probe_weight_update_sessions(client) -> bool:
+    """Whether the server behind ``client`` loads weights only inside a weight-update session,
+    from its answer to ``client.end_weight_update()``: 400 (no session open) or 200 (one was left
+    open, and is closed now) -- sessions; 404 or 405 -- none.
+
+    The call takes SGLang's weight-update lock unless generation is paused, so it waits for the
+    running requests; Gyre probes where it is about to load weights (generation paused).
+
+    Raises:
+        EngineError: any other answer (the server cannot say).
+    """
+    from gyre.rollout.engine_messages import EngineError
+
+    try:
+        client.end_weight_update()
+    except EngineError as exc:
+        if exc.status_code in NO_ROUTE:
+            return False
+        if exc.status_code != 400:
+            raise
+    return True

@@ -5,7 +5,7 @@ handles, or shared-memory files for host tensors); :class:`SGLangTensorClient` s
 weights that way to a server on its own node, :class:`SGLangGroupClient` broadcasts them over a
 weight-update group to a server spanning nodes.  Both order a bucketed push the same way
 (``_SGLangPushOrder``): pause, flush until idle, load inside a weight-update session where the
-server's protocol generation needs one (:mod:`gyre.rollout.sglang_protocol`), continue.
+server has them (:mod:`gyre.rollout.sglang_protocol`), continue.
 """
 
 from __future__ import annotations
@@ -60,29 +60,43 @@ class _SGLangPushOrder:
     clear_shared_store: bool = False
     #: How long a live push waits for the aborted requests to leave the engine.
     idle_timeout_s: float = 30.0
-    #: The server's protocol generation (:func:`gyre.rollout.sglang_protocol.detect`, asked once).
-    protocol: Any = None
+    #: Whether the server loads weights only inside a weight-update session
+    #: (:func:`gyre.rollout.sglang_protocol.probe_weight_update_sessions`, asked at the first load).
+    sessions: bool | None = None
     _session_open: bool = False
 
     @contextlib.contextmanager
     def weight_update_session(self):
         """Around weight loads: ``/begin_weight_update`` ... ``/end_weight_update`` where the server
-        needs a session (SGLang 0.5.23 and newer), nothing otherwise; a session already open by
-        this client is reused (a push's buckets share one)."""
-        if self.protocol is None:
-            from gyre.rollout.sglang_protocol import detect
+        has sessions (SGLang 0.5.23 and newer), nothing otherwise; a session already open by this
+        client is reused (a push's buckets share one).  The first call asks the server whether it
+        has sessions, which also closes one an earlier client left open; a begin refused because a
+        session is open all the same ends that session and begins again."""
+        if self.sessions is None:
+            from gyre.rollout.sglang_protocol import probe_weight_update_sessions
 
-            self.protocol = detect(self.client)
-        if self._session_open or not self.protocol.weight_update_sessions:
+            self.sessions = probe_weight_update_sessions(self.client)
+        if self._session_open or not self.sessions:
             yield
             return
-        self.client.begin_weight_update()
+        self._begin()
         self._session_open = True
         try:
             yield
         finally:
             self._session_open = False
             self.client.end_weight_update()
+
+    def _begin(self) -> None:
+        from gyre.rollout.engine_messages import EngineError
+
+        try:
+            self.client.begin_weight_update()
+        except EngineError as exc:
+            if exc.status_code != 400 or "already open" not in str(exc.message):
+                raise
+            self.client.end_weight_update()  # left open by a load that never ended it
+            self.client.begin_weight_update()
 
     def update_weights_from_tensor(self, named_tensors=None, *, weight_version: str, **kw) -> dict:
         raise NotImplementedError

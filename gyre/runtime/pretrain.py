@@ -472,9 +472,8 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     harness.ensure_installed()
     harness.sweep(run_dir)  # sandboxes an earlier, crashed attempt of this run directory left
     proxy = _rank0_proxy(args, model_dir, run_dir, harness)
-    seeded = bool(getattr(args, "sglang_enable_deterministic_inference", False))  # SGLang seeds all alike then
-    for c, url in enumerate(urls):
-        proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}", seed_each_request=seeded))
+    for c, url in enumerate(urls):  # an SGLang engine's requests each get a seed (ClientEngine)
+        proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{c}"))
     start_step = resume.iteration if resume else 0
     standalone = _standalone_pool(args, connect, worker, server, model_dir, start_step, proxy)
     proxy.start(args.proxy_host, args.proxy_port)

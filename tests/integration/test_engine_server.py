@@ -320,6 +320,9 @@ def test_status_endpoints(client, server, tiny_model_dir):
     assert si["internal_states"][0]["num_running_reqs"] == 0
     assert client.get_weight_version() == "default"
     assert httpx.post(server.url + "/flush_cache").status_code == 200
+    from gyre.rollout.sglang_protocol import probe_weight_update_sessions
+
+    assert probe_weight_update_sessions(client) is False  # no weight-update sessions: /end_weight_update is 404
 
 
 def test_small_requests_do_not_wait_for_delayed_acks(client):

@@ -124,7 +124,7 @@ def test_sdks_against_serve_rollout(service):
 @pytest.mark.parametrize("how", ["reroute", "engine_abort"])
 def test_embedded_engine_abort_mid_stream(tiny_model_dir, tmp_path, how):
     from gyre.embedded_model import load_tokenizer
-    from gyre.proxy.engines import ClientEngine
+    from gyre.proxy.engines import ClientEngine, engine_rid
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
     from gyre.rollout.config import EngineConfig
@@ -160,7 +160,7 @@ def test_embedded_engine_abort_mid_stream(tiny_model_dir, tmp_path, how):
                     srv.set_route(ex.execution_id, "engine-1")
                     assert srv.abort_engine("engine-0") == 1
                 else:  # the request is killed on the engine itself; the retry stays on the route
-                    assert source.abort(rids[0]) is True
+                    assert source.abort(engine_rid(rids[0])) is True  # the id the engine knows it by
                 source.continue_generation()
             usage = chunk.usage
         assert done and usage.completion_tokens == n_tokens  # one normal, complete response

@@ -254,9 +254,13 @@ def test_a_shared_kv_store_turns_on_hicache_with_mooncake(tiny_model_dir):
     assert cmd[cmd.index("--hicache-ratio") + 1] == "1.5"
 
 
-def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0, version=None):
+def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0, sessions=False, version=None,
+                     left_open=False):
     """An SGLang cell's client over a scripted server: records ``(path, body)`` of each call; its
-    first ``busy_flushes`` flushes answer 400 (requests still leaving), then ``flush_status``."""
+    first ``busy_flushes`` flushes answer 400 (requests still leaving), then ``flush_status``.  With
+    ``sessions`` it keeps SGLang 0.5.23's weight-update session (a load outside one, a second begin,
+    an end without one answer 400; ``left_open``: one is open already), without them the session
+    calls answer 404; ``/server_info`` reports ``version`` (none when ``None``)."""
     import httpx
     import torch
 
@@ -264,24 +268,40 @@ def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0, vers
     from gyre.rollout.sglang_engine import SGLangTensorClient
 
     calls = []
+    state = {"open": left_open}
+
+    def fail(message):
+        return httpx.Response(400, json={"success": False, "message": message})
 
     def handler(request):
+        path = request.url.path
         body = json.loads(request.content) if request.content else None
-        calls.append((request.url.path, body))
-        if request.url.path == "/server_info":
+        calls.append((path, body))
+        if path == "/server_info":
             return httpx.Response(200, json={"version": version} if version else {})
-        if request.url.path == "/flush_cache":
+        if path in ("/begin_weight_update", "/end_weight_update"):
+            if not sessions:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            if (path == "/begin_weight_update") == state["open"]:
+                return fail("a weight-update session is already open; call end_weight_update() first"
+                            if state["open"] else "no weight-update session is open; call begin_weight_update() first")
+            state["open"] = not state["open"]
+            return httpx.Response(200, json={"success": True, "message": "Success"})
+        if path == "/flush_cache":
             if sum(p == "/flush_cache" for p, _ in calls) <= busy_flushes:
                 return httpx.Response(400, text="Cache not flushed.")
             return httpx.Response(flush_status, text="Cache flushed." if flush_status == 200 else "Cache not flushed.")
-        if request.url.path == "/update_weights_from_tensor" and fail_update_at == sum(
-                p == "/update_weights_from_tensor" for p, _ in calls):
-            return httpx.Response(400, json={"success": False, "message": "shape mismatch"})
+        if path == "/update_weights_from_tensor":
+            if sessions and not state["open"]:
+                return fail("weights load only inside a weight-update session")
+            if fail_update_at == sum(p == path for p, _ in calls):
+                return fail("shape mismatch")
         return httpx.Response(200, json={"success": True, "message": "ok"})
 
     inner = EngineClient("http://sglang", transport=httpx.MockTransport(handler))
     client = SGLangTensorClient(inner, "cpu", 2, serialize=lambda pairs, tp: [",".join(n for n, _ in pairs)] * tp)
     buckets = [{"a": torch.ones(2), "b": torch.ones(1)}, {"c": torch.zeros(3)}]
+    client.state = state
     return client, buckets, calls
 
 
@@ -300,7 +320,7 @@ def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
     client, buckets, calls = _scripted_sglang(busy_flushes=2)
     assert push_weight_buckets(client, iter(buckets), "5") == 3
     assert _brief(calls) == [("/pause_generation", "abort"), ("/flush_cache",), ("/flush_cache",), ("/flush_cache",),
-                             ("/server_info",), ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
+                             ("/end_weight_update",), ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
                              ("/update_weights_from_tensor", ["c", "c"], True, "5"),
                              ("/continue_generation",)]
     # never idle: the push gives up, the buckets are drained, generation continues
@@ -313,32 +333,55 @@ def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
     # a role switch's load (generation paused, nothing running, so SGLang can flush): the last bucket flushes
     client, buckets, calls = _scripted_sglang()
     assert push_weight_buckets(client, iter(buckets), "6", live=False) == 3
-    loads = [c for c in _brief(calls) if c[0] != "/server_info"]
+    loads = [c for c in _brief(calls) if c[0] != "/end_weight_update"]
     assert [c[0] for c in loads] == ["/update_weights_from_tensor"] * 2
     assert [c[2] for c in loads] == [False, True]
 
 
-def test_sglang_0_5_23_loads_weights_inside_one_weight_update_session():
-    """From SGLang 0.5.23 a weight load outside /begin_weight_update ... /end_weight_update answers 400
-    (and the distributed one would leave the broadcast hanging): the version from /server_info
-    decides, a push's buckets share one session, and a single load opens its own."""
+def test_weight_update_sessions_are_found_by_asking_the_server_not_its_version():
+    """A server with weight-update sessions (SGLang 0.5.23) refuses a load outside one, and its
+    distributed load would leave the broadcast hanging: whether the server has them is asked of the
+    server (``/end_weight_update`` answers 400 with none open, 404 where there are no sessions), so
+    a development build, a version-less front end and an older SGLang are all read right.  A push's
+    buckets share one session, and a single load opens its own."""
     import torch
 
     from gyre.rollout.weights import push_weight_buckets
 
-    for version, sessions in (("0.5.23", True), ("0.5.10.post1", False), (None, False)):
-        client, buckets, calls = _scripted_sglang(version=version)
+    for version, sessions in (("0.5.23", True), ("0.0.0.dev0", True), (None, True), ("0.5.10.post1", False),
+                              (None, False)):
+        client, buckets, calls = _scripted_sglang(sessions=sessions, version=version)
         assert push_weight_buckets(client, iter(buckets), "5") == 3
         paths = [c[0] for c in calls]
-        assert paths[:3] == ["/pause_generation", "/flush_cache", "/server_info"]
+        assert paths[:3] == ["/pause_generation", "/flush_cache", "/end_weight_update"]  # the probe
         want = ["/update_weights_from_tensor"] * 2
         if sessions:
             want = ["/begin_weight_update", *want, "/end_weight_update"]
         assert paths[3:] == [*want, "/continue_generation"], (version, paths)
+        assert "/server_info" not in paths and not client.state["open"]
         calls.clear()
         client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="6")
         assert [c[0] for c in calls] == (["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
                                          if sessions else ["/update_weights_from_tensor"])
+
+
+def test_a_weight_update_session_left_open_on_the_server_is_ended_first():
+    """A session an earlier client left open (it died between begin and end) is closed by the probe;
+    one left open after the probe makes begin answer 400, and is ended and begun again."""
+    import torch
+
+    from gyre.rollout.weights import push_weight_buckets
+
+    client, buckets, calls = _scripted_sglang(sessions=True, left_open=True)
+    assert push_weight_buckets(client, iter(buckets), "5") == 3
+    assert [c[0] for c in calls][2:5] == ["/end_weight_update", "/begin_weight_update", "/update_weights_from_tensor"]
+    assert client.sessions is True and not client.state["open"]
+    client.state["open"] = True  # left open again behind this client's back
+    calls.clear()
+    client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="6")
+    assert [c[0] for c in calls] == ["/begin_weight_update", "/end_weight_update", "/begin_weight_update",
+                                     "/update_weights_from_tensor", "/end_weight_update"]
+    assert not client.state["open"]
 
 
 def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
@@ -356,12 +399,13 @@ def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
     with pytest.raises(EngineError, match="shape mismatch"):
         push_weight_buckets(client, produce(), "7")
     assert drained == [["a", "b"], ["c"]]
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/server_info",
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/end_weight_update",
                                              "/update_weights_from_tensor", "/continue_generation"]
     client, _, calls = _scripted_sglang()
     with pytest.raises(ValueError, match="no weights"):
         push_weight_buckets(client, iter([]), "8")
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/server_info", "/continue_generation"]
+    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/end_weight_update",
+                                             "/continue_generation"]
 
 
 def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():
@@ -410,3 +454,13 @@ def test_an_embedded_format_payload_never_reaches_an_sglang_server():
                 assert client.update_weights_from_tensor({"a": torch.ones(1)}, weight_version="1")["success"]
         assert "/update_weights_from_tensor" not in calls if refused else calls.count("/update_weights_from_tensor") == 2
         assert calls.count("/server_info") == 1
+
+
+def test_a_server_is_started_with_a_health_probe_that_does_not_generate():
+    """SGLang's /health generates a token by default (20 s and a 503 on a paused server); Gyre's servers
+    get the switch that turns that off, unless their environment sets it."""
+    from gyre.rollout.sglang_engine import HEALTH_GENERATION_ENV, server_environment
+
+    assert HEALTH_GENERATION_ENV == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+    assert server_environment({"RANK": "1", "A": "x"}) == {"A": "x", HEALTH_GENERATION_ENV: "false"}
+    assert server_environment({HEALTH_GENERATION_ENV: "1"}) == {HEALTH_GENERATION_ENV: "1"}

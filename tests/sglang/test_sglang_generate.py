@@ -137,3 +137,51 @@ def test_a_prompt_written_by_the_token_table_is_read_as_the_same_prompt(sglang_s
     assert padded.prompt_tokens == plain.prompt_tokens == 600
     assert padded.output_ids == plain.output_ids
     assert max(abs(a - b) for a, b in zip(padded.output_logprobs, plain.output_logprobs)) < 1e-4
+
+
+def test_an_abort_reaches_only_its_own_request_not_those_its_id_begins(sglang_server):
+    """SGLang aborts every request whose id starts with the one given.  Through the proxy's engine
+    adapter, aborting ``E-1`` beside ``E-12`` and the retry ``E-1.r1`` ends ``E-1`` alone: the other
+    two go on generating until they are aborted by their own ids."""
+    from gyre.proxy.engines import ClientEngine
+    from gyre.rollout.engine_client import AsyncEngineClient
+
+    rids = ("E-1", "E-12", "E-1.r1")
+    params = {"max_new_tokens": 900, "ignore_eos": True}
+
+    async def go():
+        async with AsyncEngineClient(sglang_server.url) as ac:
+            eng = ClientEngine(ac, "engine-0")
+            got = {r: [] for r in rids}
+            finish: dict[str, str | None] = {r: None for r in rids}
+
+            async def run(rid):
+                async for ch in eng.generate_stream(list(range(10, 30)), params, rid):
+                    got[rid] += ch.output_ids
+                    finish[rid] = ch.finish_reason
+
+            async def until(cond, what):
+                for _ in range(1200):
+                    if cond():
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"{what}: {finish}, tokens {[len(v) for v in got.values()]}")
+
+            tasks = [asyncio.create_task(run(r)) for r in rids]
+            await until(lambda: all(got.values()), "not all three running")
+            await eng.abort("E-1")
+            await until(lambda: finish["E-1"] is not None, "E-1 not aborted")
+            after = {r: len(got[r]) for r in rids}
+            await until(lambda: all(finish[r] is not None or len(got[r]) >= after[r] + 8 for r in rids[1:]),
+                        "the others stalled")
+            ended_early = {r: finish[r] for r in rids[1:]}
+            for r in rids[1:]:
+                await eng.abort(r)
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            return finish, ended_early, {r: len(v) for r, v in got.items()}, eng.seed_each_request
+
+    finish, ended_early, tokens, seeded = asyncio.run(go())
+    print(f"abort of E-1 beside E-12 and E-1.r1: finishes {finish}, tokens {tokens}")
+    assert finish["E-1"] == "abort" and ended_early == {"E-12": None, "E-1.r1": None}
+    assert all(finish[r] == "abort" and 0 < tokens[r] < 900 for r in rids)
+    assert seeded is True  # every request carried a sampling_seed, which SGLang accepted
