@@ -44,6 +44,15 @@ def _valid(api: str, text: str = "hi", max_tokens: int = 8) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": text}], MAX_KEY[api]: max_tokens}
 
 
+def _engine_process(model: str | None = None):
+    """An embedded engine (the tiny model) in a process of its own on 127.0.0.1, started."""
+    from gyre.embedded_model import ensure_tiny_model
+    from gyre.rollout.serve import EmbeddedEngineProcess
+
+    return EmbeddedEngineProcess(model or str(ensure_tiny_model("local")), port=_free_port(), env=ENV, extra_args=[
+        "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=300)
+
+
 def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096,
                       engine_process: bool = False, **config):
     """An embedded engine and a ProxyServer in this process, both on 127.0.0.1; with
@@ -64,10 +73,7 @@ def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max
 
     model = ensure_tiny_model("local")
     if engine_process:
-        from gyre.rollout.serve import EmbeddedEngineProcess
-
-        engine = EmbeddedEngineProcess(str(model), port=_free_port(), env=ENV, extra_args=[
-            "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=300)
+        engine = _engine_process(str(model))
     else:
         engine = EngineServer(EngineConfig(model_dir=str(model), max_running_requests=8)).start()
     store = TrajectoryStore(tmp, fsync_every=0)
