@@ -10,35 +10,6 @@ to start one.
 Modules: :mod:`~gyre.fleet.launcher` (rank 0: :class:`FleetLauncher`, what the pipeline calls in
 place of a harness), :mod:`~gyre.fleet.slots` (the slot actors Ray places), :mod:`~gyre.fleet.node`
 (what a slot does on its node), :mod:`~gyre.fleet.shipping` (the archives sent with an execution),
-:mod:`~gyre.fleet.guard` (nothing a slot started outlives it). Only the first two import Ray;
-names are imported lazily (PEP 562), so ``import gyre.fleet`` does not.
+:mod:`~gyre.fleet.guard` (nothing a slot started outlives it). Only the first two import Ray, and
+this package imports none of its modules, so ``import gyre.fleet`` does not.
 """
-
-import importlib
-
-_LAZY = {
-    "FleetLauncher": "gyre.fleet.launcher",
-    "NodeEvaluator": "gyre.fleet.launcher",
-    "connect_ray": "gyre.fleet.launcher",
-    "launcher_from_args": "gyre.fleet.launcher",
-    "SLOT_RESOURCE": "gyre.fleet.slots",
-    "SlotPool": "gyre.fleet.slots",
-    "SlotAgent": "gyre.fleet.node",
-    "fleet_dir": "gyre.fleet.node",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gyre.fleet' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-__all__ = sorted(_LAZY)

@@ -464,7 +464,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     loaded = load_tasks(args.tasks.split(","))
     tasks = loaded.tasks
     if args.execution_fleet:
-        from gyre.fleet import launcher_from_args
+        from gyre.fleet.launcher import launcher_from_args
 
         harness = launcher_from_args(args)  # the same launcher interface; executions run on the fleet's nodes
     else:
