@@ -140,3 +140,41 @@ def test_a_lost_node_fails_its_executions_unresolved_and_the_rest_finish(cluster
         assert launcher.pool.counts()["lost"] == 2
     finally:
         launcher.close()
+
+
+def test_a_node_that_joins_mid_run_takes_new_dispatches(cluster, proxy, tmp_path):
+    import ray
+
+    from tests.fleet.conftest import node_args
+    from tests.processes import wait_until as wait
+
+    ray.init(address=cluster.address)
+    run_dir = tmp_path / "run"
+    task = taskset(tmp_path, EXIT_CODE_CHECK)
+    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_SLEEP, "20"])
+    log = AssessmentLog(tmp_path / "assessments.jsonl")
+    try:
+        fins: dict[int, object] = {}
+
+        def start(i: int) -> threading.Thread:
+            t = threading.Thread(target=lambda: fins.__setitem__(i, run_one(proxy, launcher, task, run_dir, i, log,
+                                                                            group=2)))
+            t.start()
+            return t
+
+        threads = [start(i) for i in range(6)]
+        ids = [str(ExecutionKey(0, 2, i)) for i in range(8)]
+        assert wait(lambda: all(proxy.counters(s)["calls"] == 1 for s in ids[:6]), timeout=120)
+        assert launcher.pool.counts()["free"] == 0  # every slot of the three nodes is busy
+        joined = cluster.add_node(**node_args())
+        assert launcher.pool.wait_for_slots(8, timeout_s=60) == 8
+        threads += [start(6), start(7)]
+        assert wait(lambda: all(proxy.counters(s)["calls"] == 1 for s in ids[6:]), timeout=120)
+        # the first six still run (20 s each): the two new executions can only be on the new node
+        assert {launcher.slot_of(s).node_id for s in ids[6:]} == {joined.node_id}
+        for t in threads:
+            t.join(240)
+        for fin in fins.values():
+            assert fin.outcome.status is OutcomeStatus.VALID and fin.outcome.reward == 1.0, fin
+    finally:
+        launcher.close()
