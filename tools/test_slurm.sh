@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Slurm tier: examples/slurm/gyre_multinode.sbatch submitted to a real two-node Slurm cluster
+# The Slurm tier: examples/slurm/gyre_multinode.sbatch and gyre_fleet.sbatch submitted to a real two-node Slurm cluster
 # (tests/slurm). Starts the local cluster of tools/setup_slurm.sh (nodes n1 and n2 on this machine;
 # needs root) unless SLURM_CONF already names a running cluster, then runs the tier in .venv.
 # Usage: bash tools/test_slurm.sh [pytest args]; `bash tools/setup_slurm.sh --stop` stops the cluster.

@@ -1,4 +1,4 @@
-"""The Slurm tier: examples/slurm/gyre_multinode.sbatch submitted to a real Slurm cluster.
+"""The Slurm tier: the sbatch scripts of examples/slurm submitted to a real Slurm cluster.
 
 ``bash tools/test_slurm.sh`` starts the local two-node cluster of ``tools/setup_slurm.sh`` (nodes n1
 and n2 on this machine) and runs these tests against it.  Anywhere without a cluster that answers
