@@ -10,24 +10,44 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 
-from ray._private.services import resolve_ip_for_localhost
-
-from tests.slurm.test_slurm_multinode import NODE_ADDRS, free_port, job_field, leftovers, wait_ended
+from tests.slurm.test_slurm_multinode import NODE_ADDRS, job_field, leftovers, wait_ended
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "gyre_fleet.sbatch"
 
 
+def free_ray_port(span: int = 17) -> int:
+    """A port P with P..P+span-1 free on both nodes' addresses, below the kernel's ephemeral range (the
+    script gives node i Ray ports from P + 10 * i + 1 on; an ephemeral connection must not take one)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(23000, low - span)
+        try:
+            for p in range(port, port + span):
+                for addr in NODE_ADDRS.values():
+                    with socket.socket() as s:
+                        s.bind((addr, p))
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no free block of ports for Ray")
+
+
 def test_the_job_runs_its_executions_on_a_ray_fleet_of_its_nodes(tmp_path):
+    from ray._private.services import resolve_ip_for_localhost  # the tier's environment has Ray (tools/setup.sh)
+
     run, out = tmp_path / "run", tmp_path / "run.out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     env.update(GYRE_SLURM_ENV="examples/slurm/cpu.env", GYRE_ENV=sys.prefix, RUN_DIR=str(run),
-               RAY_PORT=str(free_port()), FLEET_SLOTS="2", RAY_OBJECT_STORE_BYTES=str(100 * 1024 * 1024),
+               RAY_PORT=str(free_ray_port()), FLEET_SLOTS="2", RAY_OBJECT_STORE_BYTES=str(100 * 1024 * 1024),
                FLEET_DIR_ROOT=str(tmp_path))
     r = subprocess.run(["sbatch", "--parsable", "--nodes", "2", "--job-name", "gyre-fleet-test", "--output", str(out),
                         str(SBATCH), "--config", "examples/cpu_tiny.yaml", "--num-cells", "2", "--train-steps", "2",
