@@ -10,7 +10,8 @@ scheduler, the proxy and every record. For one execution it
    archives (:mod:`gyre.fleet.shipping`);
 3. takes a free slot (:class:`~gyre.fleet.slots.SlotPool`) and runs the execution there
    (:meth:`gyre.fleet.node.SlotAgent.run`), with the proxy endpoint rewritten to rank 0's reachable
-   address when the proxy URL is a loopback one and a node runs on another machine;
+   address when the proxy URL's host is a loopback or unspecified one (:func:`needs_advertised_host`)
+   and a node runs on another machine;
 4. writes what came back -- ``harness.log``, ``execution.json`` (with a ``fleet`` entry naming the
    node), ``final_message.txt`` -- into the execution's directory and returns the
    :class:`~gyre.harness.HarnessResult` (its workspace: the node's preserved copy and its digest);
@@ -48,9 +49,29 @@ from gyre.harness.execution import ExecutionDir, HarnessResult, ProxyEndpoint, e
 from gyre.harness.roles import RoleRules
 from gyre.tasks import TaskSpec, WorkspaceError
 
-__all__ = ["FleetLauncher", "NodeEvaluator", "RemoteRun", "connect_ray"]
+__all__ = ["FleetLauncher", "NodeEvaluator", "RemoteRun", "connect_ray", "needs_advertised_host", "with_host"]
 
 logger = logging.getLogger(__name__)
+
+
+def needs_advertised_host(url: str) -> bool:
+    """Whether a node on another machine cannot use ``url`` as it is: its host is a loopback address
+    (``127.0.0.1``, ``::1``, ``localhost``) or the unspecified one a server listens on
+    (``0.0.0.0``, ``::``, from ``--proxy-host 0.0.0.0``)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost"
+    return addr.is_loopback or addr.is_unspecified
+
+
+def with_host(url: str, host: str) -> str:
+    """``url`` with its host replaced by ``host`` (the port kept)."""
+    parts = urllib.parse.urlsplit(url)
+    if ":" in host:
+        host = f"[{host}]"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
 
 
 def connect_ray(address: str, *, slots_per_node: int, object_store_bytes: int | None = None) -> bool:
@@ -161,6 +182,12 @@ class FleetLauncher:
         built = settings.build(task, judge_base_url, None)
         return NodeEvaluator(self, settings, self._reachable(judge_base_url), built.name)
 
+    def _reachable(self, url: str) -> str:
+        """``url`` as nodes on other machines can use it (:func:`needs_advertised_host`)."""
+        if needs_advertised_host(url) and not self._all_local():
+            return with_host(url, self.advertise_host)
+        return url
+
     def slot_of(self, execution_id: str) -> Slot | None:
         """The slot holding ``execution_id`` (from its run until :meth:`release`)."""
         with self._lock:
@@ -260,18 +287,6 @@ class FleetLauncher:
     def _all_local(self) -> bool:
         here = ray.util.get_node_ip_address()
         return all(n["NodeManagerAddress"] == here for n in ray.nodes() if n.get("Alive"))
-
-    def _reachable(self, url: str) -> str:
-        """``url`` with a loopback host replaced by :attr:`advertise_host` when a node runs elsewhere."""
-        parts = urllib.parse.urlsplit(url)
-        try:
-            loopback = ipaddress.ip_address(parts.hostname or "").is_loopback
-        except ValueError:
-            loopback = parts.hostname == "localhost"
-        if not loopback or self._all_local():
-            return url
-        netloc = f"{self.advertise_host}:{parts.port}" if parts.port else self.advertise_host
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
     def _endpoint(self, endpoint: ProxyEndpoint) -> ProxyEndpoint:
         return dataclasses.replace(endpoint, base_url=self._reachable(endpoint.base_url))

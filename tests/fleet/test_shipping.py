@@ -66,3 +66,15 @@ def test_the_workspace_archive_is_the_materialised_workspace(tmp_path):
     out = unpack(workspace_archive(task), tmp_path / "out")
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["base.txt", "extra", "extra/b.txt"]
     assert (out / "extra" / "b.txt").read_text() == "b"
+
+
+@pytest.mark.parametrize("url, rewrite", [
+    ("http://127.0.0.1:8000", True), ("http://localhost:8000", True), ("http://[::1]:8000", True),
+    ("http://0.0.0.0:8000", True), ("http://[::]:8000", True), ("http://10.1.2.3:8000", False),
+    ("http://rank0.cluster:8000", False)])
+def test_proxy_urls_nodes_elsewhere_cannot_use_are_rewritten_keeping_the_port(url, rewrite):
+    from gyre.fleet.launcher import needs_advertised_host, with_host
+
+    assert needs_advertised_host(url) is rewrite
+    assert with_host(url, "10.9.8.7") == "http://10.9.8.7:8000"
+    assert with_host("http://0.0.0.0:8000/v1", "fd00::5") == "http://[fd00::5]:8000/v1"
