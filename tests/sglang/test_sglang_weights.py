@@ -94,3 +94,51 @@ def test_a_live_push_leaves_no_old_prefix_and_serves_the_new_weights(cell_server
     print(f"{path} push: cached_tokens {before.cached_tokens} -> {after.cached_tokens}; "
           f"log-prob diff vs new weights {diff:.2e}, vs old {max(abs(a - b) for a, b in zip(after.output_logprobs, old_ref)):.2e}")
     assert diff <= 1e-3
+
+
+def test_a_push_whose_second_bucket_fails_serves_nothing_until_a_push_succeeds(cell_server, sglang_model_dir):
+    """SGLang sets the new version label at the first bucket it loads: after the second bucket fails,
+    the engine holds half-new weights under the new label.  It stays paused (a request sent now waits,
+    nothing is answered under that label), the push client says it failed; the next push (here: the
+    old weights again) continues it, and the waiting request is served under that push's version."""
+    from gyre.rollout.engine_messages import EngineError
+    from gyre.rollout.sglang_engine import SGLangTensorClient, WeightPushFailed
+    from gyre.rollout.weights import push_weight_buckets
+
+    old = _weights(sglang_model_dir)
+    new = _perturbed(old, 3)
+    names = sorted(new)
+    third = len(names) // 3
+    with cell_server.client(timeout=120) as c:
+        failed_version = str(int(c.get_weight_version()) + 1)
+        cell = SGLangTensorClient(cell_server.client(timeout=120), "cpu", 1)
+        real, loads = cell.client.update_weights_from_tensor, []
+
+        def second_bucket_fails(*args, **kwargs):
+            loads.append(kwargs["weight_version"])
+            if len(loads) == 2:
+                raise EngineError(500, "injected: the second bucket failed")
+            return real(*args, **kwargs)
+
+        cell.client.update_weights_from_tensor = second_bucket_fails
+        buckets = [{k: new[k] for k in part} for part in (names[:third], names[third:2 * third], names[2 * third:])]
+        with pytest.raises(WeightPushFailed, match="second bucket"):
+            push_weight_buckets(cell, iter(buckets), failed_version, live=True)
+        assert loads == [failed_version] * 2 and "second bucket" in cell.failed
+        assert c.get_weight_version() == failed_version  # SGLang's label moved with the first bucket
+        box = {}
+
+        def run():
+            with cell_server.client(timeout=120) as c2:
+                box["res"] = _greedy(c2)
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(5.0)
+        assert t.is_alive() and "res" not in box, "a request was served on half-loaded weights"
+        del cell.client.update_weights_from_tensor
+        restored = str(int(failed_version) + 1)
+        assert push_weight_buckets(cell, iter([old]), restored, live=True) == len(old)
+        t.join(120)
+        assert cell.failed is None and box["res"].weight_version == restored == c.get_weight_version()
+        assert box["res"].completion_tokens == 8
