@@ -142,3 +142,61 @@ def test_a_push_whose_second_bucket_fails_serves_nothing_until_a_push_succeeds(c
         t.join(120)
         assert cell.failed is None and box["res"].weight_version == restored == c.get_weight_version()
         assert box["res"].completion_tokens == 8
+
+
+def test_after_a_push_without_a_flush_a_prefix_of_the_earlier_weights_is_not_reused(cell_server, sglang_model_dir):
+    """The proxy's engine adapter keys each request to SGLang by the engine's weight version
+    (``extra_key``): after a push that did not flush the prefix cache, the same prompt through it
+    reuses nothing computed under the earlier weights, while an unkeyed request still would."""
+    import asyncio
+
+    from gyre.proxy.engines import ClientEngine
+    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.sglang_engine import SGLangTensorClient
+
+    keyed, unkeyed = list(range(500, 660)), list(range(700, 860))
+    params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    seen = []
+
+    class Spy(AsyncEngineClient):
+        async def stream(self, *args, **kwargs):
+            async for ch in super().stream(*args, **kwargs):
+                if ch.finished:
+                    seen.append((kwargs.get("extra_key"), int(ch.meta_info.get("cached_tokens", 0))))
+                yield ch
+
+    async def through_adapter(eng, n):
+        async for _ in eng.generate_stream(keyed, dict(params), f"prefix-{n}"):
+            pass
+
+    async def go(eng, ns):
+        for n in ns:
+            await through_adapter(eng, n)
+
+    with cell_server.client(timeout=120) as c:
+        old = c.get_weight_version()
+        new = str(int(old) + 1)
+
+        async def before():
+            async with Spy(cell_server.url) as ac:
+                await go(ClientEngine(ac, "cell"), (0, 1))
+
+        asyncio.run(before())
+        c.generate(unkeyed, params)
+        assert c.generate(unkeyed, params).cached_tokens >= 128
+        cell = SGLangTensorClient(cell_server.client(timeout=120), "cpu", 1)
+        assert cell.update_weights_from_tensor(_weights(sglang_model_dir), weight_version=new,
+                                               flush_cache=False)["success"]
+        assert c.get_weight_version() == new
+        stale = c.generate(unkeyed, params).cached_tokens  # the push kept the earlier weights' prefixes
+
+        async def after():
+            async with Spy(cell_server.url) as ac:
+                await go(ClientEngine(ac, "cell"), (2, 3))
+
+        asyncio.run(after())
+    print(f"cached tokens through the adapter {seen}; unkeyed after the push {stale}")
+    assert stale >= 128
+    assert seen[0] == (f"weights-{old}", 0) and seen[1][0] == f"weights-{old}" and seen[1][1] >= 128
+    assert seen[2] == (f"weights-{new}", 0), "a prefix computed under the earlier weights was reused"
+    assert seen[3][0] == f"weights-{new}" and seen[3][1] >= 128  # the new version's own prefix is reused
