@@ -149,19 +149,32 @@ class ClientEngine:
             every unseeded request with one fixed seed, so a group's identical prompts would all
             get the same output; out of that mode it ignores the seed.  A client without
             ``get_server_info`` is not seeded.
+        key_by_weight_version: send every request with ``extra_key`` ``weights-<version>``, the
+            engine's weight version as its ``get_weight_version()`` answers just before the request
+            (``None``, the default: when the engine is an SGLang server).  SGLang reuses a cached
+            prefix only for a request with the same key, in its prefix cache and its shared KV
+            store, so a prefix computed under earlier weights is not reused after a push that did
+            not flush them.  A request sent just before a push (one waiting through its pause) still
+            carries the earlier version's key.
     """
 
-    def __init__(self, client: Any, engine_id: str, *, seed_each_request: bool | None = None) -> None:
+    def __init__(self, client: Any, engine_id: str, *, seed_each_request: bool | None = None,
+                 key_by_weight_version: bool | None = None) -> None:
         self.client = client
         self.engine_id = engine_id
         self.seed_each_request = seed_each_request
+        self.key_by_weight_version = key_by_weight_version
+        #: the engine's weight version as last asked (the ``extra_key`` of its requests)
+        self.served_version: str | None = None
+        self._sglang: bool | None = None
 
-    async def _seeds(self) -> bool:
-        """Whether this engine's requests get a seed of their own (see the class docstring)."""
-        if self.seed_each_request is None:
+    async def _is_sglang(self) -> bool | None:
+        """Whether the engine is an SGLang server (asked once of ``get_server_info``); ``None``
+        while it gives no answer (asked again next time)."""
+        if self._sglang is None:
             ask = getattr(self.client, "get_server_info", None)
             if ask is None:
-                self.seed_each_request = False
+                self._sglang = False
                 return False
             try:
                 info = await ask()
@@ -170,16 +183,43 @@ class ClientEngine:
                     raise
                 status = getattr(exc, "status_code", None)
                 if not (isinstance(status, int) and 400 <= status < 500):
-                    return True  # no answer now: seed this request, ask again next time
+                    return None
                 info = None  # refused: no SGLang (which serves /server_info)
-            self.seed_each_request = from_server_info(info).is_sglang
+            self._sglang = from_server_info(info).is_sglang
+        return self._sglang
+
+    async def _seeds(self) -> bool:
+        """Whether this engine's requests get a seed of their own (see the class docstring)."""
+        if self.seed_each_request is None:
+            sglang = await self._is_sglang()
+            if sglang is None:
+                return True  # no answer now: seed this request, ask again next time
+            self.seed_each_request = sglang
         return self.seed_each_request
+
+    async def _extra_key(self) -> str | None:
+        """The request's ``extra_key``: ``weights-<version>``, the version the engine reports just
+        before the request (see the class docstring); the last one it reported when it gives no
+        answer now; ``None`` when requests are not keyed."""
+        if self.key_by_weight_version is None:
+            sglang = await self._is_sglang()
+            if sglang is not None:
+                self.key_by_weight_version = sglang
+        if self.key_by_weight_version:
+            try:
+                self.served_version = str(await self.client.get_weight_version())
+            except Exception as exc:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+        return None if self.served_version is None else f"weights-{self.served_version}"
 
     async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
         if sampling_params.get("sampling_seed") is None and await self._seeds():
             sampling_params = {**sampling_params, "sampling_seed": request_seed(rid)}
+        key = await self._extra_key()
         try:
-            stream = self.client.stream(input_ids, dict(sampling_params), rid=engine_rid(rid), return_logprob=True)
+            stream = self.client.stream(input_ids, dict(sampling_params), rid=engine_rid(rid), return_logprob=True,
+                                        **({} if key is None else {"extra_key": key}))
             async for ch in stream:
                 ids = list(ch.delta_output_ids or [])
                 lps = list(ch.delta_logprobs) if ch.delta_logprobs is not None else [0.0] * len(ids)

@@ -156,10 +156,12 @@ class EngineClient(_ClientBase):
 
     def generate(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *, rid: str | None = None,
                  return_logprob: bool = True, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False) -> GenerateResult | list[GenerateResult]:
-        """Generate from one prompt; a list of ``n`` results when ``sampling_params.n > 1``."""
+                 return_text_in_logprobs: bool = False, extra_key: str | None = None
+                 ) -> GenerateResult | list[GenerateResult]:
+        """Generate from one prompt; a list of ``n`` results when ``sampling_params.n > 1``
+        (``extra_key``: :func:`~gyre.rollout.engine_messages.build_generate_body`)."""
         res = self._do(op_generate(input_ids, sampling_params, rid, return_logprob, top_logprobs_num,
-                                   return_text_in_logprobs))
+                                   return_text_in_logprobs, extra_key))
         return self._pick(res, sampling_params)
 
     def generate_batch(self, batch_input_ids: Sequence[Sequence[int]], sampling_params: SamplingLike = None, *,
@@ -461,9 +463,10 @@ class AsyncEngineClient(_ClientBase):
 
     async def generate(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *,
                        rid: str | None = None, return_logprob: bool = True, top_logprobs_num: int = 0,
-                       return_text_in_logprobs: bool = False) -> GenerateResult | list[GenerateResult]:
+                       return_text_in_logprobs: bool = False, extra_key: str | None = None
+                       ) -> GenerateResult | list[GenerateResult]:
         res = await self._do(op_generate(input_ids, sampling_params, rid, return_logprob, top_logprobs_num,
-                                         return_text_in_logprobs))
+                                         return_text_in_logprobs, extra_key))
         return self._pick(res, sampling_params)
 
     async def generate_batch(self, batch_input_ids: Sequence[Sequence[int]], sampling_params: SamplingLike = None, *,
@@ -473,9 +476,11 @@ class AsyncEngineClient(_ClientBase):
                                           return_logprob, top_logprobs_num, False))
 
     async def stream(self, input_ids: Sequence[int], sampling_params: SamplingLike = None, *,
-                     rid: str | None = None, return_logprob: bool = True) -> AsyncIterator[StreamChunk]:
+                     rid: str | None = None, return_logprob: bool = True,
+                     extra_key: str | None = None) -> AsyncIterator[StreamChunk]:
         norm = StreamNormalizer(await self._incremental_mode())
-        body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True)
+        body = build_generate_body(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, stream=True,
+                                   extra_key=extra_key)
         post = json_content(body, buffer=True)
         final: StreamChunk | None = None
         try:

@@ -290,8 +290,10 @@ def _params_json(sampling_params: SamplingLike) -> dict[str, Any]:
 def build_generate_body(input_ids: Sequence[int] | Sequence[Sequence[int]], sampling_params: SamplingLike = None, *,
                         rid: str | Sequence[str] | None = None, return_logprob: bool = True,
                         top_logprobs_num: int = 0, return_text_in_logprobs: bool = False,
-                        stream: bool = False) -> dict[str, Any]:
-    """The ``/generate`` JSON body (SGLang ``GenerateReqInput``)."""
+                        stream: bool = False, extra_key: str | None = None) -> dict[str, Any]:
+    """The ``/generate`` JSON body (SGLang ``GenerateReqInput``).  ``extra_key`` namespaces the
+    request's prefix-cache entries on SGLang (a prefix is reused only by requests with the same
+    key; the embedded engine ignores it)."""
     batched = len(input_ids) > 0 and isinstance(input_ids[0], (list, tuple, np.ndarray))
     body: dict[str, Any] = {"input_ids": [ids_json(x) for x in input_ids] if batched else ids_json(input_ids),
                             "sampling_params": _params_json(sampling_params), "return_logprob": return_logprob,
@@ -302,6 +304,8 @@ def build_generate_body(input_ids: Sequence[int] | Sequence[Sequence[int]], samp
         body["top_logprobs_num"] = top_logprobs_num
     if return_text_in_logprobs:
         body["return_text_in_logprobs"] = True
+    if extra_key is not None:
+        body["extra_key"] = extra_key
     return body
 
 
@@ -328,11 +332,11 @@ def _parse_abort(resp: httpx.Response) -> bool:
 
 
 def op_generate(input_ids, sampling_params: SamplingLike, rid, return_logprob: bool, top_logprobs_num: int,
-                return_text_in_logprobs: bool) -> Op:
+                return_text_in_logprobs: bool, extra_key: str | None = None) -> Op:
     """``POST /generate`` (one prompt or a batch); parses to a list of :class:`GenerateResult`."""
     return Op("POST", "/generate", build_generate_body(
         input_ids, sampling_params, rid=rid, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs), _parse_generate)
+        return_text_in_logprobs=return_text_in_logprobs, extra_key=extra_key), _parse_generate)
 
 
 def op_abort(rid: str | None, abort_all: bool) -> Op:

@@ -35,6 +35,7 @@ from gyre.process_guard import popen_process_group, untrack_process_group
 from gyre.rollout.sglang_weights import (  # noqa: F401  (re-exported: the cell clients live there)
     SGLangGroupClient,
     SGLangTensorClient,
+    WeightPushFailed,
     serialize_named_tensors_for_sglang,
 )
 

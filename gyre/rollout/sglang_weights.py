@@ -5,12 +5,14 @@ handles, or shared-memory files for host tensors); :class:`SGLangTensorClient` s
 weights that way to a server on its own node, :class:`SGLangGroupClient` broadcasts them over a
 weight-update group to a server spanning nodes.  Both order a bucketed push the same way
 (``_SGLangPushOrder``): pause, flush until idle, load inside a weight-update session where the
-server has them (:mod:`gyre.rollout.sglang_protocol`), continue.
+server has them (:mod:`gyre.rollout.sglang_protocol`), continue; a push that fails leaves the
+server paused (:class:`WeightPushFailed`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any, Iterable, Mapping
 
 
@@ -51,6 +53,10 @@ def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 
 
+class WeightPushFailed(RuntimeError):
+    """A live weight push to an SGLang server failed part-way; the server stays paused."""
+
+
 class _SGLangPushOrder:
     """Bucketed weight loads in the order an SGLang server needs (the cell clients below)."""
 
@@ -63,6 +69,8 @@ class _SGLangPushOrder:
     #: Whether the server loads weights only inside a weight-update session
     #: (:func:`gyre.rollout.sglang_protocol.probe_weight_update_sessions`, asked at the first load).
     sessions: bool | None = None
+    #: Why the last live push failed (the engine is paused since), ``None`` after one that succeeded.
+    failed: str | None = None
     _session_open: bool = False
 
     @contextlib.contextmanager
@@ -113,15 +121,19 @@ class _SGLangPushOrder:
         the prefix cache until it succeeds (:func:`~gyre.rollout.engine_client.flush_when_idle`:
         SGLang flushes only when idle), load every bucket, the last one flushing again, and
         continue.  So no prefix computed under the old weights survives the push, and each of a
-        request's attempts ran on one version.  Not live (a role switch: generation paused,
-        nothing running): the buckets in order, the last flushing.  ``buckets`` is consumed to its
-        end even when a call fails; a live push always continues generation.  With
+        request's attempts ran on one version.  A live push that fails does not continue: the
+        engine stays paused (requests sent to it wait, none is served on the half-loaded weights
+        SGLang already labels with the new version), :attr:`failed` says why, and the error is
+        :class:`WeightPushFailed`; the next push that succeeds clears :attr:`failed` and
+        continues.  Not live (a role switch: generation paused, nothing running): the buckets in
+        order, the last flushing.  ``buckets`` is consumed to its end even when a call fails.  With
         :attr:`clear_shared_store` the shared KV store is emptied after the load (KV written by a
         cell not yet updated may still reach it, until that cell's own load empties it again).
         Returns the tensors loaded.
 
         Raises:
-            ValueError: there was no bucket.
+            ValueError: there was no bucket (nothing paused).
+            WeightPushFailed: a call of a live push failed.
         """
         from gyre.rollout.engine_client import flush_when_idle
         from gyre.rollout.weights import load_buckets_in_order
@@ -131,17 +143,28 @@ class _SGLangPushOrder:
                 loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
             self._after_load()
             return loaded
+        it = iter(buckets)
+        first = next(it, None)
+        if first is None:
+            raise ValueError("no weights to push")
+        buckets = itertools.chain([first], it)
         try:
             self.client.pause_generation("abort")
             flush_when_idle(self.client, self.idle_timeout_s)
             with self.weight_update_session():
                 loaded = load_buckets_in_order(self.update_weights_from_tensor, buckets, weight_version)
             self._after_load()
-            return loaded
-        finally:
+        except Exception as exc:
             for _ in buckets:  # keep the other ranks' collectives matched after an early failure
                 pass
-            self.client.continue_generation()
+            # SGLang sets the version label at each bucket it loads: the engine may now hold part
+            # of the new weights under the new label, so it stays paused (serves nothing).
+            self.failed = f"{type(exc).__name__}: {exc}"
+            raise WeightPushFailed(f"a live push of weight version {weight_version} failed; the engine "
+                                   f"stays paused until a push succeeds: {self.failed}") from exc
+        self.failed = None
+        self.client.continue_generation()
+        return loaded
 
     def __getattr__(self, name: str):
         return getattr(self.client, name)

@@ -6,6 +6,10 @@ stage ``p`` of ``P`` (``L/P`` layers each, numbered locally from 0):
 * ``embedding.word_embeddings.weight`` ``[V/T, h]``: vocabulary rows ``r*V/T ..``; tied output.
 * ``self_attention.linear_qkv.weight`` ``[(g/T) * (q/g + 2) * d, h]``: for each of this rank's
   query groups, its ``q/g`` query heads, then its key head, then its value head (``d`` rows each).
+* ``self_attention.linear_qkv.bias`` ``[(g/T) * (q/g + 2) * d]`` (``add_qkv_bias``, the HF
+  ``q_proj``/``k_proj``/``v_proj`` biases): the same order as the weight's rows.  A HF config with
+  ``attention_bias`` also gives ``o_proj`` a bias, which Megatron's ``linear_proj`` does not have:
+  it converts to HF as zeros, and a non-zero one is refused.
 * ``self_attention.linear_proj.weight`` ``[h, q*d/T]`` (column shard of ``o_proj``).
 * ``mlp.linear_fc1.weight`` ``[2*f/T, h]``: ``[gate_r; up_r]`` (SwiGLU halves of this rank).
 * ``mlp.linear_fc2.weight`` ``[h, f/T]``; norms (``input_layernorm``, ``pre_mlp_layernorm``,
@@ -53,7 +57,8 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], cfg: Any, tp_rank: int = 0
         hf_sd: ``Qwen3ForCausalLM.state_dict()`` (``model.*`` / ``lm_head.weight`` keys).
         cfg: the HF ``Qwen3Config``.
     Raises:
-        ValueError: a dimension is not divisible by the parallel size.
+        ValueError: a dimension is not divisible by the parallel size, or an ``o_proj`` bias is
+            not zero.
         KeyError: a HF tensor is missing.
     """
     check_parallel_sizes(cfg, tp_size, pp_size)
@@ -84,6 +89,15 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], cfg: Any, tp_rank: int = 0
         v = hf_sd[src + "self_attn.v_proj.weight"].view(groups, d, h)
         qkv = torch.cat([q, k, v], dim=1)[tp_rank * gl:(tp_rank + 1) * gl]
         out[dst + "self_attention.linear_qkv.weight"] = qkv.reshape(-1, h).clone()
+        if src + "self_attn.q_proj.bias" in hf_sd:
+            qb = hf_sd[src + "self_attn.q_proj.bias"].view(groups, qpg * d)
+            kb = hf_sd[src + "self_attn.k_proj.bias"].view(groups, d)
+            vb = hf_sd[src + "self_attn.v_proj.bias"].view(groups, d)
+            qkv_b = torch.cat([qb, kb, vb], dim=1)[tp_rank * gl:(tp_rank + 1) * gl]
+            out[dst + "self_attention.linear_qkv.bias"] = qkv_b.reshape(-1).clone()
+        o_bias = hf_sd.get(src + "self_attn.o_proj.bias")
+        if o_bias is not None and bool(o_bias.any()):
+            raise ValueError(f"{src}self_attn.o_proj.bias is not zero: Megatron's linear_proj has no bias")
         o = hf_sd[src + "self_attn.o_proj.weight"]
         cols = heads * d // tp_size
         out[dst + "self_attention.linear_proj.weight"] = o[:, tp_rank * cols:(tp_rank + 1) * cols].clone()
@@ -141,7 +155,9 @@ def _strip(sd: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tenso
 
 def megatron_unit_to_hf(unit: tuple, pieces: Sequence[Mapping[str, torch.Tensor]], cfg: Any) -> dict[str, torch.Tensor]:
     """HF tensors of one conversion unit (:func:`megatron_units`) from its Megatron tensors on each
-    TP rank (``pieces[t]``, names without the unit's prefix).  A tied ``lm_head`` is left out.
+    TP rank (``pieces[t]``, names without the unit's prefix).  A tied ``lm_head`` is left out; with
+    ``add_qkv_bias`` the q/k/v biases are split like the weights' rows, and a config with
+    ``attention_bias`` gets a zero ``o_proj`` bias.
 
     Raises:
         KeyError: a Megatron tensor is missing.
@@ -167,6 +183,14 @@ def megatron_unit_to_hf(unit: tuple, pieces: Sequence[Mapping[str, torch.Tensor]
     out[dst + "self_attn.q_proj.weight"] = qkv[:, : qpg * d].reshape(-1, h).clone()
     out[dst + "self_attn.k_proj.weight"] = qkv[:, qpg * d: (qpg + 1) * d].reshape(-1, h).clone()
     out[dst + "self_attn.v_proj.weight"] = qkv[:, (qpg + 1) * d:].reshape(-1, h).clone()
+    if "self_attention.linear_qkv.bias" in pieces[0]:
+        qkv_b = torch.cat([p["self_attention.linear_qkv.bias"].view(gl, (qpg + 2) * d) for p in pieces], dim=0)
+        out[dst + "self_attn.q_proj.bias"] = qkv_b[:, : qpg * d].reshape(-1).clone()
+        out[dst + "self_attn.k_proj.bias"] = qkv_b[:, qpg * d: (qpg + 1) * d].reshape(-1).clone()
+        out[dst + "self_attn.v_proj.bias"] = qkv_b[:, (qpg + 1) * d:].reshape(-1).clone()
+    if getattr(cfg, "attention_bias", False):  # HF's o_proj has a bias there; Megatron's linear_proj none
+        w = pieces[0]["self_attention.linear_proj.weight"]
+        out[dst + "self_attn.o_proj.bias"] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
     out[dst + "self_attn.o_proj.weight"] = cat("self_attention.linear_proj.weight", 1)
     fc1 = [p["mlp.linear_fc1.weight"].chunk(2, dim=0) for p in pieces]
     out[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in fc1], dim=0)

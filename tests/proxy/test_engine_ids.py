@@ -152,3 +152,37 @@ def test_the_embedded_engine_and_a_seed_the_caller_chose_are_left_as_they_are(st
 
     asyncio.run(run())
     assert handler.bodies[0]["sampling_params"]["sampling_seed"] == 7
+
+
+def test_requests_to_sglang_are_keyed_by_the_weight_version_the_engine_reports_before_each():
+    """``extra_key`` is ``weights-<version>`` as the engine answers just before each request (a push
+    between two requests changes it); while the engine gives no answer the last version is kept; an
+    engine that is not SGLang gets no key."""
+    from types import SimpleNamespace
+
+    class Client:
+        def __init__(self, info):
+            self.info, self.versions, self.keys = info, ["3", "4", RuntimeError("down")], []
+
+        async def get_server_info(self):
+            return self.info
+
+        async def get_weight_version(self):
+            v = self.versions.pop(0)
+            if isinstance(v, Exception):
+                raise v
+            return v
+
+        async def stream(self, ids, params, *, rid, return_logprob, **kw):
+            self.keys.append(kw.get("extra_key"))
+            yield SimpleNamespace(delta_output_ids=[5], delta_logprobs=[-0.1], weight_version="0",
+                                  finish_reason=SimpleNamespace(type="length", status_code=None))
+
+    async def run(client):
+        engine = ClientEngine(client, "e0")
+        for n in range(3):
+            [ch async for ch in engine.generate_stream([1, 2], {}, f"E-{n}")]
+        return client.keys
+
+    assert asyncio.run(run(Client({"version": "0.5.23"}))) == ["weights-3", "weights-4", "weights-4"]
+    assert asyncio.run(run(Client({"model_path": "tiny"}))) == [None] * 3

@@ -323,13 +323,16 @@ def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
                              ("/end_weight_update",), ("/update_weights_from_tensor", ["a,b", "a,b"], False, "5"),
                              ("/update_weights_from_tensor", ["c", "c"], True, "5"),
                              ("/continue_generation",)]
-    # never idle: the push gives up, the buckets are drained, generation continues
+    # never idle: the push gives up, the buckets are drained, the engine stays paused and marked failed
+    from gyre.rollout.sglang_weights import WeightPushFailed
+
     client, buckets, calls = _scripted_sglang(flush_status=400)
     client.idle_timeout_s = 0.2
-    with pytest.raises(Exception, match="400"):
+    with pytest.raises(WeightPushFailed, match="400"):
         push_weight_buckets(client, iter(buckets), "5")
     paths = [c[0] for c in _brief(calls)]
-    assert "/update_weights_from_tensor" not in paths and paths[-1] == "/continue_generation"
+    assert "/update_weights_from_tensor" not in paths and "/continue_generation" not in paths
+    assert "400" in client.failed
     # a role switch's load (generation paused, nothing running, so SGLang can flush): the last bucket flushes
     client, buckets, calls = _scripted_sglang()
     assert push_weight_buckets(client, iter(buckets), "6", live=False) == 3
@@ -384,8 +387,10 @@ def test_a_weight_update_session_left_open_on_the_server_is_ended_first():
     assert not client.state["open"]
 
 
-def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
-    from gyre.rollout.engine_messages import EngineError
+def test_a_failed_live_push_leaves_the_engine_paused_and_drains_the_buckets():
+    """SGLang labels the engine with the new version at each bucket it loads: after a failed bucket
+    the engine must not serve (no ``/continue_generation``); the next push that succeeds continues."""
+    from gyre.rollout.sglang_weights import WeightPushFailed
     from gyre.rollout.weights import push_weight_buckets
 
     client, buckets, calls = _scripted_sglang(fail_update_at=1)
@@ -396,16 +401,16 @@ def test_a_failed_live_push_still_continues_generation_and_drains_the_buckets():
             drained.append(sorted(b))
             yield b
 
-    with pytest.raises(EngineError, match="shape mismatch"):
+    with pytest.raises(WeightPushFailed, match="shape mismatch"):
         push_weight_buckets(client, produce(), "7")
     assert drained == [["a", "b"], ["c"]]
     assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/end_weight_update",
-                                             "/update_weights_from_tensor", "/continue_generation"]
+                                             "/update_weights_from_tensor"]
+    assert "shape mismatch" in client.failed
     client, _, calls = _scripted_sglang()
     with pytest.raises(ValueError, match="no weights"):
         push_weight_buckets(client, iter([]), "8")
-    assert [c[0] for c in _brief(calls)] == ["/pause_generation", "/flush_cache", "/end_weight_update",
-                                             "/continue_generation"]
+    assert calls == [] and client.failed is None  # nothing paused
 
 
 def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():

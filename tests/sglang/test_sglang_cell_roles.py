@@ -51,25 +51,61 @@ def test_three_switch_cycles_through_the_proxy(sglang_server, cell_server, sglan
         caller.close()
 
 
-def test_a_cell_that_starts_as_a_trainer_releases_only_when_idle(cell_server):
-    """A request already waiting when the cell starts training (here: queued behind a retract pause)
-    would trip SGLang's idle assert on release; the cell pauses in abort mode and waits first."""
+class _Recording:
+    """The real client, with each pause, flush (and whether SGLang accepted it) and release noted."""
+
+    def __init__(self, client):
+        self.client, self.calls = client, []
+
+    def pause_generation(self, mode="abort"):
+        self.calls.append(f"pause {mode}")
+        return self.client.pause_generation(mode)
+
+    def flush_cache(self):
+        try:
+            self.client.flush_cache()
+        except Exception:
+            self.calls.append("flush refused")
+            raise
+        self.calls.append("flush")
+
+    def release_memory_occupation(self, tags=None):
+        self.calls.append("release")
+        return self.client.release_memory_occupation(tags)
+
+
+def test_a_release_comes_only_after_sglang_said_it_was_idle(cell_server):
+    """SGLang's release asserts its scheduler is idle and a failed assert takes the server down.  On
+    0.5.23 an abort-mode pause already waits for the requests its front end holds, so the cell's own
+    wait is checked directly: called while a request runs, it returns only after SGLang has finished
+    that request (its flushes refused until then); and a release follows a flush SGLang accepted."""
     from gyre.training.cell import CellRoles
 
     box = {}
 
-    def run():
+    def run(key):
         with cell_server.client() as c:
-            box["res"] = c.generate(list(range(10, 50)), {"max_new_tokens": 400, "ignore_eos": True})
+            box[key] = c.generate(list(range(10, 50)), {"max_new_tokens": 300, "ignore_eos": True})
 
-    t = threading.Thread(target=run)
-    t.start()
     with cell_server.client() as c:
+        engine = _Recording(c)
+        roles = CellRoles(0, "engine-0", engine, None, None)
+        t = threading.Thread(target=run, args=("waited",))
+        t.start()
         time.sleep(1.0)
-        c.pause_generation("retract")  # the request now waits in SGLang's queue
-        CellRoles(0, "engine-0", c, None, None).release_engine()
+        assert t.is_alive()
+        roles._wait_until_idle()
+        assert "waited" in box and not box["waited"].aborted and box["waited"].completion_tokens == 300
+        assert engine.calls[0] == "flush refused" and engine.calls[-1] == "flush"
         t.join(60)
-        assert box["res"].aborted and cell_server.proc.poll() is None
+        engine.calls.clear()
+        t = threading.Thread(target=run, args=("aborted",))
+        t.start()
+        time.sleep(1.0)
+        roles.release_engine()
+        t.join(60)
+        assert engine.calls[0] == "pause abort" and engine.calls[-2:] == ["flush", "release"], engine.calls
+        assert box["aborted"].aborted and cell_server.proc.poll() is None
         c.resume_memory_occupation(None)
         c.continue_generation()
         assert c.generate([1, 2, 3], {"max_new_tokens": 2}).completion_tokens == 2
