@@ -40,3 +40,50 @@ def test_main_job_trains_with_every_execution_on_the_fleet(cluster, tmp_path, ti
     assert len(records) == summary["executions"] and len(list((local / "records").glob("*.jsonl"))) == base["executions"]
     assert {frozenset(a) for a in assessments(fleet)} == {frozenset(a) for a in assessments(local)}
     assert {frozenset(e) for e in closed} == {frozenset(e) for e in executions_log(local) if e["event"] == "closed"}
+
+
+def test_a_fleet_run_killed_and_resumed_reruns_no_finished_execution(cluster, tmp_path, tiny_model_dir):
+    """SIGKILL of a rank after the first checkpoint, then ``--load``: every execution that finished
+    on a node before the kill and was not trained yet is carried over, not launched again; the
+    resumed run's executions run on the fleet too."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.integration.test_main_job import ENV, ROOT, torchrun
+
+    run = tmp_path / "run"
+    fleet = ("--execution-fleet", cluster.address)
+    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    proc = subprocess.Popen(torchrun(run, "--train-steps", "3", "--save-interval", "1", *fleet), cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while not (tracker.exists() and tracker.read_text().strip() == "1"):
+            assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.2)
+        ranks = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "pretrain_gyre.py"], capture_output=True, text=True)
+        pids = sorted(int(p) for p in ranks.stdout.split())
+        assert len(pids) == 3, ranks
+        os.kill(pids[1], signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    before = executions_log(run)
+    ck = json.loads((run / "checkpoints" / f"iter_{int(tracker.read_text()):07d}" / "controller.json").read_text())
+    finished = {e["execution_id"] for e in before if e["event"] == "closed"
+                and e["status"] in ("completed", "timeout") and e["outcome"] != "excluded"}
+
+    summary, _ = run_job(run, "--train-steps", "3", "--save-interval", "1", "--load", str(run), *fleet)
+    assert summary["steps"] == 3 and summary["first_step"] == ck["iteration"]
+    after = executions_log(run)[len(before):]
+    carried = {e["execution_id"] for e in after if e["event"] == "carried_over"}
+    relaunched = {e["execution_id"] for e in after if e["event"] == "launched"}
+    assert carried == finished - set(ck["trained"])
+    assert not relaunched & finished                       # nothing that finished on a node ran again
+    for e in after:
+        if e["event"] == "closed" and e["status"] == "completed":
+            meta = json.loads((run / "executions" / e["execution_id"] / "execution.json").read_text())
+            assert meta["fleet"]["node_id"]                # the resumed run's executions ran on the fleet
