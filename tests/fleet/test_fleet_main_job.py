@@ -46,31 +46,11 @@ def test_a_fleet_run_killed_and_resumed_reruns_no_finished_execution(cluster, tm
     """SIGKILL of a rank after the first checkpoint, then ``--load``: every execution that finished
     on a node before the kill and was not trained yet is carried over, not launched again; the
     resumed run's executions run on the fleet too."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from tests.integration.test_main_job import ENV, ROOT, torchrun
+    from tests.integration.test_main_job import kill_after_first_checkpoint
 
     run = tmp_path / "run"
     fleet = ("--execution-fleet", cluster.address)
-    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
-    proc = subprocess.Popen(torchrun(run, "--train-steps", "3", "--save-interval", "1", *fleet), cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 400
-        while not (tracker.exists() and tracker.read_text().strip() == "1"):
-            assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
-            time.sleep(0.2)
-        ranks = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "pretrain_gyre.py"], capture_output=True, text=True)
-        pids = sorted(int(p) for p in ranks.stdout.split())
-        assert len(pids) == 3, ranks
-        os.kill(pids[1], signal.SIGKILL)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _, tracker = kill_after_first_checkpoint(run, "--train-steps", "3", "--save-interval", "1", *fleet)
     before = executions_log(run)
     ck = json.loads((run / "checkpoints" / f"iter_{int(tracker.read_text()):07d}" / "controller.json").read_text())
     finished = {e["execution_id"] for e in before if e["event"] == "closed"

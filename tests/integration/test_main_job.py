@@ -116,17 +116,17 @@ def test_async_and_colocate_run_the_same_config(tmp_path, tiny_model_dir):
     assert "async" in out.stdout and "colocate" in out.stdout and "wall_s" in out.stdout
 
 
-def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
-    run = tmp_path / "run"
+def kill_after_first_checkpoint(run: Path, *extra: str) -> tuple[int, Path]:
+    """Run the main job in ``run`` until its first checkpoint, then SIGKILL one rank (rank 1):
+    torchrun tears the job down. Returns torchrun's exit status and the checkpoint tracker file."""
     tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
-    proc = subprocess.Popen(torchrun(run, "--train-steps", "4", "--save-interval", "1"), cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 400
-    while not (tracker.exists() and tracker.read_text().strip() == "1"):
-        assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
-        time.sleep(0.2)
-    # SIGKILL one rank (rank 1): torchrun tears the job down
+    proc = subprocess.Popen(torchrun(run, *extra), cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        deadline = time.monotonic() + 400
+        while not (tracker.exists() and tracker.read_text().strip() == "1"):
+            assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.2)
         ranks = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "pretrain_gyre.py"], capture_output=True, text=True)
         pids = sorted(int(p) for p in ranks.stdout.split())
         assert len(pids) == 3, ranks
@@ -135,7 +135,13 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    return proc.returncode, tracker
+
+
+def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    returncode, tracker = kill_after_first_checkpoint(run, "--train-steps", "4", "--save-interval", "1")
+    assert returncode != 0
     before = executions_log(run)
     closed_before = {e["execution_id"] for e in before if e["event"] == "closed"}
     ck = json.loads((run / "checkpoints" / f"iter_{int(tracker.read_text()):07d}" / "controller.json").read_text())
