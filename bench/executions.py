@@ -82,7 +82,7 @@ class Stamps(http.server.BaseHTTPRequestHandler):
 
     arrivals: dict[str, float] = {}
 
-    def do_GET(self):  # noqa: N802 (the stdlib's name)
+    def do_GET(self):
         Stamps.arrivals[self.path.rsplit("/", 1)[-1]] = time.monotonic()
         self.send_response(200)
         self.send_header("Content-Length", "0")

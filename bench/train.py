@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.buffer.packing import PackingConfig, pack_rows  # noqa: E402
-from gyre.training.hf_step import HFTrainStep  # noqa: E402
-from gyre.training.logprobs import target_logprobs_from_hidden  # noqa: E402
-from gyre.training.megatron_step import build_megatron_train_step  # noqa: E402
-from gyre.training.step import AdamConfig  # noqa: E402
-from tests.training.trace_trees import trace_shaped_rows  # noqa: E402
+from gyre.buffer.packing import PackingConfig, pack_rows
+from gyre.training.hf_step import HFTrainStep
+from gyre.training.logprobs import target_logprobs_from_hidden
+from gyre.training.megatron_step import build_megatron_train_step
+from gyre.training.step import AdamConfig
+from tests.training.trace_trees import trace_shaped_rows
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 

@@ -34,15 +34,15 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.trajectory.tree_views import (  # noqa: E402
+from gyre.trajectory.tree_views import (
     find_run_tokenizer,
     load_decoder,
     render_html,
     render_text,
     tree_stats,
 )
-from gyre.trajectory.admission import AdmissionConfig  # noqa: E402
-from gyre.trajectory.store import StoreCorruptError, TornTailWarning, load_tree  # noqa: E402
+from gyre.trajectory.admission import AdmissionConfig
+from gyre.trajectory.store import StoreCorruptError, TornTailWarning, load_tree
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,9 +22,9 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from gyre.arguments import parse_args  # noqa: E402
+from gyre.arguments import parse_args
 
 logger = logging.getLogger("gyre.smoke")
 

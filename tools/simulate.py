@@ -58,9 +58,9 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.scheduler import PLACEMENTS  # noqa: E402
-from gyre.sim.compare import compare, placement_config, regroup  # noqa: E402
-from gyre.sim.presets import load_preset  # noqa: E402
+from gyre.scheduler import PLACEMENTS
+from gyre.sim.compare import compare, placement_config, regroup
+from gyre.sim.presets import load_preset
 
 PROG = "simulate"
 

@@ -122,7 +122,7 @@ class ExecutionAdmin:
 
         return asyncio.run_coroutine_threadsafe(_run(), loop).result()
 
-    def url_for(self, execution_id: str) -> str:  # noqa: ARG002 (one process serves every execution)
+    def url_for(self, execution_id: str) -> str:
         """The URL the harness of ``execution_id`` calls: this server's."""
         return self.url
 

@@ -50,7 +50,7 @@ class TrajectoryRow:
     policy_version_max: int
 
     @property
-    def L_i(self) -> int:  # noqa: N802 -- paper notation
+    def L_i(self) -> int:
         """Alias of ``num_execution_targets`` (paper notation)."""
         return self.num_execution_targets
 
