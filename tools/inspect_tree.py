@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.html:
         try:
             with open(args.html, "w", encoding="utf-8") as f:
-                f.write(render_html(tree, decode, config, max_tokens=args.max_tokens, title=os.path.basename(args.path)))
+                title = os.path.basename(args.path)
+                f.write(render_html(tree, decode, config, max_tokens=args.max_tokens, title=title))
         except OSError as e:
             return _fail(f"--html {args.html}: {e.strerror or e}")
     if args.json:

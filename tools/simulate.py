@@ -80,7 +80,8 @@ def _placements(text: str) -> list[str]:
     items = [p.strip() for p in text.split(",") if p.strip()]
     for p in items:
         if p not in PLACEMENTS:
-            raise argparse.ArgumentTypeError(f"unknown placement {p!r} (expected a comma list of {', '.join(PLACEMENTS)})")
+            raise argparse.ArgumentTypeError(
+                f"unknown placement {p!r} (expected a comma list of {', '.join(PLACEMENTS)})")
     if not items or len(set(items)) != len(items):
         raise argparse.ArgumentTypeError("placements must be a non-empty comma list without repeats")
     return items

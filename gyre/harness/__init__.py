@@ -54,7 +54,7 @@ _LAZY = {
     "codex_config_toml": "gyre.harness.codex",
     "ensure_package": "gyre.harness.install",
     "executions_root": "gyre.harness.execution",
-    "harness_cache_dir": "gyre.harness.install",
+    "harness_cache_dir": "gyre.harness.execution",
     "harness_from_args": "gyre.harness.registry",
     "harness_from_config": "gyre.harness.registry",
     "isolation_supported": "gyre.sandbox.process",

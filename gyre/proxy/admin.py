@@ -145,7 +145,8 @@ class ExecutionAdmin:
         ``harness`` (``"claude-code"``, ``"codex"``, ...) selects the built-in role rules
         (:mod:`gyre.proxy.roles`); ``role_rules`` -- any object with ``classify(headers, body) ->
         role``, e.g. a harness adapter's ``gyre.harness.roles.RoleRules`` -- replaces them; a call
-        with ``x-gyre-role: evaluator`` (Gyre's judge) is role ``evaluator`` either way. Returns the :class:`Execution`; give its ``api_key`` to the harness.
+        with ``x-gyre-role: evaluator`` (Gyre's judge) is role ``evaluator`` either way. Returns
+        the :class:`Execution`; give its ``api_key`` to the harness.
 
         Raises:
             ValueError: bad or duplicate execution id, or no engine to route to.

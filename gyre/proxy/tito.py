@@ -218,7 +218,8 @@ class TitoSession:
         return ek == key or (self.restore_reasoning and not message.reasoning and ek[:2] + ek[3:] == key[:2] + key[3:])
 
     # ------------------------------------------------------------------ tokens of stored records
-    def _record_prefix(self, call_index: int, n: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], ContextBuffer | None]:
+    def _record_prefix(self, call_index: int,
+                       n: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], ContextBuffer | None]:
         """The first ``n`` tokens of record ``call_index``'s ``input ++ output``, with their
         provenance, as one or two ``(ids, provenance)`` pieces (views where possible), and the
         context buffer whose prefix the first piece is when it is the record's whole input."""
@@ -528,7 +529,8 @@ class TitoSession:
         gs = prepared.gen_start if prepared.gen_start >= 0 else rec.num_input_tokens
         stop_end = out_ids.shape[0] > 0 and int(out_ids[-1]) in self.renderer.stop_ids
         close = list(self.renderer.after_eos_ids) if stop_end else list(self.renderer.close_ids)
-        late = (node, rec.num_input_tokens, rec.input_ids[gs:].copy(), out_ids.copy(), close, rec.output_provenance_value())
+        late = (node, rec.num_input_tokens, rec.input_ids[gs:].copy(), out_ids.copy(), close,
+                rec.output_provenance_value())
         if delivered:
             self._keep_output(ci, late, output_message)
         else:  # a client retry may still receive it (mark_delivered)

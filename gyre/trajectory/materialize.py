@@ -121,7 +121,8 @@ def materialize(
         mask = np.concatenate(masks) if masks else np.zeros(0, bool)
         n_t = int(mask.sum())
         if n_t != traj.num_targets:
-            raise ValueError(f"trajectory at leaf {traj.leaf}: {n_t} targets in tree, admission says {traj.num_targets}")
+            raise ValueError(f"trajectory at leaf {traj.leaf}: {n_t} targets in tree, "
+                             f"admission says {traj.num_targets}")
         rows.append(
             TrajectoryRow(
                 execution_id=admission.execution_id,
