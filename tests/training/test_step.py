@@ -17,9 +17,9 @@ from gyre.rl.objective import ObjectiveConfig, ObjectiveInputs, execution_object
 from gyre.training.hf_step import HFTrainStep
 from gyre.training.logprobs import target_logprobs_from_hidden, target_logprobs_from_logits
 from gyre.training.step import AdamConfig
-from tests.training.trace_trees import trace_shaped_rows
+from gyre.testing.trace_trees import trace_shaped_rows
 
-# Trees with the traces' branching structure and sizes scaled down (tests/training/trace_trees.py: long
+# Trees with the traces' branching structure and sizes scaled down (gyre/testing/trace_trees.py: long
 # shared prefix, compaction branch, sub-agent root branch; random token ids), so the 2-layer embedded
 # model runs them in seconds. Real replays (9k-19k-token rows) are in
 # tests/integration/test_train_step_replay.py.
