@@ -86,8 +86,8 @@ class ProxyConfig:
     * ``retry_memory_bytes`` -- the answers of committed calls kept for client retries (the last
       4 calls of each execution, :mod:`gyre.proxy.retries`), all executions together, at most
       (bytes); beyond it the oldest are forgotten. The default holds 1,152 executions x 4 calls
-      of 2,000-token answers in the costliest mode (Responses, streamed: 245 MiB measured by
-      ``bench/retry_memory.py``, docs/proxy.md) twice over.
+      of 2,000-token answers in the costliest mode (Responses, streamed) twice over (what
+      ``bench/retry_memory.py`` measured is in docs/proxy.md).
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
       the response starts (seconds): an engine refusal or a failure within that time is

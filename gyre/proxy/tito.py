@@ -45,12 +45,12 @@ __all__ = ["TitoSession", "TitoStats"]
 _NO_IDS = np.zeros(0, np.int32)
 # New text longer than this is encoded in the proxy's thread pool rather than on the event loop:
 # the tokenizer releases the GIL, so the loop goes on with other calls and the encoding can run on
-# another core. 1,024 characters are ~0.3 ms of tokenizing (code, or the benches' filler text); the
-# hop to the pool costs ~0.1 ms.
+# another core. The hop to the pool has a cost of its own, so short text stays on the loop
+# (docs/proxy.md gives the hop's and a 1,024-character encoding's times).
 INLINE_ENCODE_MAX_CHARS = 1024
-# A request with more new messages than this is rendered (and encoded) in the thread pool: the
-# template costs ~0.1-0.3 ms per call and a message two or three calls, so the event loop renders
-# at most a few milliseconds of any request.
+# A request with more new messages than this is rendered (and encoded) in the thread pool: a
+# message costs the template two or three calls, so the event loop renders at most a few template
+# calls' worth of any request (docs/proxy.md, "Many new messages in one call").
 INLINE_RENDER_MAX_MESSAGES = 16
 _Recent = tuple[np.ndarray, np.ndarray, np.ndarray, int, "ContextBuffer | None"]
 
