@@ -172,8 +172,9 @@ class Proxies:
         self.stats, self.urls = [ProcStat(p) for p in workers.pids], list(workers.urls)
 
     def stop(self) -> None:
-        """Stop the workers (records flushed, files closed)."""
+        """Stop the workers (records flushed, files closed) and remove their spec file."""
         self.workers.stop()
+        self.workers.spec_path.unlink(missing_ok=True)
 
     def cpu_s(self) -> float:
         return total_cpu_s(self.stats)
