@@ -78,7 +78,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.json_paths import json_deleted, json_paths, json_replaced  # noqa: E402
+from gyre.testing.json_paths import json_deleted, json_paths, json_replaced  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from chaos_common import CLIENT_TIMEOUT_S, ENV, MAX_KEY, PATHS, _headers, _in_process_proxy, _log, _valid  # noqa: E402

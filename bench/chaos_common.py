@@ -4,10 +4,10 @@ processes it starts, request bodies and headers, logging."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,12 +20,6 @@ CLIENT_TIMEOUT_S = 35.0
 
 def _log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _headers(api: str, key: str) -> dict[str, str]:
@@ -49,7 +43,7 @@ def _engine_process(model: str | None = None):
     from gyre.embedded_model import ensure_tiny_model
     from gyre.rollout.serve import EmbeddedEngineProcess
 
-    return EmbeddedEngineProcess(model or str(ensure_tiny_model("local")), port=_free_port(), env=ENV, extra_args=[
+    return EmbeddedEngineProcess(model or str(ensure_tiny_model("local")), port=0, env=ENV, extra_args=[
         "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=300)
 
 

@@ -3,7 +3,7 @@
 of its own (``python -m gyre.rollout.serve``), both on 127.0.0.1, with another execution's small
 calls running beside them.
 
-The cases are those of ``tests/proxy/test_hostile_bodies.py`` (``tests/hostile_cases.py``), drawn
+The cases are those of ``tests/proxy/test_hostile_bodies.py`` (``gyre/testing/hostile_cases.py``), drawn
 with ``random.Random(seed)`` instead of hypothesis: ``compression`` (gzip / deflate bombs, bodies
 inflating to just under the cap, truncated and mislabelled encodings), ``sizes`` (bodies just over
 and under the cap, sent whole or chunked; a Content-Length far above the cap with the body held
@@ -37,11 +37,11 @@ import numpy as np
 
 from chaos_common import _engine_process, _in_process_proxy, _log
 
-from tests.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_VARIANTS, DEPTH_PLACES, DEPTHS, ECHOED_FIELDS,
+from gyre.testing.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_VARIANTS, DEPTH_PLACES, DEPTHS, ECHOED_FIELDS,
                                  ENCODINGS, LONE_SURROGATES, MANY_KINDS, MODEL_APIS, NUMERIC_FIELDS, RETRY_KINDS,
                                  RETRY_PHASES, compression_case, depth_case, many_case, many_counts, number_case,
                                  retry_case, size_amounts, size_case, surrogate_case)
-from tests.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
+from gyre.testing.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
 
 from gyre.proxy.engines import ClientEngine
 from gyre.rollout.engine_client import AsyncEngineClient

@@ -15,7 +15,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from chaos_common import CLIENT_TIMEOUT_S, ENV, PATHS, ROOT, _free_port, _headers, _log
+from bench.common import free_port
+from chaos_common import CLIENT_TIMEOUT_S, ENV, PATHS, ROOT, _headers, _log
 
 # -------------------------------------------------------------------------------- engine kills
 def _start_engine(model: str, port: int, timeout: float = 300.0):
@@ -63,7 +64,7 @@ def section_engine_kills(kills: int, seed: int, workers: int = 4) -> dict:
     r = random.Random(seed)
     model = str(ensure_tiny_model("local"))
     save = Path(tempfile.mkdtemp(prefix="chaos-kill-"))
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     engines = [_start_engine(model, p) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     proxy = subprocess.Popen([sys.executable, str(ROOT / "tools" / "serve_rollout.py"), "--engine-url", urls[0],

@@ -82,7 +82,7 @@ class Stamps(http.server.BaseHTTPRequestHandler):
 
     arrivals: dict[str, float] = {}
 
-    def do_GET(self):  # noqa: N802 (the stdlib's name)
+    def do_GET(self):
         Stamps.arrivals[self.path.rsplit("/", 1)[-1]] = time.monotonic()
         self.send_response(200)
         self.send_header("Content-Length", "0")
@@ -173,7 +173,7 @@ def live(n: int, calls: int, interval_s: float, max_starts: int, work: Path) -> 
     """Phase 2 (module docstring)."""
     store = tempfile.mkdtemp(prefix="gyre-bench-exec-store-")
     engine_procs, engine_urls = start_engines(4, 1, 10)
-    proxy_procs, proxies = start_proxy(1, engine_urls, store, 60.0)
+    proxies = start_proxy(1, engine_urls, store, 60.0)
     url = proxies.urls[0]
     port = int(url.rsplit(":", 1)[1])
     keys = [key for _, key in proxies.register(n, "live")]
@@ -222,7 +222,8 @@ def live(n: int, calls: int, interval_s: float, max_starts: int, work: Path) -> 
             sb.teardown()
         pool.shutdown()
         backend.close()
-        for p in proxy_procs + engine_procs:
+        proxies.stop()
+        for p in engine_procs:
             p.kill()
     time.sleep(1.0)
     records = count_records(store)

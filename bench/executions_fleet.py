@@ -23,7 +23,6 @@ Measured:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import os
 import shutil
 import sys

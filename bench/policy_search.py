@@ -28,10 +28,10 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.scheduler.dispatch import ExecutionState  # noqa: E402
-from gyre.scheduler.events import CellState  # noqa: E402
-from gyre.scheduler.placement import ElasticPlacement  # noqa: E402
-from gyre.sim import ClusterSim, LognormalWorkload, load_preset, placement_config  # noqa: E402
+from gyre.scheduler.dispatch import ExecutionState
+from gyre.scheduler.events import CellState
+from gyre.scheduler.placement import ElasticPlacement
+from gyre.sim import ClusterSim, LognormalWorkload, load_preset, placement_config
 
 _TRAINING_SIDE = (CellState.TRAINING, CellState.TO_TRAINING)
 

@@ -63,7 +63,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,26 +82,6 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_
 
 
 # ----------------------------------------------------------------------------- processes
-def serve_proxy(engine_urls: list[str], store_dir: str, heap_trim_s: float) -> None:
-    """Rank 0's proxy on the Qwen tokenizer over the engines; prints its URL."""
-    from gyre.embedded_model import ensure_tiny_model, load_tokenizer
-    from gyre.proxy.engines import ClientEngine
-    from gyre.proxy.render import ChatRenderer
-    from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.engine_client import AsyncEngineClient
-    from gyre.trajectory.store import TrajectoryStore
-
-    tok = load_tokenizer(ensure_tiny_model("qwen"))
-    srv = ProxyServer(ChatRenderer(tok), store=TrajectoryStore(store_dir, fsync_every=0, max_open=4096),
-                      config=ProxyConfig(max_context_tokens=1 << 21, default_max_tokens=256,
-                                         heap_trim_interval_s=heap_trim_s or None))
-    for i, url in enumerate(engine_urls):
-        srv.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{i}"))
-    srv.start("127.0.0.1", 0)
-    print(json.dumps({"url": srv.url}), flush=True)
-    threading.Event().wait()
-
-
 def _niceness(n: int):
     """A ``preexec_fn`` that lowers the child's scheduling priority by ``n`` (None for 0)."""
     return (lambda: os.nice(n)) if n else None
@@ -184,11 +163,18 @@ def total_cpu_s(stats: list[ProcStat]) -> float:
 
 
 class Proxies:
-    """Rank 0's proxy processes (``--proxy-workers``): an execution belongs to the worker its id
-    hashes to (:func:`gyre.proxy.workers.worker_index`); CPU, RSS, threads and fds are summed."""
+    """Rank 0's proxy processes (``--proxy-workers``), started as the main job starts them
+    (:class:`gyre.proxy.workers.ProxyWorkers`): an execution belongs to the worker its id hashes to
+    (:func:`gyre.proxy.workers.worker_index`); CPU, RSS, threads and fds are summed."""
 
-    def __init__(self, pids: list[int], urls: list[str]) -> None:
-        self.stats, self.urls = [ProcStat(p) for p in pids], urls
+    def __init__(self, workers) -> None:
+        self.workers = workers
+        self.stats, self.urls = [ProcStat(p) for p in workers.pids], list(workers.urls)
+
+    def stop(self) -> None:
+        """Stop the workers (records flushed, files closed) and remove their spec file."""
+        self.workers.stop()
+        self.workers.spec_path.unlink(missing_ok=True)
 
     def cpu_s(self) -> float:
         return total_cpu_s(self.stats)
@@ -411,18 +397,23 @@ def prepare_load(args) -> tuple[int, int]:
     return lo, hi
 
 
-def start_proxy(workers: int, engine_urls: list[str], store: str, heap_trim_s: float
-                ) -> tuple[list[subprocess.Popen], Proxies]:
-    """Rank 0's proxy as ``workers`` processes over the engines, recording into ``store``."""
-    started = [_spawn([str(Path(__file__).resolve()), "--store-dir", store, "--heap-trim-s", str(heap_trim_s),
-                       "--serve-proxy", *engine_urls]) for _ in range(workers)]
-    return [p for p, _ in started], Proxies([p.pid for p, _ in started], [u for _, u in started])
+def start_proxy(workers: int, engine_urls: list[str], store: str, heap_trim_s: float) -> Proxies:
+    """Rank 0's proxy as ``workers`` processes over the engines on the Qwen tokenizer, recording
+    into ``store``: :class:`gyre.proxy.workers.ProxyWorkers`, as the main job's ``--proxy-workers``."""
+    from gyre.embedded_model import ensure_tiny_model
+    from gyre.proxy.server import ProxyConfig
+    from gyre.proxy.workers import ProxyWorkers, WorkerSpec
+
+    os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")  # what the workers inherit
+    config = ProxyConfig(max_context_tokens=1 << 21, default_max_tokens=256, heap_trim_interval_s=heap_trim_s or None)
+    spec = WorkerSpec(str(ensure_tiny_model("qwen")), store, config,
+                      engines=[(f"engine-{i}", url, None) for i, url in enumerate(engine_urls)])
+    spec_path = Path(store).parent / f"{Path(store).name}.proxy_spec.pkl"  # beside the store: count_records reads it all
+    return Proxies(ProxyWorkers(spec, workers, spec_path=spec_path).start())
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--serve-proxy", nargs="+", help=argparse.SUPPRESS)
-    ap.add_argument("--store-dir", help=argparse.SUPPRESS)
     ap.add_argument("--executions", type=int, default=None,
                     help=f"live executions (default {PAPER_EXECUTIONS}; 512 with --main-job)")
     ap.add_argument("--proxy-workers", type=int, default=1,
@@ -444,9 +435,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="pause after each call (s, + up to 3): executions outlive rank 0's launching of them all")
     mj.add_argument("--main-job-timeout-s", type=float, default=1800.0)
     args = ap.parse_args(argv)
-    if args.serve_proxy:
-        serve_proxy(args.serve_proxy, args.store_dir, args.heap_trim_s)
-        return 0
     if args.main_job:
         return main_job(args)
     args.executions = args.executions or PAPER_EXECUTIONS
@@ -461,13 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                               "engine_processes": args.engine_processes,
                               "proxy_workers": args.proxy_workers, "helpers_nice": args.helpers_nice,
                               "paper_demand_calls_per_s": PAPER_EXECUTIONS / PAPER_CALL_INTERVAL_S}
-    load = None
+    load = proxy = None
     sweep_loads: list[Load] = []
     try:
         engine_procs, engine_urls = start_engines(args.engines, args.engine_processes, args.helpers_nice)
         procs += engine_procs
-        worker_procs, proxy = start_proxy(args.proxy_workers, engine_urls, store, args.heap_trim_s)
-        procs += worker_procs
+        proxy = start_proxy(args.proxy_workers, engine_urls, store, args.heap_trim_s)
         rss0 = proxy.rss_bytes()
         print(f"{args.executions} executions, {args.engines} engines, {args.load_processes} load processes; "
               f"{args.proxy_workers} proxy process(es), RSS {rss0 / 2**20:.0f} MiB", flush=True)
@@ -527,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         for ld in (load, *sweep_loads):
             if ld is not None:
                 ld.close()
+        if proxy is not None:
+            proxy.stop()
         for p in procs:
             p.kill()
             p.wait()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.common import free_port
 from gyre.harness.command import CommandHarness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,12 +77,6 @@ def write_tasks(root: Path, n_tasks: int) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank0_pid(launcher: int) -> int | None:
     """The launcher's descendant whose environment has ``RANK=0`` (the main job's rank 0)."""
     for d in Path("/proc").iterdir():
@@ -122,7 +116,7 @@ def run_main_job(*, executions: int, steps: int, calls: int, pause_s: int, n_sam
     groups = max(1, -(-executions // n_samples))
     per_cell = -(-executions // max(1, cells - 1))  # every cell but one serving keeps them all live
     tasks = write_tasks(work / "tasks", max(8, groups))
-    run_dir, port = work / "run", _free_port()
+    run_dir, port = work / "run", free_port()
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cells), "pretrain_gyre.py",
             "--config", "examples/cpu_tiny.yaml", "--num-cells", str(cells), "--tasks", str(tasks),
             "--harness", "scale_main_job:MinimalHarness", "--harness-isolation", "off",

@@ -80,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         engines = [ProcStat(p.pid) for p in procs]
         for k in sizes:
             store = tempfile.mkdtemp(prefix=f"gyre-scale-workers-{k}-")
-            worker_procs, proxy = start_proxy(k, engine_urls, store, args.heap_trim_s)
-            procs += worker_procs
+            proxy = start_proxy(k, engine_urls, store, args.heap_trim_s)
             load = Load(proxy.register(args.executions, f"k{k}"), args.load_processes, args, init_range, seed=1)
             loads.append(load)
             sets[k] = {"proxy": proxy, "load": load, "store": store, "calls": 0, "rounds": []}
@@ -128,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for ld in loads:
             ld.close()
+        for s in sets.values():
+            s["proxy"].stop()
         for p in procs:
             p.kill()
             p.wait()

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.sim import load_preset, run_placement  # noqa: E402
+from gyre.sim import load_preset, run_placement
 
 PAPER = {"async": "1.42-1.53", "colocate": "1.36-1.47"}
 

@@ -7,7 +7,7 @@ The batch: one execution per trace of ``tests/data/traces`` (``--copies`` each, 
 ``J_max = 5`` admitted rows each, random advantages, behaviour log-probs near the policy's. Trees
 are real replays through the proxy core (``--source replay``, :mod:`gyre.proxy.replay`, rows of
 9k-19k tokens, default budget 20480) or trees with the traces' structure and sizes scaled by
-``--scale`` and random token ids (``--source shaped``, ``tests/training/trace_trees.py``, default
+``--scale`` and random token ids (``--source shaped``, ``gyre/testing/trace_trees.py``, default
 budget 4096; Megatron's local attention materialises ``[heads, s, s]`` scores, so use this one
 for ``--backend megatron``). Every configuration runs the same full training step (forward-only log-ratio pass for
 split executions, forward/backward of every micro-step, one Adam update) on the embedded tiny
@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.buffer.packing import PackingConfig, pack_rows  # noqa: E402
-from gyre.training.hf_step import HFTrainStep  # noqa: E402
-from gyre.training.logprobs import target_logprobs_from_hidden  # noqa: E402
-from gyre.training.megatron_step import build_megatron_train_step  # noqa: E402
-from gyre.training.step import AdamConfig  # noqa: E402
-from tests.training.trace_trees import trace_shaped_rows  # noqa: E402
+from gyre.buffer.packing import PackingConfig, pack_rows
+from gyre.training.hf_step import HFTrainStep
+from gyre.training.logprobs import target_logprobs_from_hidden
+from gyre.training.megatron_step import build_megatron_train_step
+from gyre.training.step import AdamConfig
+from gyre.testing.trace_trees import trace_shaped_rows
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.trajectory import (  # noqa: E402
+from gyre.trajectory import (
     AdmissionConfig,
     Provenance,
     RequestRecord,

@@ -1,7 +1,8 @@
 """Gyre command-line arguments, in the shape of Megatron-LM's ``megatron/training/arguments.py``.
 
 One ``_add_<area>_args(parser)`` per concern, each an argument group with kebab-case flags named
-after the quantities they set (``N``, ``B``, ``phi``, ``mu``, ``K``, ...); :func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
+after the quantities they set (``N``, ``B``, ``phi``, ``mu``, ``K``, ...); :func:`add_gyre_args`
+adds every Gyre group and can be handed to Megatron's
 ``parse_args(extra_args_provider=add_gyre_args)``.  :func:`add_megatron_core_args` adds the few
 Megatron-LM flags Gyre uses (parallel sizes, optimizer, seed) for runs that only install
 megatron-core, which ships no argument parser.
@@ -53,7 +54,7 @@ class GyreArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", GyreHelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):  # noqa: D102 - argparse API
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -134,7 +135,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--tokenizer-kind", choices=("qwen", "local"), default="local",
                        help="Embedded tokenizer: the full offline Qwen BPE or its 4k-rank prefix (fast).")
     group.add_argument("--model-cache-dir", type=str, default=None,
-                       help="Where embedded models are cached (default $GYRE_CACHE_DIR, <venv>/share/gyre or ~/.cache/gyre).")
+                       help="Where embedded models are cached "
+                            "(default $GYRE_CACHE_DIR, <venv>/share/gyre or ~/.cache/gyre).")
     group.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
                        help="cpu: gloo, embedded engine, megatron_patches applied; gpu: each rank on its GPU "
                             "(LOCAL_RANK), NCCL for tensors, SGLang or the embedded engine on CUDA.")
@@ -238,7 +240,8 @@ def _add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                        help="How weight snapshots (and engine-to-engine KV copies) move between nodes: Mooncake "
                             "over TCP, or over RDMA (the CUDA build of Mooncake on InfiniBand/RoCE).")
     group.add_argument("--weight-transport-device", default="",
-                       help="RDMA NICs for --weight-transport mooncake-rdma (e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
+                       help="RDMA NICs for --weight-transport mooncake-rdma "
+                            "(e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
     group.add_argument("--update-weight-buffer-size", type=_positive_int, default=512 << 20,
                        help="Bytes per bucket when a cell loads the policy into its engine (the model goes over "
                             "in buckets of about this size, gathered from the cell's shards unit by unit).")
@@ -319,7 +322,8 @@ def _add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--harness", type=str, default="reference",
                        help="Black-box harness each execution runs: " + ", ".join(HARNESS_NAMES)
                             + ", or a dotted path pkg.module:Class to a gyre.harness.Harness subclass.")
-    group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory; several, comma-separated.")
+    group.add_argument("--tasks", type=str, default=None,
+                       help="Task file (JSONL/YAML) or directory; several, comma-separated.")
     group.add_argument("--strict-tasks", action="store_true",
                        help="Refuse the run (exit 2) if a task file has any problem; by default each bad task "
                             "is skipped with one 'file:line: reason' warning on stderr.")
@@ -601,7 +605,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         need(args.extra_dispatch == 0, "extra-dispatch", "colocate requires phi = 0 (unless --standalone-handoff)")
     if args.standalone_handoff:
         need(args.placement == "colocate", "standalone-handoff", "is for --placement colocate")
-        need(args.standalone_concurrency > 0, "standalone-handoff", "needs a standalone pool (--standalone-concurrency > 0)")
+        need(args.standalone_concurrency > 0, "standalone-handoff",
+             "needs a standalone pool (--standalone-concurrency > 0)")
     if args.placement == "async":
         need(args.num_cells >= 2, "num-cells", "async needs >= 2 cells (training and rollout)")
         need(1 <= args.train_cells < args.num_cells, "train-cells", f"must be in [1, {args.num_cells - 1}] for async")

@@ -303,7 +303,8 @@ def file_sha256(path: str | os.PathLike) -> str:
 #: File names one of which a tokenizer directory holds (fast, sentencepiece, BPE or WordPiece vocab).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 #: Weight files ``from_pretrained`` looks for, single-file or sharded (an index naming the shards).
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:

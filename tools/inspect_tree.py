@@ -34,15 +34,15 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.trajectory.tree_views import (  # noqa: E402
+from gyre.trajectory.tree_views import (
     find_run_tokenizer,
     load_decoder,
     render_html,
     render_text,
     tree_stats,
 )
-from gyre.trajectory.admission import AdmissionConfig  # noqa: E402
-from gyre.trajectory.store import StoreCorruptError, TornTailWarning, load_tree  # noqa: E402
+from gyre.trajectory.admission import AdmissionConfig
+from gyre.trajectory.store import StoreCorruptError, TornTailWarning, load_tree
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.html:
         try:
             with open(args.html, "w", encoding="utf-8") as f:
-                f.write(render_html(tree, decode, config, max_tokens=args.max_tokens, title=os.path.basename(args.path)))
+                title = os.path.basename(args.path)
+                f.write(render_html(tree, decode, config, max_tokens=args.max_tokens, title=title))
         except OSError as e:
             return _fail(f"--html {args.html}: {e.strerror or e}")
     if args.json:

@@ -22,9 +22,9 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from gyre.arguments import parse_args  # noqa: E402
+from gyre.arguments import parse_args
 
 logger = logging.getLogger("gyre.smoke")
 
@@ -124,7 +124,8 @@ def run_smoke(args: argparse.Namespace, model_provider: Callable, forward_step: 
     fbf = get_forward_backward_func()
     losses = []
     for step in range(args.train_steps):
-        rows = [(tokens[i], loss_mask[i]) for i in range(len(tokens)) if i % dp == dp_rank] or [(tokens[0], loss_mask[0] * 0)]
+        rows = ([(tokens[i], loss_mask[i]) for i in range(len(tokens)) if i % dp == dp_rank]
+                or [(tokens[0], loss_mask[0] * 0)])
         ddp.zero_grad_buffer()
         opt.zero_grad()
         out = fbf(forward_step_func=forward_step, data_iterator=iter(rows), model=[ddp], num_microbatches=len(rows),

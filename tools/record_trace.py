@@ -315,7 +315,8 @@ class _Ctx:
     timeout_s: float = 300.0
 
 
-def build_launch(sc: Scenario, base_url: str, dirs: ExecutionDir, cache: Path | None) -> tuple[list[str], dict[str, str]]:
+def build_launch(sc: Scenario, base_url: str, dirs: ExecutionDir,
+                 cache: Path | None) -> tuple[list[str], dict[str, str]]:
     """The adapter's command and environment for one scenario (installs the harness if needed)."""
     opts = dict(sc.options)
     textbased = opts.pop("textbased", False)

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.proxy.serve import main  # noqa: E402
+from gyre.proxy.serve import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -2,6 +2,7 @@
 # Set up Gyre's CPU environment in .venv (idempotent; a no-op in ~1 s when nothing changed).
 #   - Debian libibverbs1 (needed by mooncake-transfer-engine-non-cuda), via apt-get when root
 #   - .venv with Python 3.11, CPU requirements with torch pinned by constraints.txt on every pip call
+#     (the test tools among them: pytest, ruff and import-linter for tests/test_lint.py)
 #   - dashscope 2.0.2 without dependencies (it only carries the offline Qwen BPE file)
 #   - requirements-fleet.txt (Ray, for --execution-fleet and tests/fleet; the embedded default runs without it)
 #   - a .pth file so `gyre` and `megatron_patches` import from this checkout
@@ -41,7 +42,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   "${PIP[@]}" install -c "$ROOT/constraints.txt" --no-deps dashscope==2.0.2 2>&1 | grep -v '^WARNING: Location' >&2 || true
   # optional for a run, installed for the test tier (tests/fleet): the execution fleet's Ray
   "${PIP[@]}" install -c "$ROOT/constraints.txt" -r "$ROOT/requirements-fleet.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
-  "$PY" -W ignore -c 'import torch, megatron.core, transformers, yaml, fastapi, pytest; assert torch.__version__.startswith("2.13.0"), torch.__version__' \
+  "$PY" -W ignore -c 'import torch, megatron.core, transformers, yaml, fastapi, pytest, ruff, importlinter; assert torch.__version__.startswith("2.13.0"), torch.__version__' \
     || { say "error: requirements did not install"; exit 1; }
   SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   echo "$ROOT" > "$SITE/gyre-checkout.pth"

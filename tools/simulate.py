@@ -58,9 +58,9 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gyre.scheduler import PLACEMENTS  # noqa: E402
-from gyre.sim.compare import compare, placement_config, regroup  # noqa: E402
-from gyre.sim.presets import load_preset  # noqa: E402
+from gyre.scheduler import PLACEMENTS
+from gyre.sim.compare import compare, placement_config, regroup
+from gyre.sim.presets import load_preset
 
 PROG = "simulate"
 
@@ -80,7 +80,8 @@ def _placements(text: str) -> list[str]:
     items = [p.strip() for p in text.split(",") if p.strip()]
     for p in items:
         if p not in PLACEMENTS:
-            raise argparse.ArgumentTypeError(f"unknown placement {p!r} (expected a comma list of {', '.join(PLACEMENTS)})")
+            raise argparse.ArgumentTypeError(
+                f"unknown placement {p!r} (expected a comma list of {', '.join(PLACEMENTS)})")
     if not items or len(set(items)) != len(items):
         raise argparse.ArgumentTypeError("placements must be a non-empty comma list without repeats")
     return items

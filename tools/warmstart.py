@@ -66,7 +66,8 @@ def _answer_file_example(question: str, content: str) -> Example:
     return Example([{"role": "user", "content": question},
                     {"role": "assistant", "content": "", "tool_calls": [
                         {"id": "call_0", "type": "function",
-                         "function": {"name": "write_file", "arguments": {"path": "answer.txt", "content": content}}}]}],
+                         "function": {"name": "write_file",
+                                      "arguments": {"path": "answer.txt", "content": content}}}]}],
                    [TOOL_SCHEMAS["write_file"]])
 
 

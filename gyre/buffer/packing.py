@@ -247,19 +247,19 @@ class PackingStats:
     budget_tokens: int = 0
 
     @property
-    def efficiency(self) -> float:  # noqa: D102
+    def efficiency(self) -> float:
         return self.real_tokens / self.budget_tokens if self.budget_tokens else math.nan
 
     @property
-    def padding_fraction(self) -> float:  # noqa: D102
+    def padding_fraction(self) -> float:
         return 1.0 - self.real_tokens / self.forward_tokens if self.forward_tokens else math.nan
 
     @property
-    def forward_token_ratio(self) -> float:  # noqa: D102
+    def forward_token_ratio(self) -> float:
         return self.real_tokens / self.row_tokens if self.row_tokens else math.nan
 
     @property
-    def tokens_saved(self) -> int:  # noqa: D102
+    def tokens_saved(self) -> int:
         return self.row_tokens - self.real_tokens
 
     def as_dict(self) -> dict[str, float]:

@@ -116,7 +116,8 @@ def stdout_score_rule(result: CheckResult) -> tuple[float, dict[str, Any]]:
     try:
         score = float(lines[-1])
     except (IndexError, ValueError):
-        raise Unresolved(f"the last line of stdout is not a number: {lines[-1][:80] if lines else '(empty)'!r}") from None
+        last = lines[-1][:80] if lines else "(empty)"
+        raise Unresolved(f"the last line of stdout is not a number: {last!r}") from None
     return score, {"exit_code": rc}
 
 

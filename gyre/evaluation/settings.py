@@ -52,7 +52,8 @@ class EvaluatorSettings:
                    judge_model=getattr(args, "judge_model", None),
                    judge_api_key_env=getattr(args, "judge_api_key_env", None))
 
-    def build(self, task: Any, proxy_openai_base_url: str, command_runner: Callable[..., Any] | None = None) -> Evaluator:
+    def build(self, task: Any, proxy_openai_base_url: str,
+              command_runner: Callable[..., Any] | None = None) -> Evaluator:
         """The designated evaluator of ``task`` (a :class:`~gyre.tasks.TaskSpec`); judges without a
         configured endpoint call ``proxy_openai_base_url`` (``http://host:port/v1``); executable
         checks run their commands with ``command_runner`` (``None``: as ordinary processes).

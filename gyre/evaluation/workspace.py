@@ -1,7 +1,8 @@
 """Preserved workspaces: snapshot a live workspace at execution closure, and tree digests.
 
-At execution closure the workspace is preserved, then assessed. The harness launcher calls :func:`preserve_workspace` once the harness has exited (or been
-killed); the snapshot is what every assessment attempt -- retries included -- sees, so the
+At execution closure the workspace is preserved, then assessed. The harness launcher calls
+:func:`preserve_workspace` once the harness has exited (or been killed); the snapshot is what every
+assessment attempt -- retries included -- sees, so the
 live directory can be reused or deleted. The snapshot id is a content digest of the tree
 (:func:`tree_digest`), which is also how tests and the executable check verify that an
 evaluation left the snapshot untouched.

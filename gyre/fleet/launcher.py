@@ -176,7 +176,8 @@ class FleetLauncher:
         """Nothing to sweep on rank 0 (each slot's guard cleans its node); returns 0."""
         return 0
 
-    def evaluator(self, settings: Any, task: TaskSpec, run_dir: str | os.PathLike[str], judge_base_url: str) -> Evaluator:
+    def evaluator(self, settings: Any, task: TaskSpec, run_dir: str | os.PathLike[str],
+                  judge_base_url: str) -> Evaluator:
         """A :class:`NodeEvaluator` named as the task's evaluator (which is built here once, so a
         task whose evaluator cannot be built fails before it runs)."""
         built = settings.build(task, judge_base_url, None)

@@ -11,10 +11,13 @@ How the main job runs one execution (each in its own thread; all calls are threa
     proxy.close_execution(execution_id)                                     # after a judge used the key
 
 The interface and lifecycle are in :mod:`gyre.harness.base` (an execution's data in
-:mod:`gyre.harness.execution`), the child process in
-:mod:`gyre.sandbox` (the backends it runs in), role declarations in :mod:`gyre.harness.roles`, registry installs
-in :mod:`gyre.harness.install`, Gyre's own agent in :mod:`gyre.harness.reference_agent`. Names
-are imported lazily (PEP 562), so a harness child does not pay for imports it never uses.
+:mod:`gyre.harness.execution`), the child process in :mod:`gyre.sandbox` (the backends it runs
+in), role declarations in :mod:`gyre.harness.roles`, registry installs in
+:mod:`gyre.harness.install`, adapters by name in :mod:`gyre.harness.registry`. The adapters:
+:mod:`gyre.harness.claude_code`, :mod:`gyre.harness.codex`, :mod:`gyre.harness.mini_swe_agent`,
+:mod:`gyre.harness.command` (any program) and :mod:`gyre.harness.reference` (Gyre's own agent,
+:mod:`gyre.harness.reference_agent`). Names are imported lazily (PEP 562), so a harness child does
+not pay for imports it never uses.
 """
 
 import importlib
@@ -54,7 +57,7 @@ _LAZY = {
     "codex_config_toml": "gyre.harness.codex",
     "ensure_package": "gyre.harness.install",
     "executions_root": "gyre.harness.execution",
-    "harness_cache_dir": "gyre.harness.install",
+    "harness_cache_dir": "gyre.harness.execution",
     "harness_from_args": "gyre.harness.registry",
     "harness_from_config": "gyre.harness.registry",
     "isolation_supported": "gyre.sandbox.process",

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gyre.evaluation import PreservedWorkspace, TerminationStatus, preserve_workspace, tree_digest
-from gyre.harness.execution import ExecutionDir, HarnessResult, LaunchContext, LaunchSpec, ProxyEndpoint
+from gyre.harness.execution import (ExecutionDir, HarnessResult, LaunchContext, LaunchSpec, ProxyEndpoint,
+                                    harness_cache_dir)
 from gyre.sandbox import (BackendUnavailable, Environment, ExecutionBackend, Limits, ProxyTarget, Sandbox,
                           SandboxSpec, sandbox_name)
 from gyre.sandbox.cgroups import directory_size
@@ -288,8 +289,6 @@ class Harness(abc.ABC):
         """What the harness command needs from this machine, bound read-only into its sandbox:
         this interpreter and Gyre's source, the harness install cache, and the command's own
         directory when it is not a system one."""
-        from gyre.harness.install import harness_cache_dir
-
         paths = [*python_runtime_paths(), harness_cache_dir()]
         exe = shutil.which(spec.argv[0]) if spec.argv else None
         if exe:

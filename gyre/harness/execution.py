@@ -9,6 +9,7 @@ evaluation). The launcher that uses them is :mod:`gyre.harness.base`.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from gyre.tasks import TaskSpec, WorkspaceError, materialize_workspace
 from gyre.trajectory.records import EXECUTION_ID_RE
 
 __all__ = ["FINAL_MESSAGE_KEY", "ProxyEndpoint", "ExecutionDir", "LaunchContext", "LaunchSpec", "HarnessResult",
-           "executions_root"]
+           "executions_root", "harness_cache_dir"]
 
 #: Key of the harness's final message in the evaluator target's metadata.
 FINAL_MESSAGE_KEY = "final_message"
@@ -55,6 +56,17 @@ class ProxyEndpoint:
     @property
     def anthropic_base_url(self) -> str:
         return self.base_url
+
+
+def harness_cache_dir() -> Path:
+    """The harness cache directory: ``$GYRE_HARNESS_CACHE``, else
+    ``<sys.prefix>/share/gyre/harnesses`` (inside the active venv), else ``~/.cache/gyre/harnesses``."""
+    env = os.environ.get("GYRE_HARNESS_CACHE")
+    if env:
+        return Path(env)
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "share" / "gyre" / "harnesses"
+    return Path.home() / ".cache" / "gyre" / "harnesses"
 
 
 def executions_root(run_dir: str | os.PathLike[str]) -> Path:

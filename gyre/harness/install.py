@@ -4,7 +4,7 @@
 installed" error); the ones here are Claude Code, Codex and mini-swe-agent.
 :func:`ensure_package` installs one :class:`HarnessPackage` -- npm packages with
 ``npm install --prefix``, PyPI packages into a separate virtual environment -- under
-:func:`harness_cache_dir`.
+:func:`~gyre.harness.execution.harness_cache_dir`.
 
 When the registry does not answer, the harness is :class:`~gyre.harness.HarnessUnavailable`
 ("registry unreachable"), so tests can skip; a failure *after* the registry answered is a real
@@ -27,6 +27,7 @@ from typing import Any
 from filelock import FileLock
 
 from gyre.harness.base import Harness, HarnessUnavailable
+from gyre.harness.execution import harness_cache_dir
 
 __all__ = ["HarnessPackage", "HarnessInstallError", "PackagedHarness", "harness_cache_dir", "ensure_package",
            "installed_bin"]
@@ -54,17 +55,6 @@ class HarnessPackage:
     @property
     def spec(self) -> str:
         return f"{self.name}@{self.version}" if self.kind == "npm" else f"{self.name}=={self.version}"
-
-
-def harness_cache_dir() -> Path:
-    """The harness cache directory: ``$GYRE_HARNESS_CACHE``, else
-    ``<sys.prefix>/share/gyre/harnesses`` (inside the active venv), else ``~/.cache/gyre/harnesses``."""
-    env = os.environ.get("GYRE_HARNESS_CACHE")
-    if env:
-        return Path(env)
-    if sys.prefix != sys.base_prefix:
-        return Path(sys.prefix) / "share" / "gyre" / "harnesses"
-    return Path.home() / ".cache" / "gyre" / "harnesses"
 
 
 def _dest(pkg: HarnessPackage, cache: Path) -> Path:

@@ -62,8 +62,8 @@ class MiniSweAgentHarness(PackagedHarness):
         cfg_dir.mkdir(parents=True, exist_ok=True)
         argv = [str(exe), "-m", f"openai/{self.model or ctx.endpoint.model}", "-t", ctx.task.instruction, "-y",
                 "--exit-immediately", "-c", "mini.yaml", "-c",
-                f"model.model_kwargs.api_base={ctx.endpoint.openai_base_url}", "-c", f"agent.step_limit={self.step_limit}",
-                "-c", "agent.cost_limit=0"]
+                f"model.model_kwargs.api_base={ctx.endpoint.openai_base_url}",
+                "-c", f"agent.step_limit={self.step_limit}", "-c", "agent.cost_limit=0"]
         for c in self.config:
             argv += ["-c", c]
         argv += ["-o", str(ctx.dirs.root / "trajectory.json")]

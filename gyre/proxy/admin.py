@@ -122,7 +122,7 @@ class ExecutionAdmin:
 
         return asyncio.run_coroutine_threadsafe(_run(), loop).result()
 
-    def url_for(self, execution_id: str) -> str:  # noqa: ARG002 (one process serves every execution)
+    def url_for(self, execution_id: str) -> str:
         """The URL the harness of ``execution_id`` calls: this server's."""
         return self.url
 
@@ -145,7 +145,8 @@ class ExecutionAdmin:
         ``harness`` (``"claude-code"``, ``"codex"``, ...) selects the built-in role rules
         (:mod:`gyre.proxy.roles`); ``role_rules`` -- any object with ``classify(headers, body) ->
         role``, e.g. a harness adapter's ``gyre.harness.roles.RoleRules`` -- replaces them; a call
-        with ``x-gyre-role: evaluator`` (Gyre's judge) is role ``evaluator`` either way. Returns the :class:`Execution`; give its ``api_key`` to the harness.
+        with ``x-gyre-role: evaluator`` (Gyre's judge) is role ``evaluator`` either way. Returns
+        the :class:`Execution`; give its ``api_key`` to the harness.
 
         Raises:
             ValueError: bad or duplicate execution id, or no engine to route to.

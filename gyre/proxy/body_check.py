@@ -7,7 +7,8 @@ such bodies at once queue every small call behind them. So the proxy sends a bod
 (``python -m gyre.proxy.body_check``) decodes it under the request limits of
 :mod:`gyre.proxy.request_body`, normalises it and runs the prompt-size bound of
 :mod:`gyre.proxy.prompt_size`, and answers with the proxy error the body earns (invalid JSON,
-nesting too deep, invalid fields, too many messages, a prompt too long by its size alone) or with "go ahead". A refused body is never
+nesting too deep, invalid fields, too many messages, a prompt too long by its size alone) or
+with "go ahead". A refused body is never
 parsed in the proxy's process; an accepted one is then parsed there as usual (a legitimate
 conversation of 700k tokens is about 3 MB, under the default threshold of 8 MB).
 

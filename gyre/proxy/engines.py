@@ -84,7 +84,8 @@ class Engine(Protocol):
 
     engine_id: str
 
-    def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+    def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any],
+                        rid: str) -> AsyncIterator[EngineChunk]:
         ...
 
     async def abort(self, rid: str) -> None:
@@ -213,7 +214,8 @@ class ClientEngine:
                     raise
         return None if self.served_version is None else f"weights-{self.served_version}"
 
-    async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+    async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any],
+                              rid: str) -> AsyncIterator[EngineChunk]:
         if sampling_params.get("sampling_seed") is None and await self._seeds():
             sampling_params = {**sampling_params, "sampling_seed": request_seed(rid)}
         key = await self._extra_key()
@@ -289,7 +291,8 @@ class ScriptedEngine:
     _aborted: set[str] = field(default_factory=set)
     _live: set[str] = field(default_factory=set)
 
-    async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any], rid: str) -> AsyncIterator[EngineChunk]:
+    async def generate_stream(self, input_ids: Sequence[int], sampling_params: dict[str, Any],
+                              rid: str) -> AsyncIterator[EngineChunk]:
         ids_in = np.asarray(input_ids).tolist()
         self.calls.append((rid, ids_in))
         if self.fail_next > 0:

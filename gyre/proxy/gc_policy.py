@@ -3,8 +3,8 @@ heap's free pages.
 
 A full collection (generation 2) walks every container object the process holds and stops
 every thread meanwhile, the proxy's event loop included. With a thousand live executions the
-proxy holds their message tries, trees and sessions: a full collection then took 0.3-0.5 s on
-the development machine (``bench/scale.py``), and every model call in flight waited for it.
+proxy holds their message tries, trees and sessions: a full collection then takes a long pause
+(``bench/scale.py``'s measurement is in docs/proxy.md), and every model call in flight waits for it.
 
 :class:`CollectorPolicy` records each collection's pause by generation (``GET /gyre/stats``)
 and, after a full collection that took ``freeze_after_ms`` or longer, moves every object that
@@ -24,8 +24,8 @@ arrays are freed when the call is recorded, but the C allocator keeps the freed 
 the blocks still in use, so the process's resident memory only grows. Every ``interval_s`` the
 trimmer hands those pages back to the operating system (glibc's ``malloc_trim``; nothing where the
 C library is not glibc), off the event loop. Not much more often: pages handed back and soon
-reused are faulted in again (``bench/scale.py`` at 1,152 executions, one run each: every 10 s,
-11.9 / 11.0 ms of CPU per call at 38.4 calls/s / at saturation; every 60 s, 9.2 / 8.7).
+reused are faulted in again (docs/proxy.md gives ``bench/scale.py``'s CPU per call at both
+intervals).
 """
 
 from __future__ import annotations

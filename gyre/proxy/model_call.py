@@ -93,8 +93,9 @@ class ModelCall:
 
     __slots__ = ("server", "ex", "req", "prep", "role", "meta", "sampling", "builder", "parser", "stream", "queue",
                  "history", "_grew", "out_ids", "logprobs", "finish", "attempts", "error", "delivered", "t0",
-                 "t_first", "rid", "closing", "answer", "output_message", "recorded", "call_index", "_commit_task", "committed",
-                 "_mark_task", "engine_answered", "done", "attached", "joins", "digest", "_nbytes", "__weakref__")
+                 "t_first", "rid", "closing", "answer", "output_message", "recorded", "call_index", "_commit_task",
+                 "committed", "_mark_task", "engine_answered", "done", "attached", "joins", "digest", "_nbytes",
+                 "__weakref__")
 
     def __init__(self, server: "ProxyServer", ex: "Execution", req: ChatRequest, prep, role: str,
                  meta: dict[str, Any], sampling: dict[str, Any], builder: ResponseBuilder) -> None:

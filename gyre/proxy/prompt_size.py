@@ -173,7 +173,8 @@ def prompt_chars_lower_bound(req: ChatRequest, kept: Collection[str]) -> int:
     into the prompt (module doc)."""
     n = 0
     if "tools" in kept:
-        n += sum(_values(t["function"]) for t in req.tools if isinstance(t, dict) and isinstance(t.get("function"), dict))
+        n += sum(_values(t["function"]) for t in req.tools
+                 if isinstance(t, dict) and isinstance(t.get("function"), dict))
     role_part = {ROLE_USER: "user", ROLE_TOOL: "tool_results"}
     markup = "think_markup" in kept
     for i, m in enumerate(req.messages):

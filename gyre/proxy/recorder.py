@@ -7,7 +7,8 @@ thread-safe) that takes every record queued so far, appends them
 fsyncs each touched file *once* for the whole batch before resolving the waiting calls. Under
 load the fsync cost is shared by all calls of a batch (group commit) instead of being paid per
 record in series. With ``fsync=False`` a record counts as stored once it is written and flushed
-to the operating system (it survives a crash of the process); the thread then fsyncs the touched files every ``fsync_interval_s`` seconds in the
+to the operating system (it survives a crash of the process); the thread then fsyncs the touched
+files every ``fsync_interval_s`` seconds in the
 background (machine-crash window: that interval). Use a store built with ``fsync_every=0`` so
 that the store does not fsync each record itself (a store with ``fsync_every=1`` still works,
 just without the batching gain).

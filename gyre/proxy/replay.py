@@ -38,8 +38,8 @@ class ReplayIds(IdFactory):
     def __init__(self, api: str, message: dict[str, Any]) -> None:
         self.api = api
         self.msg_id = message.get("id")
-        self.queues: dict[str, deque[str]] = {k: deque() for k in
-                                              ("call", "sig", "reasoning", "message", "function_call", "custom_tool_call")}
+        kinds = ("call", "sig", "reasoning", "message", "function_call", "custom_tool_call")
+        self.queues: dict[str, deque[str]] = {k: deque() for k in kinds}
         if api == "anthropic":
             for b in message.get("content") or []:
                 if b.get("type") == "tool_use":

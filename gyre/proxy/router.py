@@ -285,7 +285,8 @@ class Router:
         tries = attempts if attempts is not None else []
         first = len(tries)
         try:
-            async for ch in self._attempts(execution_id, np.asarray(input_ids, dtype=np.int32), sampling_params, base, tries):
+            ids = np.asarray(input_ids, dtype=np.int32)
+            async for ch in self._attempts(execution_id, ids, sampling_params, base, tries):
                 yield ch
         finally:  # nothing of this generation needs any engine any more
             for att in tries[first:]:

@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     svc = RolloutService(args, model_dir)
     stop = threading.Event()
 
-    def _handler(signum, frame):  # noqa: ARG001
+    def _handler(signum, frame):
         stop.set()
 
     signal.signal(signal.SIGINT, _handler)

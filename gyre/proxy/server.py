@@ -86,8 +86,8 @@ class ProxyConfig:
     * ``retry_memory_bytes`` -- the answers of committed calls kept for client retries (the last
       4 calls of each execution, :mod:`gyre.proxy.retries`), all executions together, at most
       (bytes); beyond it the oldest are forgotten. The default holds 1,152 executions x 4 calls
-      of 2,000-token answers in the costliest mode (Responses, streamed: 245 MiB measured by
-      ``bench/retry_memory.py``, docs/proxy.md) twice over.
+      of 2,000-token answers in the costliest mode (Responses, streamed) twice over (what
+      ``bench/retry_memory.py`` measured is in docs/proxy.md).
     * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
     * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
       the response starts (seconds): an engine refusal or a failure within that time is
@@ -238,7 +238,8 @@ class ProxyServer(ExecutionAdmin):
         """``http://host:port`` once started."""
         return f"http://{self.host}:{self.port}"
 
-    def start(self, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning", timeout: float = 30.0) -> "ProxyServer":
+    def start(self, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+              timeout: float = 30.0) -> "ProxyServer":
         """Serve in a background thread (uvicorn); return once requests are accepted.
 
         Raises:
@@ -488,7 +489,8 @@ class ProxyServer(ExecutionAdmin):
             except ClientDisconnect:  # the client left while sending: nothing to answer or record
                 return Response(status_code=499)
             encoding = request.headers.get("content-encoding", "")
-            if 0 < self.config.body_check_bytes <= len(raw):  # hashing tens of MB off the loop (xxhash releases the GIL)
+            # hashing tens of MB off the loop (xxhash releases the GIL)
+            if 0 < self.config.body_check_bytes <= len(raw):
                 digest = await asyncio.get_running_loop().run_in_executor(self._body_checks, request_digest, api,
                                                                           raw, encoding)
             else:
@@ -506,7 +508,8 @@ class ProxyServer(ExecutionAdmin):
             n_in = int(prep.input_ids.shape[0])
             room = self.config.max_context_tokens - n_in
             if room <= 0:
-                raise ProxyError(400, f"prompt is too long: {n_in} tokens > {self.config.max_context_tokens - 1} maximum")
+                limit = self.config.max_context_tokens - 1
+                raise ProxyError(400, f"prompt is too long: {n_in} tokens > {limit} maximum")
             cfg = self.config
             sampling = req.sampling.to_sglang(cfg.default_max_tokens, min(cfg.max_tokens_cap, room),
                                               cfg.default_sampling, cfg.forced_sampling)
@@ -610,8 +613,9 @@ class ProxyServer(ExecutionAdmin):
 
     def _models_body(self) -> dict[str, Any]:
         name = self.config.model_name
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gyre",
-                                            "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}],
+        model = {"id": name, "object": "model", "created": 0, "owned_by": "gyre",
+                 "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+        return {"object": "list", "data": [model],
                 "has_more": False, "first_id": name, "last_id": name}
 
     @staticmethod

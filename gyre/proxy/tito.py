@@ -45,12 +45,12 @@ __all__ = ["TitoSession", "TitoStats"]
 _NO_IDS = np.zeros(0, np.int32)
 # New text longer than this is encoded in the proxy's thread pool rather than on the event loop:
 # the tokenizer releases the GIL, so the loop goes on with other calls and the encoding can run on
-# another core. 1,024 characters are ~0.3 ms of tokenizing (code, or the benches' filler text); the
-# hop to the pool costs ~0.1 ms.
+# another core. The hop to the pool has a cost of its own, so short text stays on the loop
+# (docs/proxy.md gives the hop's and a 1,024-character encoding's times).
 INLINE_ENCODE_MAX_CHARS = 1024
-# A request with more new messages than this is rendered (and encoded) in the thread pool: the
-# template costs ~0.1-0.3 ms per call and a message two or three calls, so the event loop renders
-# at most a few milliseconds of any request.
+# A request with more new messages than this is rendered (and encoded) in the thread pool: a
+# message costs the template two or three calls, so the event loop renders at most a few template
+# calls' worth of any request (docs/proxy.md, "Many new messages in one call").
 INLINE_RENDER_MAX_MESSAGES = 16
 _Recent = tuple[np.ndarray, np.ndarray, np.ndarray, int, "ContextBuffer | None"]
 
@@ -218,7 +218,8 @@ class TitoSession:
         return ek == key or (self.restore_reasoning and not message.reasoning and ek[:2] + ek[3:] == key[:2] + key[3:])
 
     # ------------------------------------------------------------------ tokens of stored records
-    def _record_prefix(self, call_index: int, n: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], ContextBuffer | None]:
+    def _record_prefix(self, call_index: int,
+                       n: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], ContextBuffer | None]:
         """The first ``n`` tokens of record ``call_index``'s ``input ++ output``, with their
         provenance, as one or two ``(ids, provenance)`` pieces (views where possible), and the
         context buffer whose prefix the first piece is when it is the record's whole input."""
@@ -528,7 +529,8 @@ class TitoSession:
         gs = prepared.gen_start if prepared.gen_start >= 0 else rec.num_input_tokens
         stop_end = out_ids.shape[0] > 0 and int(out_ids[-1]) in self.renderer.stop_ids
         close = list(self.renderer.after_eos_ids) if stop_end else list(self.renderer.close_ids)
-        late = (node, rec.num_input_tokens, rec.input_ids[gs:].copy(), out_ids.copy(), close, rec.output_provenance_value())
+        late = (node, rec.num_input_tokens, rec.input_ids[gs:].copy(), out_ids.copy(), close,
+                rec.output_provenance_value())
         if delivered:
             self._keep_output(ci, late, output_message)
         else:  # a client retry may still receive it (mark_delivered)

@@ -1,4 +1,8 @@
-"""Advantages, the execution-level GSPO-style objective, loss normalisation."""
+"""Advantages, the execution-level GSPO-style objective, loss normalisation.
+
+* :mod:`gyre.rl.advantages` -- group-relative advantages (paper §5.3);
+* :mod:`gyre.rl.objective` -- the execution-level GSPO-style objective (paper §6.1), needs torch.
+"""
 
 from gyre.rl.advantages import AdvantageConfig, GroupAdvantages, compute_advantages, group_advantages
 

@@ -116,7 +116,8 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/flush_cache``,
     ``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weight_version``;
     ``GET /health``, ``/health_generate``, ``/model_info`` (also ``/get_model_info``),
-    ``/server_info`` (also ``/get_server_info``), ``/get_weight_version``.  Gyre's own: ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
+    ``/server_info`` (also ``/get_server_info``), ``/get_weight_version``.  Gyre's own:
+    ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
     payload of the longest prefix held, :mod:`gyre.rollout.kv_transfer`, with ``X-Cached-Tokens``;
     JSON ``cached_tokens: 0`` when none; with ``"transport": "mooncake"`` the payload is staged and
     pinned in ``kv_stage`` and the answer is JSON ``{"cached_tokens", "mooncake": handle}``),

@@ -403,7 +403,9 @@ def _as_httpx(resp: aiohttp.ClientResponse, content: bytes) -> httpx.Response:
 
 def _import_kv_body(payload: bytes | dict) -> dict:
     """``content`` and ``headers`` of an import: a Mooncake handle as JSON, staged bytes as they are."""
-    return json_content({"mooncake": payload}) if isinstance(payload, dict) else {"content": payload, "headers": _OCTETS}
+    if isinstance(payload, dict):
+        return json_content({"mooncake": payload})
+    return {"content": payload, "headers": _OCTETS}
 
 
 class AsyncEngineClient(_ClientBase):

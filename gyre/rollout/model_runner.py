@@ -104,7 +104,7 @@ class _SlotLayerImpl:
         self.is_initialized = True
         self.keys = self.values = None
 
-    def lazy_initialization(self, key_states, value_states) -> None:  # noqa: D102 - HF API
+    def lazy_initialization(self, key_states, value_states) -> None:
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

@@ -153,7 +153,8 @@ def parse_init_weights_update_group(body: Any) -> WeightGroupSpec:
     backend = body.get("backend", "nccl")
     if backend not in ("nccl", "gloo"):
         raise ProtocolError(f"backend must be 'nccl' or 'gloo', not {backend!r}")
-    return WeightGroupSpec(addr, _want_int("master_port", body.get("master_port"), 1, 65535), rank, world, name, backend)
+    port = _want_int("master_port", body.get("master_port"), 1, 65535)
+    return WeightGroupSpec(addr, port, rank, world, name, backend)
 
 
 @dataclass(frozen=True)

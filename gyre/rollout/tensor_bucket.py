@@ -129,7 +129,7 @@ class _HandleUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = _ALLOWED_GLOBALS.get(module, ())
         if name in allowed or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            import torch.multiprocessing  # noqa: F401  (registers the reductions)
+            import torch.multiprocessing as _reductions  # noqa: F401  (registers the reductions)
 
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a weight payload may not reference {module}.{name}")

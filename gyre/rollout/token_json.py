@@ -1,13 +1,12 @@
 """JSON text of a long token-id array, written by table lookup instead of number formatting.
 
 SGLang's HTTP API takes a prompt as a JSON list of ids, and a black-box harness's prompt grows to
-~700k tokens, so rank 0 writes that list on every call.  orjson formats the numbers one by one
-(~3.8 ms for 700k ids on this project's CPU machines); this module looks each id up in a table of
-fixed-width decimal slots instead: 7 characters, the number right-aligned after spaces, then a
-comma (``"   1234,"``), gathered by one numpy ``take`` of 8-byte words (~1.5 ms for 700k ids).
-The spaces are JSON whitespace, so any JSON parser reads the same list; the text is 8 bytes per
-id instead of ~6.3, which gives back part of the gain when it is sent (about 1 ms of CPU per
-700k-id call saved in all, measured posting to a local server).
+~700k tokens, so rank 0 writes that list on every call.  orjson formats the numbers one by one;
+this module looks each id up in a table of fixed-width decimal slots instead: 7 characters, the
+number right-aligned after spaces, then a comma (``"   1234,"``), gathered by one numpy ``take``
+of 8-byte words. The spaces are JSON whitespace, so any JSON parser reads the same list; the text
+is 8 bytes per id instead of ~6.3, which gives back part of the gain when it is sent (the times
+are in docs/proxy.md, "The prompt sent to the engine").
 
 :func:`dumps_with_ids` serialises a request body whose ``input_ids`` is a 1-D integer array
 this way, into one buffer (optionally handed out as it is, without a copy into ``bytes``), and
@@ -85,8 +84,8 @@ def dumps_with_ids(body: Any, option: int = 0, *, buffer: bool = False) -> bytes
     """``body`` as JSON bytes, as ``orjson.dumps(body, option=option)`` would write it up to
     whitespace and key order; a long 1-D integer array under ``"input_ids"`` is written by
     :func:`ids_text` straight into the body's buffer. With ``buffer`` that body comes back as a
-    ``memoryview`` of the buffer, not copied into ``bytes`` (~1 ms less for 700k ids here; aiohttp
-    sends a memoryview as it is, httpx does not take one)."""
+    ``memoryview`` of the buffer, not copied into ``bytes`` (aiohttp sends a memoryview as it is,
+    httpx does not take one)."""
     ids = body.get("input_ids") if isinstance(body, dict) else None
     if not (isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype.kind in "iu" and len(ids) >= MIN_IDS):
         return orjson.dumps(body, option=option)

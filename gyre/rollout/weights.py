@@ -55,7 +55,8 @@ def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None =
     """Inverse of :func:`serialize_named_tensors` over a list of payloads (later names win).
 
     With ``load_format="flattened_bucket"`` the list holds one payload per engine TP rank
-    (:mod:`gyre.rollout.tensor_bucket`) and this single-rank engine loads the first.  Otherwise each payload may hold a ``{name: tensor}`` dict or a list of ``(name, tensor)`` pairs;
+    (:mod:`gyre.rollout.tensor_bucket`) and this single-rank engine loads the first.  Otherwise
+    each payload may hold a ``{name: tensor}`` dict or a list of ``(name, tensor)`` pairs;
     ``torch.load`` runs with ``weights_only=True``.
 
     Raises:

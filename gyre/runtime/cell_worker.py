@@ -124,7 +124,8 @@ class CellWorker:
         if initial_role != "training":
             self.training.offload()  # first: the engine sizes its memory with the trainer's gone
         if engine is None:
-            engine = EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=config.max_running_requests,
+            engine = EngineServer(EngineConfig(model_dir=str(model_dir),
+                                               max_running_requests=config.max_running_requests,
                                                random_seed=config.seed + 1000 * cell,
                                                weight_version=str(start_version), device=device), host=host)
         self.engine = engine.start()

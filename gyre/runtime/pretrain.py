@@ -226,7 +226,8 @@ def check_gpu_runtime(args: argparse.Namespace) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if torch.cuda.device_count() < local and args.distributed_backend == "nccl":
         raise ArgumentError(f"argument --distributed-backend: {local} ranks on this node but "
-                            f"{torch.cuda.device_count()} GPU(s); NCCL needs a GPU per rank (gloo lets ranks share one)")
+                            f"{torch.cuda.device_count()} GPU(s); NCCL needs a GPU per rank "
+                            "(gloo lets ranks share one)")
     if args.rollout_engine == "sglang":
         import importlib.util
 
@@ -355,7 +356,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
     from gyre.runtime.checkpointing import optimizer_file
     from gyre.runtime.config import CellConfig
     from gyre.training.prefix_groups import PrefixGroups
-    from gyre.training.step import build_train_step
+    from gyre.training.backends import build_train_step
     from gyre.training.weight_snapshot import (CoreSnapshotStamps, MooncakeSnapshotClient, MooncakeSnapshotServer,
                                                flat_numel)
 

@@ -94,8 +94,8 @@ class StandalonePool(StandaloneRoutes):
         version: the version the engines serve at start.
     """
 
-    def __init__(self, servers: Sequence[Any], snapshot, train_step, shapes: Sequence[tuple], channel: ctl.ControlChannel,
-                 *, version: int = 0):
+    def __init__(self, servers: Sequence[Any], snapshot, train_step, shapes: Sequence[tuple],
+                 channel: ctl.ControlChannel, *, version: int = 0):
         super().__init__([standalone_engine_id(i) for i in range(len(servers))])
         self.servers, self.snapshot, self.train_step, self.channel = list(servers), snapshot, train_step, channel
         self.clients = [s.client() for s in self.servers]

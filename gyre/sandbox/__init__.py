@@ -7,8 +7,11 @@ user, pid, ipc, uts and mount namespaces; :mod:`gyre.sandbox.bwrap`), ``podman``
 ``apptainer`` (:mod:`gyre.sandbox.apptainer`; its command lines are tested, it has not run here).
 :mod:`gyre.sandbox.spec` describes a sandbox, :mod:`gyre.sandbox.registry` picks a backend,
 :mod:`gyre.sandbox.gateway` and :mod:`gyre.sandbox.loopback` carry model calls from a sandbox
-without a network to the proxy, :mod:`gyre.sandbox.cgroups` limits processes and memory, and
-:mod:`gyre.sandbox.process` is the child process every backend's command runs as.
+without a network to the proxy, :mod:`gyre.sandbox.cgroups` limits processes and memory,
+:mod:`gyre.sandbox.process` is the child process every backend's command runs as,
+:mod:`gyre.sandbox.evaluation_runner` runs evaluation commands in a sandbox, and
+:mod:`gyre.sandbox.reaper` (its process: :mod:`gyre.sandbox.reaper_main`) removes a run's sandboxes
+once their launcher is gone.
 """
 
 from gyre.sandbox.base import BackendUnavailable, ExecutionBackend, Sandbox

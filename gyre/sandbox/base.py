@@ -94,8 +94,9 @@ class Sandbox(abc.ABC):
         return proc
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | os.PathLike[str],
-            log_path: str | os.PathLike[str], timeout_s: float | None, stderr_path: str | os.PathLike[str] | None = None,
-            kill_grace_s: float = 2.0, cancel: Callable[[], bool] | None = None) -> ProcessExit:
+            log_path: str | os.PathLike[str], timeout_s: float | None,
+            stderr_path: str | os.PathLike[str] | None = None, kill_grace_s: float = 2.0,
+            cancel: Callable[[], bool] | None = None) -> ProcessExit:
         """:meth:`start`, then wait up to ``timeout_s`` (the whole command stopped at the limit)."""
         proc = self.start(argv, env=env, cwd=cwd, log_path=log_path, stderr_path=stderr_path,
                           kill_grace_s=kill_grace_s)

@@ -99,13 +99,14 @@ class BwrapSandbox(Sandbox):
 
     def command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:
         spec = self.spec
-        ns = ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
-              "--hostname", "gyre-sandbox", "--die-with-parent", "--new-session"]
+        ns = ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+              "--disable-userns", "--hostname", "gyre-sandbox", "--die-with-parent", "--new-session"]
         if spec.network:
             ns.insert(1, "--share-net")
         inner = [str(a) for a in argv]
         if self.socket is not None:
-            inner = [sys.executable, "-I", "-S", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET, "--", *inner]
+            inner = [sys.executable, "-I", "-S", str(_LOOPBACK), str(spec.proxy.inside_port), IN_SANDBOX_PROXY_SOCKET,
+                     "--", *inner]
         host = [self.backend.exe, *self.mount_args(), *ns, "--chdir", str(cwd), "--", *inner]
         if self.cgroup is not None:
             host = self.cgroup.join_argv(host)

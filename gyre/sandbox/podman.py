@@ -136,9 +136,9 @@ class PodmanBackend(ExecutionBackend):
     executable = "podman"
     needs_reaper = True  # containers run detached: they outlive a killed launcher
 
-    def __init__(self, *, runtime: str | None = "runc", extra_run_args: Sequence[str] = (), max_starts: int | None = None,
-                 ready_timeout_s: float = 30.0, socket_dir: str | os.PathLike[str] | None = None,
-                 host: str | None = None) -> None:
+    def __init__(self, *, runtime: str | None = "runc", extra_run_args: Sequence[str] = (),
+                 max_starts: int | None = None, ready_timeout_s: float = 30.0,
+                 socket_dir: str | os.PathLike[str] | None = None, host: str | None = None) -> None:
         super().__init__(max_starts=max_starts)
         self.host = host
         self.runtime, self.extra_run_args = runtime, list(extra_run_args)

@@ -99,7 +99,8 @@ def isolation_supported() -> bool:
         (root / "run" / "other" / "secret").write_text("x")
         own = root / "run" / "own"
         argv = [*prefix, "--", "sh", "-c", _INIT_SCRIPT, "gyre-init", str(own), str(own), "16m", "1",
-                str(root / "run"), "sh", "-c", 'test ! -e "$1" && touch ok', "sh", str(root / "run" / "other" / "secret")]
+                str(root / "run"), "sh", "-c", 'test ! -e "$1" && touch ok', "sh",
+                str(root / "run" / "other" / "secret")]
         try:
             res = subprocess.run(argv, capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):

@@ -20,8 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["python_runtime_paths", "ENVIRONMENT_KINDS", "Environment", "Limits", "ProxyTarget", "SandboxSpec", "IN_SANDBOX_PROXY_SOCKET",
-           "parse_size", "sandbox_name"]
+__all__ = ["python_runtime_paths", "ENVIRONMENT_KINDS", "Environment", "Limits", "ProxyTarget", "SandboxSpec",
+           "IN_SANDBOX_PROXY_SOCKET", "parse_size", "sandbox_name"]
 
 ENVIRONMENT_KINDS = ("host", "image", "dockerfile", "rootfs")
 

@@ -3,6 +3,12 @@
 The scheduler is a pure state machine (paper §4): build it from a
 :class:`SchedulerConfig`, feed it events with :meth:`Scheduler.handle`, carry out the commands
 it returns.  See :mod:`gyre.scheduler.events` for the protocol.
+
+* :mod:`gyre.scheduler.scheduler` -- the state machine; :mod:`gyre.scheduler.config` -- its
+  configuration;
+* :mod:`gyre.scheduler.dispatch` -- boundary dispatch, execution counters, staleness (paper §4.1);
+* :mod:`gyre.scheduler.placement` -- the ``elastic``, ``async`` and ``colocate`` placements (§4.2);
+* :mod:`gyre.scheduler.routing` -- which execution is pinned to which engine.
 """
 
 from .config import PLACEMENTS, SchedulerConfig

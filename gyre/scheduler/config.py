@@ -86,7 +86,8 @@ class SchedulerConfig:
             need(self.phi == 0, f"colocate requires phi = 0 (unless standalone_handoff), got {self.phi}")
         if self.standalone_handoff:
             need(self.placement == "colocate", f"standalone_handoff is for colocate, got {self.placement!r}")
-            need(self.standalone_concurrency > 0, "standalone_handoff needs a standalone pool (standalone_concurrency > 0)")
+            need(self.standalone_concurrency > 0,
+                 "standalone_handoff needs a standalone pool (standalone_concurrency > 0)")
         if self.placement == "async":
             need(1 <= self.train_cells < self.num_cells or
                  (1 <= self.train_cells <= self.num_cells and self.standalone_concurrency > 0),

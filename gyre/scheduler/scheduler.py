@@ -281,7 +281,8 @@ class Scheduler:
             self.training_cell_limit = min(self.training_cell_limit, cell)
             log.warning("cells %d and above stay in rollout for the rest of the run", self.training_cell_limit)
             if cell == 0:
-                self.stalled = f"cell 0 (the core) could not switch into training {n} times in a row, so no cell can train"
+                self.stalled = (f"cell 0 (the core) could not switch into training {n} times in a row, "
+                                "so no cell can train")
         elif role is Role.ROLLOUT and capped:
             self.stalled = f"cell {cell} could not return to rollout {n} times in a row"
         elif role is Role.ROLLOUT:

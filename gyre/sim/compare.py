@@ -123,4 +123,5 @@ def regroup(preset: Preset, nodes_per_cell: int | None = None, standalone_nodes:
                     train_cells=min(cells, max(1, preset.scheduler.train_cells * old // npc)))
     sim = replace(preset.sim, train_step_cell_s=preset.sim.train_step_cell_s * old / npc)
     return replace(preset, scheduler=sched, sim=sim, nodes_per_cell=npc,
-                   description=f"{preset.description}; regrouped as {cells} x {npc} nodes + {standalone_nodes} standalone")
+                   description=f"{preset.description}; regrouped as {cells} x {npc} nodes "
+                               f"+ {standalone_nodes} standalone")

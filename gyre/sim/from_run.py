@@ -98,8 +98,9 @@ def preset_from_run(run_dir: str | Path) -> Preset:
     by_group: dict[tuple[int, int], list[int]] = {}
     for i, e in enumerate(closed):
         by_group.setdefault((int(e.get("attempt") or 0), int(e["group"])), []).append(i)
-    workload = ReplayWorkload(trace.name, [GroupSample(trace.durations_s[ix], trace.timed_out[ix], trace.model_calls[ix])
-                                           for ix in (np.array(v) for _, v in sorted(by_group.items()))], trace)
+    groups = (np.array(v) for _, v in sorted(by_group.items()))
+    samples = [GroupSample(trace.durations_s[ix], trace.timed_out[ix], trace.model_calls[ix]) for ix in groups]
+    workload = ReplayWorkload(trace.name, samples, trace)
     metrics = _events(run / "metrics.jsonl")
     rows = [m for m in metrics if m.get("kind") == "metrics"]
     events = [m for m in metrics if m.get("kind") == "event"]

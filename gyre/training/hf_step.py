@@ -140,7 +140,8 @@ class HFTrainStep(TrainStep):
         """
         stats = ObjectiveStats()
         for ms in micro_steps:
-            out = micro_step_loss(self.policy, MicroStepBatch.from_micro_step(ms, self.params[0].device), self.objective)
+            batch = MicroStepBatch.from_micro_step(ms, self.params[0].device)
+            out = micro_step_loss(self.policy, batch, self.objective)
             if out.loss_sum.requires_grad:
                 out.loss_sum.backward()
             stats.merge(out.stats)

@@ -66,7 +66,7 @@ def _shard_stats(z: torch.Tensor, tgt: torch.Tensor, want_entropy: bool, group, 
 
 class _FromLogits(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, index, targets, chunk_size, want_entropy, group, vocab_start):  # noqa: D102
+    def forward(ctx, logits, index, targets, chunk_size, want_entropy, group, vocab_start):
         cdt = _compute_dtype(logits.dtype)
         n = index.shape[0]
         lp = torch.empty(n, dtype=cdt, device=logits.device)
@@ -88,7 +88,7 @@ class _FromLogits(torch.autograd.Function):
         return lp, ent
 
     @staticmethod
-    def backward(ctx, grad_lp, _grad_ent):  # noqa: D102
+    def backward(ctx, grad_lp, _grad_ent):
         logits, index, targets, lse = ctx.saved_tensors
         grad_logits = None
         if ctx.needs_input_grad[0]:
@@ -110,7 +110,7 @@ class _FromLogits(torch.autograd.Function):
 
 class _FromHidden(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size, want_entropy):  # noqa: D102
+    def forward(ctx, hidden, weight, targets, chunk_size, want_entropy):
         cdt = _compute_dtype(hidden.dtype)
         n = hidden.shape[0]
         lp = torch.empty(n, dtype=cdt, device=hidden.device)
@@ -130,7 +130,7 @@ class _FromHidden(torch.autograd.Function):
         return lp, ent
 
     @staticmethod
-    def backward(ctx, grad_lp, _grad_ent):  # noqa: D102
+    def backward(ctx, grad_lp, _grad_ent):
         hidden, weight, targets, lse = ctx.saved_tensors
         cdt = lse.dtype
         w = weight.to(cdt)

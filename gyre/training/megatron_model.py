@@ -238,7 +238,8 @@ def causal_attention_mask(seq_len: int, device: torch.device | str = "cpu") -> t
 def build_optimizer(ddp_model, lr: float = 1e-6, weight_decay: float = 0.01, adam_beta1: float = 0.9,
                     adam_beta2: float = 0.95, adam_eps: float = 1e-15, clip_grad: float = 1.0,
                     bf16: bool = False):
-    """Megatron Adam (``get_megatron_optimizer``), fp32 main params; defaults as :class:`~gyre.training.step.AdamConfig`.
+    """Megatron Adam (``get_megatron_optimizer``), fp32 main params; defaults as
+    :class:`~gyre.training.step.AdamConfig`.
 
     Norms and biases get no weight decay (:func:`apply_wd_mult`), as in Megatron-LM.
     """

@@ -435,8 +435,8 @@ class MegatronTrainStep(TrainStep):
         from megatron.core import parallel_state as ps
 
         module = getattr(self.model, "module", self.model)
-        if ps.get_pipeline_model_parallel_world_size() == 1 or not getattr(module, "share_embeddings_and_output_weights",
-                                                                           False):
+        tied = getattr(module, "share_embeddings_and_output_weights", False)
+        if ps.get_pipeline_model_parallel_world_size() == 1 or not tied:
             return []
         return [p for p in (getattr(module, "shared_embedding_or_output_weight", lambda: None)(),) if p is not None]
 

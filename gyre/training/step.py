@@ -3,9 +3,9 @@
 The backend-independent pieces: :class:`TrainStep` (the interface a cell trains through, whatever
 the backend), :class:`MicroStepBatch` (torch view of a micro-step), :func:`micro_step_loss`, the
 forward-only pass that gives executions split over micro-steps their log-ratio sums, the optimizer
-settings and :func:`build_train_step`. Backends: :mod:`gyre.training.hf_step` (``transformers``,
-AdamW) and :mod:`gyre.training.megatron_step` (megatron-core ``GPTModel``, Megatron DDP and
-optimizer).
+settings. Backends: :mod:`gyre.training.hf_step` (``transformers``, AdamW) and
+:mod:`gyre.training.megatron_step` (megatron-core ``GPTModel``, Megatron DDP and optimizer);
+:func:`gyre.training.backends.build_train_step` builds the one the arguments ask for.
 
 Whatever the number of micro-steps, gradients are accumulated un-normalised and divided by the
 batch normaliser ``|E|`` once, then clipped, then one Adam update. Optimizer defaults: Adam with
@@ -36,7 +36,6 @@ __all__ = [
     "TrainStep",
     "add_split_log_ratios",
     "apply_log_ratio_sums",
-    "build_train_step",
     "checked_temperature",
     "micro_step_loss",
     "optimizer_updates",
@@ -194,7 +193,8 @@ class MicroStepBatch:
 # --------------------------------------------------------------------------- per micro-step
 
 
-def micro_step_loss(policy: LogprobFn, batch: MicroStepBatch, objective: ObjectiveConfig | None = None) -> ObjectiveOutput:
+def micro_step_loss(policy: LogprobFn, batch: MicroStepBatch,
+                    objective: ObjectiveConfig | None = None) -> ObjectiveOutput:
     """Forward one micro-step and evaluate its objective term (no backward, no normalisation).
 
     Returns :class:`~gyre.rl.objective.ObjectiveOutput`: ``loss_sum`` (backward it to accumulate
@@ -329,29 +329,3 @@ class TrainStep(Protocol):
         apply_log_ratio_sums(micro_steps, sums)
         grad_norm, stats = self._accumulate_and_update(micro_steps)
         return StepResult.of(stats, grad_norm, micro_steps, pass_tokens, time.perf_counter() - t0)
-
-
-def build_train_step(args: argparse.Namespace, hf_model: torch.nn.Module) -> TrainStep:
-    """The training step the arguments ask for, holding ``hf_model``'s weights.
-
-    Reads ``--training-backend`` (``hf``: trains ``hf_model`` in place; ``megatron``: a converted
-    ``GPTModel``, call ``initialize_megatron_cpu`` first), the objective flags
-    (:meth:`ObjectiveConfig.from_args`), the optimizer flags (:meth:`AdamConfig.from_args`),
-    ``--logprob-chunk-size``, ``--rollout-temperature`` (the trained log-probs are those of the
-    tempered distribution the engine sampled from), ``--bf16`` (Megatron only; not exercised
-    on CPU) and ``--attention-kernel`` (Megatron only; ``auto``: fused where the model is on a GPU).
-    """
-    objective = ObjectiveConfig.from_args(args)
-    adam = AdamConfig.from_args(args)
-    chunk, temperature = int(args.logprob_chunk_size), float(args.rollout_temperature)
-    if args.training_backend == "hf":
-        from gyre.training.hf_step import HFTrainStep
-
-        return HFTrainStep(hf_model, objective, adam, chunk, temperature=temperature)
-    from gyre.training.megatron_step import build_megatron_train_step
-
-    kernel = getattr(args, "attention_kernel", "dense")
-    if kernel == "auto":
-        kernel = "fused" if next(hf_model.parameters()).device.type == "cuda" else "dense"
-    return build_megatron_train_step(hf_model, objective, adam, chunk, bf16=bool(args.bf16),
-                                     temperature=temperature, attention=kernel)

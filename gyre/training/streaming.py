@@ -392,7 +392,8 @@ def reduce_and_update(params: Sequence[torch.Tensor], k: int, groups, stats: Seq
 
     group = groups.group(k) if k > 0 else None
     src = list(grads) if grads is not None else [p.grad for p in params]
-    flat = torch.cat([_flat_grads(params, src), torch.tensor(list(stats), dtype=torch.float32, device=params[0].device)])
+    stats_t = torch.tensor(list(stats), dtype=torch.float32, device=params[0].device)
+    flat = torch.cat([_flat_grads(params, src), stats_t])
     if group is not None:
         dist.all_reduce(flat, group=group)
     n = len(flat) - len(stats)

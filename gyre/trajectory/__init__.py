@@ -4,6 +4,12 @@ Flow: the proxy builds a :class:`RequestRecord` per model call, appends it to a
 :class:`TrajectoryStore` and inserts it into the execution's :class:`TrajectoryTree`; at
 admission :func:`sample_trajectories` picks up to ``J_max`` trajectories and
 :func:`materialize` turns them into :class:`TrajectoryRow` s.
+
+Modules: :mod:`gyre.trajectory.records` (one model call), :mod:`gyre.trajectory.tree` (the
+prefix-sharing tree; its nodes view the records' arrays, :mod:`gyre.trajectory.tree_sharing`),
+:mod:`gyre.trajectory.store` (append-only storage), :mod:`gyre.trajectory.admission` (trainable
+tokens, ``J_max`` sampling), :mod:`gyre.trajectory.materialize` (training rows),
+:mod:`gyre.trajectory.tree_views` (text and HTML views, ``tools/inspect_tree.py``).
 """
 
 from gyre.trajectory.admission import (

@@ -159,7 +159,8 @@ def trainable_counts(tree: TrajectoryTree, config: AdmissionConfig | None = None
     counts = np.zeros(len(tree.nodes), np.int64)
     for nd in tree.nodes[1:]:
         rec = tree.records[nd.record]
-        if eligible[nd.node_id] and rec.role in roles and (rec.delivered or config.include_undelivered) and nd.num_output:
+        delivered = rec.delivered or config.include_undelivered
+        if eligible[nd.node_id] and rec.role in roles and delivered and nd.num_output:
             counts[nd.node_id] = int(np.count_nonzero(nd.provenance[nd.n_input:] == policy))
     return counts
 

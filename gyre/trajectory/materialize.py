@@ -50,7 +50,7 @@ class TrajectoryRow:
     policy_version_max: int
 
     @property
-    def L_i(self) -> int:  # noqa: N802 -- paper notation
+    def L_i(self) -> int:
         """Alias of ``num_execution_targets`` (paper notation)."""
         return self.num_execution_targets
 
@@ -121,7 +121,8 @@ def materialize(
         mask = np.concatenate(masks) if masks else np.zeros(0, bool)
         n_t = int(mask.sum())
         if n_t != traj.num_targets:
-            raise ValueError(f"trajectory at leaf {traj.leaf}: {n_t} targets in tree, admission says {traj.num_targets}")
+            raise ValueError(f"trajectory at leaf {traj.leaf}: {n_t} targets in tree, "
+                             f"admission says {traj.num_targets}")
         rows.append(
             TrajectoryRow(
                 execution_id=admission.execution_id,

@@ -243,7 +243,8 @@ _CLASSES = {int(Provenance.POLICY): "pol", int(Provenance.EXTERNAL): "ext", int(
 
 
 def _node_html(
-    tree: TrajectoryTree, nid: int, decode: Decoder, config: AdmissionConfig | None, max_tokens: int, eligible: np.ndarray
+    tree: TrajectoryTree, nid: int, decode: Decoder, config: AdmissionConfig | None, max_tokens: int,
+    eligible: np.ndarray,
 ) -> str:
     nd = tree.nodes[nid]
     n = nd.num_tokens

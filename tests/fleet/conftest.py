@@ -4,11 +4,12 @@ installed (``pip install -c constraints.txt -r requirements-fleet.txt``)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -c constraints.txt -r requirements-fleet.txt)")
+
+# the proxy and renderer fixtures of the single-node pipeline tests, for the fleet pipeline tests
+from tests.runtime.test_run_execution import proxy, renderer  # noqa: E402, F401
 
 NODES = 3
 SLOTS_PER_NODE = 2

@@ -8,7 +8,6 @@ import functools
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from gyre.evaluation import AssessmentLog, OutcomeStatus, RetryPolicy, RewardManager, TerminationStatus
 from gyre.harness import CommandHarness, ProxyEndpoint
 from gyre.runtime.pipeline import ExecutionKey, run_execution
-from tests.runtime.test_run_execution import CALL_AND_EXIT, EXIT_CODE_CHECK, proxy, renderer, taskset  # noqa: F401
+from tests.runtime.test_run_execution import CALL_AND_EXIT, EXIT_CODE_CHECK, taskset
 
 ray = pytest.importorskip("ray", reason="ray is not installed")
 

@@ -218,7 +218,7 @@ def _handover(bf16: bool) -> dict:
            "main_param_gb": round(sum(t.numel() * t.element_size() for t in state.main_params) / 1e9, 3),
            "moved_gb": round(moved / 1e9, 3), "offload_s": round(t_off, 3), "restore_s": round(t_on, 3),
            "offload_gb_per_s": round(moved / 1e9 / t_off, 2), "restore_gb_per_s": round(moved / 1e9 / t_on, 2)}
-    del step, state
+    step = state = None  # snapshot() holds them through its closure
     gc.collect()
     if not EMULATE:
         torch.cuda.empty_cache()

@@ -9,11 +9,12 @@ request rerouted to another cell would be -- must find most of its prefix there
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
+
+from gyre.rollout.sglang_engine import free_port
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -27,19 +28,13 @@ ARGS = ["--mem-fraction-static", "0.2", "--disable-cuda-graph", "--skip-server-w
         "--hicache-storage-prefetch-policy", "wait_complete"]  # the prefix is read before it runs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def master():
     pytest.importorskip("sglang")
     exe = shutil.which("mooncake_master")
     if exe is None:
         pytest.skip("mooncake_master is not installed (mooncake-transfer-engine)")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     time.sleep(2)
     yield f"127.0.0.1:{port}"

@@ -126,7 +126,7 @@ class MegatronReplica:
 
         from gyre.buffer.packing import PackingConfig, pack_rows
         from gyre.buffer.work_items import encode_work_item, work_items
-        from tests.training.trace_trees import trace_shaped_rows
+        from gyre.testing.trace_trees import trace_shaped_rows
         from tests.training.test_step import TRACES, with_behaviour_near_policy
 
         rng = np.random.default_rng(10 + step)

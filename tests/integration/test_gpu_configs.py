@@ -176,7 +176,7 @@ def test_sbatch_under_a_fake_slurm_runs_torchrun_on_every_node(tmp_path):
     fakes = {
         "scontrol": "echo head; seq 1 50000",  # a long node list: reading only its first line would SIGPIPE
         # srun runs its command once per node (or once for a one-task step), with SLURM_NODEID set
-        "srun": f'''n=2; [[ "$*" == *"--ntasks=1"* ]] && n=1
+        "srun": '''n=2; [[ "$*" == *"--ntasks=1"* ]] && n=1
 while [[ "$1" == -* ]]; do case "$1" in -w) shift 2;; *) shift;; esac; done
 for i in $(seq 0 $((n - 1))); do SLURM_NODEID=$i "$@"; done''',
         "torchrun": f'echo "torchrun $*" >> {log}',

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gyre.proxy.engines import ScriptedEngine
 from gyre.proxy.server import ProxyConfig, ProxyServer
-from tests.json_paths import json_paths, json_replaced
+from gyre.testing.json_paths import json_paths, json_replaced
 
 SCALE = float(os.environ.get("GYRE_HYPOTHESIS_SCALE", "1"))
 KEYS = ["model", "messages", "role", "content", "type", "text", "tools", "tool_calls", "function", "name",

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 
 from gyre.embedded_model import load_tokenizer
 from gyre.rollout.serve import EmbeddedEngineProcess
+from gyre.rollout.sglang_engine import free_port
 from gyre.trajectory.store import TrajectoryStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,12 +90,6 @@ def test_engine_url_records_a_reference_agent_run(tiny_model_dir, tmp_path):
     assert stats["records"] == calls and stats["trainable_tokens"] == sum(len(r.output_ids) for r in records)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _refused(args, env=None):
     p = subprocess.run(SERVE + ["--port", "0"] + args, cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=env or ENV)
@@ -106,7 +100,7 @@ def _refused(args, env=None):
 
 
 def test_dead_engine_url_exits_2_with_one_line():
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     line = _refused(["--engine-url", f"http://127.0.0.1:{port}", "--engine-check-timeout-s", "2"])
     assert f"http://127.0.0.1:{port} does not answer GET /health" in line
 

@@ -4,7 +4,6 @@ and when a satellite dies, and the main job runs at TP 2 and at PP 2 end to end 
 overlap, checkpoint, and at TP 2 resume)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -44,7 +44,7 @@ def batch(hf, step: int) -> list[bytes]:
     from gyre.buffer.packing import PackingConfig, pack_rows
     from gyre.buffer.work_items import encode_work_item, work_items
     from tests.training.test_step import TRACES, with_behaviour_near_policy
-    from tests.training.trace_trees import trace_shaped_rows
+    from gyre.testing.trace_trees import trace_shaped_rows
 
     rng = np.random.default_rng(20 + step)
     rows = []

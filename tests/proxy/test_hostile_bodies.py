@@ -1,14 +1,14 @@
-"""Hostile request bodies against rank 0's proxy (hypothesis; cases in ``tests/hostile_cases.py``).
+"""Hostile request bodies against rank 0's proxy (hypothesis; cases in ``gyre/testing/hostile_cases.py``).
 
 A real :class:`~gyre.proxy.server.ProxyServer` on 127.0.0.1 in this process, in front of two
-stand-in SGLang engines (``bench/proxy.py --serve engine``, their own processes: the proxy builds
+stand-in SGLang engines (``python -m gyre.testing.stand_in_engine``, their own processes: the proxy builds
 and sends real ``/generate`` requests through :class:`~gyre.proxy.engines.ClientEngine`), one
 answering at once, one after 0.6 s (for the retry phases). Its limits are small so that the cases
 stay fast: a 256 KiB body cap, nesting 128 deep, 1,000 messages, 64 tools, 128 tool results.
 
 For every API (Anthropic, Chat, Responses, Anthropic ``count_tokens``), streamed and not, and every
 class (compression, sizes, depth, numbers, unencodable text, many small parts, client retries), each
-example checks :func:`tests.hostile_cases.problems` (the promised status, never a 5xx, an answer within
+example checks :func:`gyre.testing.hostile_exchange.problems` (the promised status, never a 5xx, an answer within
 10 s, the API's error shape, a whole 200 answer, exactly one delivered record for an answered call of
 a fresh execution, none otherwise), and that the peak RSS of this process (the proxy's) grew by at
 most twice the body cap plus slack. Beside every class, another execution makes small valid calls
@@ -33,11 +33,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gyre.proxy.server import ProxyConfig, ProxyServer
-from tests.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_VARIANTS, DEPTH_PLACES, DEPTHS, ECHOED_FIELDS,
+from gyre.testing.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_VARIANTS, DEPTH_PLACES, DEPTHS, ECHOED_FIELDS,
                                  ENCODINGS, Case, LONE_SURROGATES, MANY_KINDS, MODEL_APIS, NUMERIC_FIELDS, RETRY_KINDS,
                                  RETRY_PHASES, compression_case, depth_case, many_case, many_counts, number_case,
                                  retry_case, size_amounts, size_case, surrogate_case)
-from tests.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
+from gyre.testing.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
 from tests.proxy.conftest import hypothesis_examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,9 +59,9 @@ def _config(**kw) -> ProxyConfig:
 
 
 def _stand_in(decode_ms: float):
-    p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "proxy.py"), "--serve", "engine", "--port", "0",
+    p = subprocess.Popen([sys.executable, "-m", "gyre.testing.stand_in_engine", "--port", "0",
                           "--tokenizer", "local", "--transport-only-engine", "--decode-ms", str(decode_ms)],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     return p, json.loads(p.stdout.readline())["url"]
 

@@ -9,7 +9,7 @@ import pytest
 from gyre.proxy.messages import ChatRequest, Message
 from gyre.proxy.tito import TitoSession
 from tests.proxy.conftest import QWEN3_TEMPLATE, renderer_with_template
-from tests.proxy.test_tito import IM_END, IM_START, NL, turn
+from tests.proxy.test_tito import IM_END, NL, turn
 
 
 def test_the_renderer_accepts_qwen3_s_template(qwen3_renderer):

@@ -1,19 +1,13 @@
-"""The benches' stand-in SGLang engine counts a ``/generate`` prompt's ids without parsing them:
-the count and the other fields must be what a JSON parser reads, for every way Gyre writes a body."""
-
-import importlib.util
-from pathlib import Path
+"""The stand-in SGLang engine (:mod:`gyre.testing.stand_in_engine`) counts a ``/generate`` prompt's
+ids without parsing them: the count and the other fields must be what a JSON parser reads, for every
+way Gyre writes a body."""
 
 import numpy as np
 import orjson
 import pytest
 
 from gyre.rollout.token_json import MIN_IDS, dumps_with_ids
-
-_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).resolve().parents[2] / "bench" / "proxy.py")
-bench_proxy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_proxy)
-count_input_ids = bench_proxy.count_input_ids
+from gyre.testing.stand_in_engine import count_input_ids
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, MIN_IDS - 1, MIN_IDS, 70_000])

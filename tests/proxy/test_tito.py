@@ -236,6 +236,7 @@ def test_the_same_text_output_twice_is_identified_by_position(qwen_renderer):
     s = TitoSession("e", r)
     same = enc(r, "Let me look.") + [IM_END]
     conv = [Message("system", "sys"), Message("user", "task")]
+    prev_len = 0
     for k in range(3):
         p, rec, msg = turn(s, chat(*conv), same)
         if k:

@@ -103,7 +103,7 @@ def spec_for(backend: ExecutionBackend, layout: Layout, *, name: str = "e1", pro
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (the stdlib's name)
+    def do_GET(self):
         body = b"hello from the proxy"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

@@ -155,7 +155,9 @@ def test_c3_more_standalone_nodes_switch_earlier_and_train_longer(run):
     nodes train, so the training phase is longer.  With C2's 4 standalone nodes it is C2."""
     c2, c3 = run("C2"), run("C3")
     b2, b3 = burst_traces(c2)[1:], burst_traces(c3)[1:]
-    entry = lambda bs: sum(b.train_entries_s[0] - p.publish_s for p, b in zip(bs, bs[1:])) / (len(bs) - 1)
+    def entry(bs):
+        return sum(b.train_entries_s[0] - p.publish_s for p, b in zip(bs, bs[1:])) / (len(bs) - 1)
+
     assert entry(b3) < entry(b2)
     assert mechanism_figures(c3)["training_h"] > mechanism_figures(c2)["training_h"]
     assert hours(run(replace(TABLE1["C3"], standalone_nodes=4))) == hours(c2)
@@ -179,7 +181,9 @@ def test_e2_coarser_cells_leave_less_slack_to_hide_training(run, base):
     leaves more training on the critical path than E0.  With 4-node cells it is E0."""
     for seed in (0, 1, 2):
         e0, e2 = run("E0", seed), run("E2", seed)
-        first = lambda sim: [b.train_entries_s[0] for b in burst_traces(sim)]
+        def first(sim):
+            return [b.train_entries_s[0] for b in burst_traces(sim)]
+
         assert all(t2 > t0 for t0, t2 in zip(first(e0), first(e2))), seed
         assert training_idle_share(e2) < training_idle_share(e0) - 0.05, seed
         assert 0.1 < training_idle_share(e0) < 0.25, seed

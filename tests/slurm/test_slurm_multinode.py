@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,13 @@ from pathlib import Path
 import pytest
 
 from gyre.metrics import read_metrics
+from gyre.rollout.sglang_engine import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "gyre_multinode.sbatch"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")
 NODE_ADDRS = {"n1": "127.0.0.1", "n2": "127.0.0.2"}  # tools/setup_slurm.sh's /etc/hosts lines
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_field(job: str, name: str) -> str:

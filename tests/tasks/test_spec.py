@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gyre.tasks import TaskSpec, validate_task
 
@@ -139,9 +141,6 @@ def test_build_evaluator(tmp_path):
     ev = ok(tmp_path, evaluator={**EXE, "scoring": "exit_code", "timeout_s": 7}).build_evaluator()
     assert isinstance(ev, ExecutableCheck)
 
-
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),

@@ -17,9 +17,9 @@ from gyre.rl.objective import ObjectiveConfig, ObjectiveInputs, execution_object
 from gyre.training.hf_step import HFTrainStep
 from gyre.training.logprobs import target_logprobs_from_hidden, target_logprobs_from_logits
 from gyre.training.step import AdamConfig
-from tests.training.trace_trees import trace_shaped_rows
+from gyre.testing.trace_trees import trace_shaped_rows
 
-# Trees with the traces' branching structure and sizes scaled down (tests/training/trace_trees.py: long
+# Trees with the traces' branching structure and sizes scaled down (gyre/testing/trace_trees.py: long
 # shared prefix, compaction branch, sub-agent root branch; random token ids), so the 2-layer embedded
 # model runs them in seconds. Real replays (9k-19k-token rows) are in
 # tests/integration/test_train_step_replay.py.
@@ -292,7 +292,7 @@ def test_policy_logprobs_are_of_the_tempered_distribution(hf, traces_dir):
 
 def test_build_train_step_from_args(hf):
     from gyre.arguments import parse_args
-    from gyre.training.step import build_train_step
+    from gyre.training.backends import build_train_step
 
     args = parse_args(["--training-backend", "hf", "--lr", "2e-6", "--clip-grad", "0.5", "--loss-type", "grpo",
                        "--logprob-chunk-size", "64"])
@@ -313,7 +313,7 @@ def test_lr_warmup_follows_megatron_schedule_and_survives_a_checkpoint(hf):
     """``--lr-warmup-iters 4``: the update after k earlier ones uses lr * min(1, k/4) (Megatron's
     OptimizerParamScheduler); the count comes back with the optimizer's state_dict."""
     from gyre.arguments import parse_args
-    from gyre.training.step import build_train_step
+    from gyre.training.backends import build_train_step
 
     args = parse_args(["--training-backend", "hf", "--lr", "1e-3", "--lr-warmup-iters", "4", "--weight-decay", "0"])
     step = build_train_step(args, copy.deepcopy(hf))

@@ -13,10 +13,13 @@ def ledger_with(n, cells=3):
 
 def test_done_needs_every_micro_step_finished_by_a_valid_cell():
     led = ledger_with(3)
-    led.on_claim(0, 0, 0); led.on_finish(0, 0, 0)
-    led.on_claim(1, 0, 1); led.on_finish(1, 0, 1)
+    led.on_claim(0, 0, 0)
+    led.on_finish(0, 0, 0)
+    led.on_claim(1, 0, 1)
+    led.on_finish(1, 0, 1)
     assert led.done() == {0, 1} and not led.drained()
-    led.on_claim(2, 0, 2); led.on_finish(2, 0, 2)
+    led.on_claim(2, 0, 2)
+    led.on_finish(2, 0, 2)
     assert led.drained()
     assert led.window([1, 2]) == 2
     # a second finish of the same generation does not change who finished it
@@ -26,10 +29,13 @@ def test_done_needs_every_micro_step_finished_by_a_valid_cell():
 
 def test_excluding_a_dead_cell_requeues_its_claimed_and_finished_work_and_everything_above():
     led = ledger_with(5)
-    led.on_claim(0, 0, 0); led.on_finish(0, 0, 0)
-    led.on_claim(1, 0, 1); led.on_finish(1, 0, 1)   # finished by cell 1 (will die)
+    led.on_claim(0, 0, 0)
+    led.on_finish(0, 0, 0)
+    led.on_claim(1, 0, 1)
+    led.on_finish(1, 0, 1)   # finished by cell 1 (will die)
     led.on_claim(2, 0, 1)                            # held by cell 1, never finished
-    led.on_claim(3, 0, 2); led.on_finish(3, 0, 2)   # cell 2 is above the dead cell: excluded too
+    led.on_claim(3, 0, 2)
+    led.on_finish(3, 0, 2)   # cell 2 is above the dead cell: excluded too
     requeue = led.exclude(1)
     assert requeue == [(1, 1), (2, 1), (3, 1)]
     assert led.done() == {0} and led.window([1, 2]) == 0
@@ -38,7 +44,8 @@ def test_excluding_a_dead_cell_requeues_its_claimed_and_finished_work_and_everyt
     assert led.done() == {0}
     for m in (1, 2, 3, 4):
         g = led.generation[m]
-        led.on_claim(m, g, 0); led.on_finish(m, g, 0)
+        led.on_claim(m, g, 0)
+        led.on_finish(m, g, 0)
     assert led.drained()
 
 

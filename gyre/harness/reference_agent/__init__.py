@@ -1,8 +1,10 @@
 """Gyre's reference agent: OpenAI Chat Completions client, shell + file tools, automatic
 compaction, sub-agent delegation. Runs as a child process:
 ``python -m gyre.harness.reference_agent --base-url URL/v1 --instruction-file F`` (see
-:mod:`~gyre.harness.reference_agent.__main__`); the pure parts are
-:mod:`~gyre.harness.reference_agent.conversation`."""
+:mod:`~gyre.harness.reference_agent.__main__`). The loop is :mod:`~gyre.harness.reference_agent.agent`,
+its pure parts :mod:`~gyre.harness.reference_agent.conversation`, the model client
+:mod:`~gyre.harness.reference_agent.client` and the shell and file tools
+:mod:`~gyre.harness.reference_agent.tools`."""
 
 from gyre.harness.reference_agent.agent import (
     DEFAULT_SYSTEM_PROMPT,

@@ -262,7 +262,8 @@ class AnthropicBuilder(ResponseBuilder):
             (self.reasoning if thinking else self.text).append(ev.text)
             if self._open != btype:
                 self._close(out)
-                block = {"type": "thinking", "thinking": "", "signature": ""} if thinking else {"type": "text", "text": ""}
+                block = ({"type": "thinking", "thinking": "", "signature": ""} if thinking
+                         else {"type": "text", "text": ""})
                 self.blocks.append(dict(block))
                 self._open = btype
                 out.append(("content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
@@ -278,8 +279,8 @@ class AnthropicBuilder(ResponseBuilder):
         self.calls.append(tc)
         idx = len(self.blocks)
         self.blocks.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": json.loads(tc.arguments)})
-        out.append(("content_block_start", {"type": "content_block_start", "index": idx,
-                                            "content_block": {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}}))
+        start = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}
+        out.append(("content_block_start", {"type": "content_block_start", "index": idx, "content_block": start}))
         out.append(("content_block_delta", {"type": "content_block_delta", "index": idx,
                                             "delta": {"type": "input_json_delta", "partial_json": tc.arguments}}))
         out.append(("content_block_stop", {"type": "content_block_stop", "index": idx}))

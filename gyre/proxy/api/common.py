@@ -29,7 +29,8 @@ from gyre.proxy.parse import OutputEvent
 
 __all__ = [
     "MAX_TOKENS_LIMIT", "obj", "array", "string", "opt_bool", "opt_num", "opt_int", "stops", "model_name",
-    "stream_flag", "sampling_options", "opt_top_p", "opt_top_k", "check_engine_sampling", "dump_arguments", "arguments_text", "placeholder", "content_text",
+    "stream_flag", "sampling_options", "opt_top_p", "opt_top_k", "check_engine_sampling", "dump_arguments",
+    "arguments_text", "placeholder", "content_text",
     "function_tool", "Sse", "IdFactory", "ResponseBuilder",
 ]
 

@@ -187,7 +187,8 @@ class ChatBuilder(ResponseBuilder):
         return out
 
     def body(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) if (self.text or not self.calls) else None}
+        content = "".join(self.text) if (self.text or not self.calls) else None
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning:
             msg["reasoning_content"] = "".join(self.reasoning)
         if self.calls:

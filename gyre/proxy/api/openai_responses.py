@@ -219,7 +219,8 @@ def normalize_responses(body: Any) -> ChatRequest:
     """
     body = obj(body, "body")
     if body.get("previous_response_id") is not None:
-        raise ProxyError(400, "previous_response_id is not supported (send the full input)", param="previous_response_id")
+        raise ProxyError(400, "previous_response_id is not supported (send the full input)",
+                         param="previous_response_id")
     messages: list[Message] = []
     instructions = body.get("instructions")
     if instructions is not None:

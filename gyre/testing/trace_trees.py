@@ -87,7 +87,8 @@ def trace_shaped_tree(path: str | Path, rng: np.random.Generator, scale: float =
 
     def prefix(call: TraceCall) -> np.ndarray:
         if call.prefix_key not in prefixes:
-            prefixes[call.prefix_key] = np.concatenate([_HEADER, rng.integers(4, vocab, ntok(call.prefix_chars))]).astype(np.int32)
+            ids = rng.integers(4, vocab, ntok(call.prefix_chars))
+            prefixes[call.prefix_key] = np.concatenate([_HEADER, ids]).astype(np.int32)
         return prefixes[call.prefix_key]
 
     tree = TrajectoryTree(eid)

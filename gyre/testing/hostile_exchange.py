@@ -1,4 +1,4 @@
-"""Sending the cases of ``tests/hostile_cases.py`` to the proxy and judging the answers: a raw
+"""Sending the cases of ``gyre/testing/hostile_cases.py`` to the proxy and judging the answers: a raw
 HTTP/1.1 client (:func:`send`; a body sent whole, chunked, or short of its declared length),
 :func:`problems` (what an answer breaks of the proxy's promises), this process's peak RSS
 (:func:`rss_mark`, :func:`rss_growth`) and :class:`Others` (another execution's small calls in a
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from tests.hostile_cases import END_MARK, MODEL_APIS, PATHS, Case, dumps, valid
+from gyre.testing.hostile_cases import END_MARK, MODEL_APIS, PATHS, Case, dumps, valid
 
 # ------------------------------------------------------------------------------ sending
 @dataclass

@@ -1,6 +1,6 @@
 """Hostile request bodies for rank 0's proxy and what each must earn (sent and judged by
-``tests/hostile_exchange.py``): shared by ``tests/proxy/test_hostile_bodies.py`` (hypothesis draws the parameters) and
-``bench/chaos_hostile.py`` (a seeded ``random.Random`` draws them).
+``gyre/testing/hostile_exchange.py``): shared by ``tests/proxy/test_hostile_bodies.py``
+(hypothesis draws the parameters) and ``bench/chaos_hostile.py`` (a seeded ``random.Random`` draws them).
 
 A :class:`Case` is one request: its API (``anthropic``, ``chat``, ``responses``, or ``count_tokens``
 for Anthropic's ``/v1/messages/count_tokens``), the bytes, extra headers, how they are sent
@@ -12,7 +12,7 @@ then the write side shut) and what the proxy promises for it (``expect``):
   ``"any"``: a whole answer or a client error; ``"4xx_or_closed"``: a client error or the
   connection closed without an answer.
 
-Every request also has the promises :func:`tests.hostile_exchange.problems` checks: never a 5xx, an
+Every request also has the promises :func:`gyre.testing.hostile_exchange.problems` checks: never a 5xx, an
 answer within the time bound, an error in the API's own shape, a 200 stream that ends with the
 API's closing event and no error event, and exactly one delivered record in the execution for an
 answered model call (none for an error, none for ``count_tokens``).
@@ -97,7 +97,8 @@ def valid(api: str, stream: bool = False, max_tokens: int = 8) -> dict[str, Any]
                 "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
                 "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
                              {"role": "assistant", "content": None, "tool_calls": [
-                                 {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"x": "1"}'}}]},
+                                 {"id": "t1", "type": "function",
+                                  "function": {"name": "f", "arguments": '{"x": "1"}'}}]},
                              {"role": "tool", "tool_call_id": "t1", "content": "r"}]}
     return {"model": "m", "max_output_tokens": max_tokens, "stream": stream, "instructions": "S",
             "tools": [{"type": "function", "name": "f", "parameters": schema}],
@@ -317,8 +318,8 @@ def many_case(api: str, stream: bool, kind: str, n: int, limits: dict[str, int])
             b["messages"][1]["content"] = [{"type": "tool_use", "id": t, "name": "f", "input": {}} for t in ids]
             b["messages"][2]["content"] = [{"type": "tool_result", "tool_use_id": t, "content": "r"} for t in ids]
         elif api == "chat":
-            b["messages"][2]["tool_calls"] = [{"id": t, "type": "function", "function": {"name": "f", "arguments": "{}"}}
-                                              for t in ids]
+            b["messages"][2]["tool_calls"] = [
+                {"id": t, "type": "function", "function": {"name": "f", "arguments": "{}"}} for t in ids]
             b["messages"][3:] = [{"role": "tool", "tool_call_id": t, "content": "r"} for t in ids]
         else:
             b["input"][1:] = ([{"type": "function_call", "call_id": t, "name": "f", "arguments": "{}"} for t in ids]
