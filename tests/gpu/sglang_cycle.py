@@ -34,7 +34,7 @@ from typing import Callable
 #: SGLang flags of the GPU server: memory saver and CUDA graphs on (batch sizes up to 4 captured).
 GPU_ARGV = ["--enable-memory-saver", "--dtype", "bfloat16", "--mem-fraction-static", "0.3",
             "--cuda-graph-max-bs", "4", "--attention-backend", "triton", "--max-running-requests", "8",
-            "--context-length", "4096", "--skip-server-warmup", "--log-level", "warning"]
+            "--context-length", "16384", "--skip-server-warmup", "--log-level", "warning"]
 #: SGLang flags of the CPU server (emulation; its launcher adds ``--device cpu --dtype float32``).
 CPU_ARGV = ["--max-total-tokens", "4096", "--context-length", "1024", "--mem-fraction-static", "0.5",
             "--skip-server-warmup", "--sleep-on-idle", "--log-level", "warning"]
@@ -126,7 +126,7 @@ def run_cycle(tmp: Path, *, emulate: bool, used_mib: Callable[[], int], deadline
 
         box: dict = {}
         long_run = threading.Thread(target=lambda: box.update(r=client.generate(
-            [3, 1, 4, 1, 5], {"max_new_tokens": 900 if emulate else 3000, "ignore_eos": True},
+            [3, 1, 4, 1, 5], {"max_new_tokens": 900 if emulate else 15000, "ignore_eos": True},
             rid="phase-f-long")))
         long_run.start()
         t0 = time.monotonic()
