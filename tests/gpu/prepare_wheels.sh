@@ -12,6 +12,7 @@ PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --platfo
           --platform any)
 get() {  # folder, pinned packages... (no dependencies: the list is complete)
   local dir="$ROOT/.gpu_wheels/$1"; shift
+  rm -rf "$dir"  # made anew: a wheel of an earlier pin left beside the new one would fail the install
   mkdir -p "$dir"
   "$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$dir" "$@"
   du -sh "$dir"
