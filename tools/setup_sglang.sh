@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install a real SGLang server for this CPU machine, once per machine, outside the checkout
-# (idempotent; a no-op in ~1 s when it is already there).
+# (idempotent; a no-op in seconds that writes nothing when the environment holds what it needs).
 #   - its own virtual environment: ${GYRE_SGLANG_HOME:-~/.cache/gyre}/sglang-<version>
-#     (SGLang pins its own torch and transformers, so it never shares the CPU .venv)
+#     (SGLang pins its own torch and transformers, so it never shares the CPU .venv), made with
+#     python3.12 where there is one, else python3.11 (requirements-sglang-env.txt pins
+#     megatron-core by Python version: its 0.17 and newer releases need 3.12)
 #   - Gyre's own package into it (a .pth to the installing checkout, no dependencies beyond
 #     requirements-sglang-env.txt), so a job whose trainer and SGLang share one torch runs from
 #     this environment; tools/test_sglang.sh and examples/run_cpu_sglang.sh put their own checkout
@@ -29,39 +31,18 @@ case "$VERSION" in
   *) say "error: SGLang $VERSION is not one Gyre knows how to run here (0.5.23, 0.5.10.post1)"; exit 2 ;;
 esac
 
-STAMP="$ENV_DIR/.gyre-sglang-stamp"
-WANT="$(cat "$ROOT/tools/setup_sglang.sh" "$ROOT/requirements-sglang-env.txt" | sha256sum | cut -d' ' -f1)"
-if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && [ -x "$ENV_DIR/bin/sglang-server" ]; then
-  echo "$ENV_DIR"; exit 0
-fi
-
-mkdir -p "$HOME_DIR"
-exec 9>"$HOME_DIR/.sglang-$VERSION.lock"
-flock 9   # two checkouts installing the same version wait for each other
-if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && [ -x "$ENV_DIR/bin/sglang-server" ]; then
-  echo "$ENV_DIR"; exit 0
-fi
-
-BASE="$(command -v python3.11 || command -v python3)"
-if [ ! -x "$PY" ]; then
-  say "creating $ENV_DIR with $BASE"
-  "$BASE" -m venv "$ENV_DIR"
-fi
-PIP=("$PY" -m pip --disable-pip-version-check -q)
-# one resolver call: SGLang's own pins (torch, transformers, openai, ...) win over Gyre's extras
-say "installing sglang==$VERSION, the torch it pins and Gyre's extras (several GB the first time, minutes)"
-"${PIP[@]}" install "sglang==$VERSION" -r "$ROOT/requirements-sglang-env.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
-# Mooncake's TCP build (weight snapshots between cells on the CPU; a GPU node takes the CUDA build)
-"${PIP[@]}" install mooncake-transfer-engine-non-cuda==0.3.13.post1 2>&1 | grep -v '^WARNING: Location' >&2 || true
-"${PIP[@]}" install --no-deps dashscope==2.0.2 2>&1 | grep -v '^WARNING: Location' >&2 || true
-
-mkdir -p "$ENV_DIR/cpu_shim"
-cat > "$ENV_DIR/cpu_shim/common_ops.py" <<'PYEOF'
+# What the environment must hold besides requirements-sglang-env.txt (Mooncake's TCP build for weight
+# snapshots between cells on the CPU, a GPU node takes the CUDA build; dashscope for the offline Qwen
+# tokenizer, without its dependencies). A package the environment needs goes there or here: the
+# environment is reused only when it holds all of them (tools/requirements_check.py).
+EXTRAS=(mooncake-transfer-engine-non-cuda==0.3.13.post1)
+NO_DEPS=(dashscope==2.0.2)
+COMMON_OPS="$(cat <<'PYEOF'
 # CPU shim: sgl_kernel's loader imports `common_ops` when its CUDA library cannot load (no
 # libcuda.so.1 on a CPU machine). Empty on purpose: SGLang's torch-native CPU path needs none of it.
 PYEOF
-
-cat > "$ENV_DIR/cpu_shim/sitecustomize.py" <<'PYEOF'
+)"
+SITECUSTOMIZE="$(cat <<'PYEOF'
 # CPU shim, imported by every Python process of the server (PYTHONPATH): SGLang 0.5.23's
 # release_memory_occupation calls torch.cuda.synchronize() unconditionally, which raises without an
 # NVIDIA driver and kills the scheduler. With no CUDA device there is nothing to synchronize.
@@ -73,8 +54,8 @@ try:
 except Exception:  # never stop the interpreter from starting
     pass
 PYEOF
-
-cat > "$ENV_DIR/bin/sglang-server" <<SHEOF
+)"
+LAUNCHER="$(cat <<SHEOF
 #!/usr/bin/env bash
 # An SGLang server on the CPU (written by Gyre's tools/setup_sglang.sh). Arguments go to
 # sglang.launch_server after --device cpu --dtype float32 (a later --dtype wins).
@@ -82,6 +63,45 @@ export SGLANG_USE_CPU_ENGINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$ENV_DIR/cpu_shim\${PYTHONPATH:+:\$PYTHONPATH}"
 exec "$PY" -m sglang.launch_server --device cpu --dtype float32 "\$@"
 SHEOF
+)"
+# Reused as it is when its launcher and shims are the ones above and it holds sglang==VERSION and
+# every requirement that applies to its Python (markers evaluated: megatron-core's pin depends on
+# the Python version); nothing in it is written then.
+ready() {
+  [ -x "$ENV_DIR/bin/sglang-server" ] && [ "$(cat "$ENV_DIR/bin/sglang-server")" = "$LAUNCHER" ] \
+    && [ "$(cat "$ENV_DIR/cpu_shim/common_ops.py" 2>/dev/null)" = "$COMMON_OPS" ] \
+    && [ "$(cat "$ENV_DIR/cpu_shim/sitecustomize.py" 2>/dev/null)" = "$SITECUSTOMIZE" ] \
+    && "$PY" "$ROOT/tools/requirements_check.py" "$ROOT/requirements-sglang-env.txt" --also "sglang==$VERSION" \
+         $(printf -- '--also %s ' "${EXTRAS[@]}" "${NO_DEPS[@]}") 2>/dev/null
+}
+if ready; then
+  echo "$ENV_DIR"; exit 0
+fi
+
+mkdir -p "$HOME_DIR"
+exec 9>"$HOME_DIR/.sglang-$VERSION.lock"
+flock 9   # two checkouts installing the same version wait for each other
+if ready; then
+  echo "$ENV_DIR"; exit 0
+fi
+
+# Python 3.12 where there is one (megatron-core 0.17 and newer need it), else 3.11
+BASE="$(command -v python3.12 || command -v python3.11 || command -v python3)"
+if [ ! -x "$PY" ]; then
+  say "creating $ENV_DIR with $BASE"
+  "$BASE" -m venv "$ENV_DIR"
+fi
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+# one resolver call: SGLang's own pins (torch, transformers, openai, ...) win over Gyre's extras
+say "installing sglang==$VERSION, the torch it pins and Gyre's extras (several GB the first time, minutes)"
+"${PIP[@]}" install "sglang==$VERSION" -r "$ROOT/requirements-sglang-env.txt" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+"${PIP[@]}" install "${EXTRAS[@]}" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+"${PIP[@]}" install --no-deps "${NO_DEPS[@]}" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+
+mkdir -p "$ENV_DIR/cpu_shim"
+printf '%s\n' "$COMMON_OPS" > "$ENV_DIR/cpu_shim/common_ops.py"
+printf '%s\n' "$SITECUSTOMIZE" > "$ENV_DIR/cpu_shim/sitecustomize.py"
+printf '%s\n' "$LAUNCHER" > "$ENV_DIR/bin/sglang-server"
 chmod +x "$ENV_DIR/bin/sglang-server"
 
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -89,5 +109,6 @@ echo "$ROOT" > "$SITE/gyre-checkout.pth"
 PYTHONPATH="$ENV_DIR/cpu_shim" SGLANG_USE_CPU_ENGINE=1 "$PY" -W ignore -c \
   "import sglang, torch, mooncake, megatron.core, sglang.srt.entrypoints.http_server; print('sglang', sglang.__version__, 'torch', torch.__version__)" >&2 \
   || { say "error: SGLang $VERSION does not import in $ENV_DIR"; exit 1; }
-echo "$WANT" > "$STAMP"
+ready || { say "error: $ENV_DIR lacks what it needs after the install:"; "$PY" "$ROOT/tools/requirements_check.py" \
+  "$ROOT/requirements-sglang-env.txt" --also "sglang==$VERSION" $(printf -- '--also %s ' "${EXTRAS[@]}" "${NO_DEPS[@]}"); exit 1; }
 echo "$ENV_DIR"

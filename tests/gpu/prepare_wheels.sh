@@ -12,16 +12,21 @@ PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --platfo
           --platform any)
 get() {  # folder, pinned packages... (no dependencies: the list is complete)
   local dir="$ROOT/.gpu_wheels/$1"; shift
+  rm -rf "$dir"  # made anew: a wheel of an earlier pin left beside the new one would fail the install
   mkdir -p "$dir"
   "$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$dir" "$@"
   du -sh "$dir"
 }
 # What the check imports, resolved as a whole for CPython 3.12; torch and what comes with it
 # (CUDA libraries, triton, sympy, networkx, mpmath, setuptools) are the machine's own.
+# megatron-core is the GPU environment's (requirements-gpu.txt, Python >= 3.12), downloaded on its
+# own: pip's dry run judges Requires-Python by the Python running it (3.11 here), and megatron-core
+# 0.17 and newer require 3.12; what it needs besides torch (numpy, packaging) is in the resolved set.
+MEGATRON_CORE=megatron-core==0.19.2
 REPORT="$(mktemp)"
 trap 'rm -f "$REPORT"' EXIT
 "$PY" -m pip install -q --dry-run --ignore-installed --report "$REPORT" "${PLATFORM[@]}" --target "$(mktemp -d)" \
-  transformers==5.24.0 tokenizers==0.23.3 safetensors megatron-core==0.16.1 numpy pyyaml filelock==4.3.1 jinja2 \
+  transformers==5.24.0 tokenizers==0.23.3 safetensors numpy packaging pyyaml filelock==4.3.1 jinja2 \
   fastapi uvicorn httpx sse-starlette simpy tqdm pytest 2>/dev/null
 mapfile -t CORE < <("$PY" - "$REPORT" <<'PY'
 import json, re, sys
@@ -33,7 +38,7 @@ for item in json.load(open(sys.argv[1]))["install"]:
 PY
 )
 # dashscope only carries the offline Qwen tokenizer file: without its dependencies, as on CPU
-get core "${CORE[@]}" dashscope==2.0.2
+get core "${CORE[@]}" "$MEGATRON_CORE" dashscope==2.0.2
 get mooncake mooncake-transfer-engine-non-cuda==0.3.13.post1
 # Mooncake's TCP build links libibverbs (Debian packages; unpacked, not installed, on the GPU machine)
 if command -v apt-get >/dev/null; then

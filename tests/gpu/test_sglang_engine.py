@@ -10,6 +10,8 @@ in bfloat16.  ``GYRE_SGLANG_TEST_ARGS`` adds SGLang flags (default: a small, fas
 The same :class:`gyre.rollout.engine_client.EngineClient` as the embedded engine is used, so this
 checks that the protocol Gyre relies on holds on SGLang: generate with log-probs, streaming,
 abort, pause/continue, weight update from disk with a version label, memory release/resume.
+The SGLang tier (``bash tools/test_sglang.sh``) checks the same protocol on a CPU server; what only
+a GPU shows is the GPU check's phase f (``tests/gpu/sglang_cycle.py``).
 """
 
 import concurrent.futures
@@ -18,6 +20,8 @@ import shlex
 import time
 
 import pytest
+
+from tests.gpu.sglang_cycle import held_requests
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -60,14 +64,6 @@ def client(engine):
         yield c
 
 
-def _running(engine):
-    """Requests the server holds (SGLang's ``/get_load``: one entry per scheduler)."""
-    import httpx
-
-    loads = httpx.get(engine.url + "/get_load", timeout=10).json()
-    return sum(int(x.get("num_reqs", 0)) for x in (loads if isinstance(loads, list) else [loads]))
-
-
 def test_generate_with_logprobs_matches_hf_forward(client, model_dir):
     from gyre.embedded_model import load_hf_model
 
@@ -96,7 +92,8 @@ def test_abort_running_request(client, engine):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(client.generate, [1, 2, 3], {"max_new_tokens": 30000, "ignore_eos": True}, rid="gpu-long")
         deadline = time.monotonic() + 60
-        while _running(engine) < 1 and time.monotonic() < deadline:
+        while held_requests(engine.url) < 1:  # /v1/loads (0.5.23 has no /get_load)
+            assert time.monotonic() < deadline, "the request never reached the scheduler"
             time.sleep(0.05)
         client.abort("gpu-long")
         r = fut.result(timeout=60)

@@ -44,6 +44,23 @@ def test_the_phases_code_runs_emulated_on_cpu(tmp_path):
     assert e["status"] == "pass" and e["steps"] == 2 and e["role_changes"] > 0
 
 
+def test_phase_f_without_sglang_is_skipped_with_its_reason(tmp_path):
+    """Phase f needs SGLang (the GPU machine has none): emulated here, where this Python has no
+    SGLang, it is skipped with the reason, and the check still passes (f may be skipped)."""
+    import importlib.metadata as md
+
+    try:  # the distribution, not the module: tests/sglang would pass for a module here
+        md.version("sglang")
+    except md.PackageNotFoundError:
+        pass
+    else:
+        pytest.skip("this Python has SGLang: the SGLang tier runs phase f (tests/sglang/test_sglang_gpu_check.py)")
+    r, report = run(tmp_path, "--emulate-on-cpu", "--phases", "f")
+    f = report["phases"]["f_sglang"]
+    assert f["status"] == "skip" and "sglang is not importable" in f["reason"]
+    assert r.returncode == 0 and report["passed"] is True
+
+
 def test_a_missing_import_stops_the_check_before_any_phase(tmp_path):
     """The preflight imports what the phases need; one that fails (here ``uvicorn``, shadowed by a
     module that raises) fails every phase at once instead of spending device time on each."""
