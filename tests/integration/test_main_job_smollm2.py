@@ -9,6 +9,7 @@ One task, four samples of at most 12 tokens, one rank. The reward is a digest of
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,4 @@ def test_one_step_of_smollm2_with_exact_behaviour_logprobs(tmp_path, smollm2_mod
     # the step's weights are written as an HF checkpoint of the same architecture
     ck = json.loads((run / "checkpoints" / "iter_0000001" / "hf" / "config.json").read_text())
     assert ck["model_type"] == "llama" and ck["tie_word_embeddings"] and ck["vocab_size"] == 49152
+    shutil.rmtree(run / "checkpoints")  # 1.6 GB (weights and optimizer state), not kept in pytest's temporary dirs
