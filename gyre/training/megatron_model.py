@@ -4,8 +4,8 @@ Qwen3/Llama -> Megatron mapping: RMSNorm (``normalization="RMSNorm"``), SwiGLU
 (``gated_linear_unit=True``, ``activation_func=F.silu``), RoPE (``rotary_base=rope_theta``),
 GQA (``num_query_groups=num_key_value_heads``, ``kv_channels=head_dim``), per-head qk RMSNorm
 for Qwen3 only (``qk_layernorm``, from :func:`~gyre.training.checkpoint_conversion.has_qk_norm`),
-no linear biases, tied or untied input/output embeddings (``share_embeddings_and_output_weights``).  Upstream references:
-``megatron/core/models/gpt/gpt_model.py`` and ``gpt_layer_specs.get_gpt_layer_local_spec``.
+no linear biases, tied or untied input/output embeddings (``share_embeddings_and_output_weights``).
+Upstream references: ``megatron/core/models/gpt/gpt_model.py`` and ``gpt_layer_specs.get_gpt_layer_local_spec``.
 
 On CPU, call :func:`initialize_megatron_cpu` first: it applies ``megatron_patches`` and
 initialises model parallelism over an existing gloo process group.
