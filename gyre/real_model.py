@@ -95,7 +95,6 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model.hf_quantizer = None
-    config.name_or_path = ""
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
