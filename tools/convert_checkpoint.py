@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert the tiny Qwen3 between HF safetensors and Megatron ``GPTModel`` shards (both directions).
+"""Convert a Qwen3 or Llama model between HF safetensors and Megatron ``GPTModel`` shards (both directions).
 
     python tools/convert_checkpoint.py hf-to-megatron --hf-dir DIR --megatron-dir OUT [--tp T] [--pp P]
     python tools/convert_checkpoint.py megatron-to-hf --megatron-dir DIR --hf-dir OUT --config-from HF_DIR

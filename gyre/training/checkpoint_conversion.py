@@ -1,4 +1,4 @@
-"""Convert Qwen3 weights between HF (``transformers``) and Megatron ``GPTModel`` state dicts.
+"""Convert Qwen3 and Llama weights between HF (``transformers``) and Megatron ``GPTModel`` state dicts.
 
 Megatron layout (local spec, ``megatron/core/models/gpt``), per TP rank ``r`` of ``T`` and PP
 stage ``p`` of ``P`` (``L/P`` layers each, numbered locally from 0):
@@ -13,7 +13,8 @@ stage ``p`` of ``P`` (``L/P`` layers each, numbered locally from 0):
 * ``self_attention.linear_proj.weight`` ``[h, q*d/T]`` (column shard of ``o_proj``).
 * ``mlp.linear_fc1.weight`` ``[2*f/T, h]``: ``[gate_r; up_r]`` (SwiGLU halves of this rank).
 * ``mlp.linear_fc2.weight`` ``[h, f/T]``; norms (``input_layernorm``, ``pre_mlp_layernorm``,
-  ``q_layernorm``, ``k_layernorm`` ``[d]``, ``decoder.final_layernorm``) replicated.
+  ``q_layernorm``, ``k_layernorm`` ``[d]`` (Qwen3's per-head q/k norm; a Llama has none, see
+  :func:`has_qk_norm`), ``decoder.final_layernorm``) replicated.
 
 Both directions are exact permutations/slices (no arithmetic), so logits agree to float rounding.
 """
@@ -27,9 +28,22 @@ import torch
 _NORMS = {
     "input_layernorm.weight": "input_layernorm.weight",
     "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
+}
+_QK_NORMS = {
     "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
     "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
 }
+#: HF model types whose attention normalises each query and key head (RMSNorm over ``head_dim``).
+QK_NORM_MODEL_TYPES = ("qwen3",)
+
+
+def has_qk_norm(cfg: Any) -> bool:
+    """Whether the HF config's architecture has per-head q/k norms (Qwen3: yes; Llama: no)."""
+    return getattr(cfg, "model_type", None) in QK_NORM_MODEL_TYPES
+
+
+def _norms(cfg: Any) -> dict[str, str]:
+    return {**_NORMS, **_QK_NORMS} if has_qk_norm(cfg) else _NORMS
 
 
 def _dims(cfg: Any) -> tuple[int, int, int, int]:
@@ -54,8 +68,8 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], cfg: Any, tp_rank: int = 0
     """Return the Megatron state dict of one (TP rank, PP stage) shard.
 
     Args:
-        hf_sd: ``Qwen3ForCausalLM.state_dict()`` (``model.*`` / ``lm_head.weight`` keys).
-        cfg: the HF ``Qwen3Config``.
+        hf_sd: ``Qwen3ForCausalLM`` or ``LlamaForCausalLM`` state dict (``model.*`` / ``lm_head.weight`` keys).
+        cfg: its HF config (``Qwen3Config`` or ``LlamaConfig``).
     Raises:
         ValueError: a dimension is not divisible by the parallel size, or an ``o_proj`` bias is
             not zero.
@@ -106,7 +120,7 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], cfg: Any, tp_rank: int = 0
         out[dst + "mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0).clone()
         down = hf_sd[src + "mlp.down_proj.weight"]
         out[dst + "mlp.linear_fc2.weight"] = down[:, tp_rank * ffn_shard:(tp_rank + 1) * ffn_shard].clone()
-        for hf_name, mg_name in _NORMS.items():
+        for hf_name, mg_name in _norms(cfg).items():
             out[dst + mg_name] = hf_sd[src + hf_name].clone()
     return out
 
@@ -196,7 +210,7 @@ def megatron_unit_to_hf(unit: tuple, pieces: Sequence[Mapping[str, torch.Tensor]
     out[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in fc1], dim=0)
     out[dst + "mlp.up_proj.weight"] = torch.cat([u for _, u in fc1], dim=0)
     out[dst + "mlp.down_proj.weight"] = cat("mlp.linear_fc2.weight", 1)
-    for hf_name, mg_name in _NORMS.items():
+    for hf_name, mg_name in _norms(cfg).items():
         out[dst + hf_name] = pieces[0][mg_name].clone()
     return out
 

@@ -1,11 +1,11 @@
-"""Megatron ``GPTModel`` for a Qwen3-architecture HF config (local spec; CPU/gloo or GPU).
+"""Megatron ``GPTModel`` for a Qwen3- or Llama-architecture HF config (local spec; CPU/gloo or GPU).
 
-Qwen3 -> Megatron mapping: RMSNorm (``normalization="RMSNorm"``), SwiGLU
+Qwen3/Llama -> Megatron mapping: RMSNorm (``normalization="RMSNorm"``), SwiGLU
 (``gated_linear_unit=True``, ``activation_func=F.silu``), RoPE (``rotary_base=rope_theta``),
 GQA (``num_query_groups=num_key_value_heads``, ``kv_channels=head_dim``), per-head qk RMSNorm
-(``qk_layernorm=True``), no linear biases, tied input/output embeddings
-(``share_embeddings_and_output_weights``).  Upstream references:
-``megatron/core/models/gpt/gpt_model.py`` and ``gpt_layer_specs.get_gpt_layer_local_spec``.
+for Qwen3 only (``qk_layernorm``, from :func:`~gyre.training.checkpoint_conversion.has_qk_norm`),
+no linear biases, tied or untied input/output embeddings (``share_embeddings_and_output_weights``).
+Upstream references: ``megatron/core/models/gpt/gpt_model.py`` and ``gpt_layer_specs.get_gpt_layer_local_spec``.
 
 On CPU, call :func:`initialize_megatron_cpu` first: it applies ``megatron_patches`` and
 initialises model parallelism over an existing gloo process group.
@@ -83,13 +83,15 @@ def initialize_megatron_cpu(tensor_model_parallel_size: int = 1, pipeline_model_
 
 
 def transformer_config_from_hf(hf_config: Any, **overrides):
-    """``TransformerConfig`` equivalent to a HF ``Qwen3Config`` (fp32, all fusions off, CPU init).
+    """``TransformerConfig`` equivalent to a HF ``Qwen3Config`` or ``LlamaConfig`` (fp32, all fusions off, CPU init).
 
     ``overrides`` set further TransformerConfig fields (e.g. ``tensor_model_parallel_size``,
     ``pipeline_model_parallel_size``, ``bf16``).
     """
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from gyre.training.checkpoint_conversion import has_qk_norm
 
     if parallel_state.model_parallel_is_initialized():
         overrides.setdefault("tensor_model_parallel_size",
@@ -110,7 +112,7 @@ def transformer_config_from_hf(hf_config: Any, **overrides):
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=bool(getattr(hf_config, "attention_bias", False)),
-        qk_layernorm=True,
+        qk_layernorm=has_qk_norm(hf_config),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bias_activation_fusion=False,
@@ -182,7 +184,7 @@ def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None
         pre_process = parallel_state.is_pipeline_first_stage()
     if post_process is None:
         post_process = parallel_state.is_pipeline_last_stage()
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     if attention == "fused":
         from gyre.training.attention import fused_layer_spec
 
