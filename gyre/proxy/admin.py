@@ -19,12 +19,12 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 
+from gyre.proxy.commits import CallCommitter
 from gyre.proxy.request_body import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
 from gyre.proxy.retries import RecentCalls, RetryMemory
-from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.router import RouteError, Router
 from gyre.proxy.tito import TitoSession
@@ -96,11 +96,9 @@ class ExecutionAdmin:
     router: Router
     renderer: ChatRenderer
     config: Any  # ProxyConfig
-    stage_times: Any  # deque of per-call stage times
-    stages_recorded: int  # entries ever appended to it
+    committer: CallCommitter  # records the calls; keeps the per-call stage times
     retry_memory: RetryMemory  # the answers kept for client retries, all executions
     _by_key: dict[str, Execution]
-    _sink: RecordSink | None
     _loop: asyncio.AbstractEventLoop | None
     _rr: int
     #: role rules of registrations that name none (a proxy worker serving one run's harness)
@@ -209,14 +207,16 @@ class ExecutionAdmin:
     def _finalise(self, ex: Execution) -> None:
         """Closed, no generation in flight: drop the route, close the record file."""
         self.router.drop_route(ex.execution_id)
-        if self._sink is not None:
-            ex.file_closed = self._sink.close_execution(ex.execution_id)
-        self._maybe_release(ex)
+        closed = self.committer.close_execution(ex.execution_id)
+        if closed is not None:
+            ex.file_closed = closed
+        self.release_if_finished(ex)
 
-    def _maybe_release(self, ex: Execution) -> None:
+    def release_if_finished(self, ex: Execution) -> None:
         """Closed, every call committed, the record file closed: when a store holds the records,
         release the session (message trie, tree) so that memory does not grow with every
-        execution the proxy has served; :meth:`tree` then reads the record file."""
+        execution the proxy has served; :meth:`tree` then reads the record file. Called when a
+        model call ends and when the execution is finalised; otherwise nothing happens."""
         if not ex.closed or ex.uncommitted or ex.file_closed is None or ex.session.tree is None:
             return
         ex.recent_calls.clear()
@@ -347,7 +347,7 @@ class ExecutionAdmin:
                 since = int(since)
             except ValueError:
                 raise ProxyError(400, f"since must be an integer, got {since!r}") from None
-            total, times = self.stages_recorded, self.stage_times
+            total, times = self.committer.stages_recorded, self.committer.stage_times
             new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
             return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
                     "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
