@@ -7,10 +7,10 @@ Layout (pure cores first, HTTP and threads at the edges):
 * the model APIs and messages: :mod:`~gyre.proxy.messages` (the internal message form),
   :mod:`~gyre.proxy.api` (the three APIs), :mod:`~gyre.proxy.errors` (each API's error shape);
 * tokens: :mod:`~gyre.proxy.render` (chat-template rendering), :mod:`~gyre.proxy.parse` (output
-  tokens into reasoning/text/tool calls), :mod:`~gyre.proxy.tito` and :mod:`~gyre.proxy.tito_input`
-  (restoration and token assembly), :mod:`~gyre.proxy.context_buffer` (a thread's context as
-  growable token arrays), :mod:`~gyre.proxy.roles` (role classification),
-  :mod:`~gyre.proxy.replay` (trace replay);
+  tokens into reasoning/text/tool calls), :mod:`~gyre.proxy.tito`, :mod:`~gyre.proxy.tito_input`
+  and :mod:`~gyre.proxy.tito_outputs` (token assembly and restoration),
+  :mod:`~gyre.proxy.context_buffer` (a thread's context as growable token arrays),
+  :mod:`~gyre.proxy.roles` (role classification), :mod:`~gyre.proxy.replay` (trace replay);
 * a request's intake: :mod:`~gyre.proxy.request_body` (reading and parsing a body under limits),
   :mod:`~gyre.proxy.body_check` (very large bodies checked in a helper process),
   :mod:`~gyre.proxy.prompt_size` (a prompt too long by its size alone),
