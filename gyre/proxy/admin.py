@@ -204,6 +204,12 @@ class ExecutionAdmin:
                 self._finalise(ex)
         return ex.counters
 
+    def finalise_if_idle(self, ex: Execution) -> None:
+        """Finalise ``ex`` (:meth:`_finalise`) when it is closed with no generation in flight; the
+        server calls it after each committed call."""
+        if ex.closed and ex.counters.inflight == 0:
+            self._finalise(ex)
+
     def _finalise(self, ex: Execution) -> None:
         """Closed, no generation in flight: drop the route, close the record file."""
         self.router.drop_route(ex.execution_id)
@@ -279,7 +285,37 @@ class ExecutionAdmin:
         if not secrets.compare_digest(auth, f"Bearer {tok}"):
             raise ProxyError(401, "admin token required")
 
-    def _add_admin_routes(self, app: FastAPI) -> None:
+    def _register_body(self, body: Any) -> dict[str, Any]:
+        """``POST /gyre/executions``: register the execution ``body`` describes; 400 for a bad
+        body, 409 for an id or key already in use."""
+        if not isinstance(body, dict):
+            raise ProxyError(400, "body must be an object")
+        for k in ("task_id", "harness", "execution_id", "engine_id", "api_key"):
+            if body.get(k) is not None and not isinstance(body[k], str):
+                raise ProxyError(400, f"{k} must be a string", param=k)
+        try:
+            ex = self._register(body.get("execution_id"), body.get("task_id"), body.get("harness"),
+                                body.get("engine_id"), body.get("api_key"))
+        except ValueError as exc:
+            raise ProxyError(409 if "already" in str(exc) else 400, str(exc)) from None
+        return {"execution_id": ex.execution_id, "api_key": ex.api_key,
+                "engine_id": self.router.routes.get(ex.execution_id)}
+
+    def _stats_body(self, since: str) -> dict[str, Any]:
+        """``GET /gyre/stats?since=N``: the stage times recorded at index N on (those still
+        kept), the collector's, heap's and retry memory's snapshots, the process's CPU time."""
+        try:
+            since = int(since)
+        except ValueError:
+            raise ProxyError(400, f"since must be an integer, got {since!r}") from None
+        total, times = self.committer.stages_recorded, self.committer.stage_times
+        new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
+        return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
+                "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
+                "retry_memory": self.retry_memory.snapshot(),
+                "process_cpu_s": time.process_time()}
+
+    def add_admin_routes(self, app: FastAPI) -> None:
         """Register ``/health`` and the ``/gyre/*`` routes on ``app``."""
 
         @app.get("/health")
@@ -290,19 +326,7 @@ class ExecutionAdmin:
         @app.post("/gyre/executions")
         async def register(request: Request):
             self._check_admin(request)
-            body = await read_json(request)
-            if not isinstance(body, dict):
-                raise ProxyError(400, "body must be an object")
-            for k in ("task_id", "harness", "execution_id", "engine_id", "api_key"):
-                if body.get(k) is not None and not isinstance(body[k], str):
-                    raise ProxyError(400, f"{k} must be a string", param=k)
-            try:
-                ex = self._register(body.get("execution_id"), body.get("task_id"), body.get("harness"),
-                                    body.get("engine_id"), body.get("api_key"))
-            except ValueError as exc:
-                raise ProxyError(409 if "already" in str(exc) else 400, str(exc)) from None
-            return {"execution_id": ex.execution_id, "api_key": ex.api_key,
-                    "engine_id": self.router.routes.get(ex.execution_id)}
+            return self._register_body(await read_json(request))
 
         @app.post("/gyre/executions/{execution_id}/close")
         async def close(request: Request, execution_id: str):
@@ -342,17 +366,7 @@ class ExecutionAdmin:
         @app.get("/gyre/stats")
         async def stats(request: Request):
             self._check_admin(request)
-            since = request.query_params.get("since", "0")
-            try:
-                since = int(since)
-            except ValueError:
-                raise ProxyError(400, f"since must be an integer, got {since!r}") from None
-            total, times = self.committer.stages_recorded, self.committer.stage_times
-            new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
-            return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
-                    "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
-                    "retry_memory": self.retry_memory.snapshot(),
-                    "process_cpu_s": time.process_time()}
+            return self._stats_body(request.query_params.get("since", "0"))
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

@@ -247,9 +247,7 @@ class ProxyServer(ExecutionAdmin):
         """Record a finished call (:meth:`CallCommitter.commit <gyre.proxy.commits.CallCommitter.commit>`);
         the last call of a closed execution then finalises it (route dropped, record file closed)."""
         if await self.committer.commit(call, delivered):
-            ex = call.ex
-            if ex.closed and ex.counters.inflight == 0:
-                self._finalise(ex)
+            self.finalise_if_idle(call.ex)
 
     async def mark_delivered(self, call: ModelCall) -> None:
         """A call committed undelivered reached a client whole
@@ -457,5 +455,5 @@ class ProxyServer(ExecutionAdmin):
                 raise ProxyError(404, f"model {model_id!r} not found")
             return JSONResponse(body)
 
-        self._add_admin_routes(app)
+        self.add_admin_routes(app)
         return app
