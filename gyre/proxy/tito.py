@@ -70,9 +70,10 @@ class TitoStats:
 class TitoSession:
     """TITO state of one execution. For each request it
 
-    1. **restores** (:meth:`restore`, :mod:`gyre.proxy.tito_outputs`): a tool call whose id the proxy returned gets its original
-       argument text back when the incoming text is the same JSON value (compared canonically:
-       key order and whitespace ignored, ``1``/``1.0``/``true`` kept apart); an assistant
+    1. **restores** (:meth:`restore`, :mod:`gyre.proxy.tito_outputs`): a tool call whose id the
+       proxy returned gets its original argument text back when the incoming text is the same
+       JSON value (compared canonically: key order and whitespace ignored, ``1``/``1.0``/``true``
+       kept apart); an assistant
        message recognised as an earlier output (by call ids, item ids or content, also without
        its reasoning when ``restore_reasoning``) is *identified* with it;
     2. **matches** the messages against the execution's message trie down to the deepest

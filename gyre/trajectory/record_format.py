@@ -186,7 +186,8 @@ def parse_line(line: bytes) -> dict[str, Any]:
     return obj
 
 
-def decode_record(obj: dict[str, Any], ring: DeltaRing, expected_seq: int) -> tuple[RequestRecord, tuple[int, int] | None]:
+def decode_record(obj: dict[str, Any], ring: DeltaRing,
+                  expected_seq: int) -> tuple[RequestRecord, tuple[int, int] | None]:
     """The record of a parsed record line (:func:`parse_line`) and its base; ``ring`` holds the
     records it may be delta-encoded against. Raises ``KeyError``, ``TypeError`` or ``ValueError``."""
     if obj["seq"] != expected_seq:
