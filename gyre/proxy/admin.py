@@ -92,21 +92,29 @@ class ExecutionAdmin:
       threads, at nanosecond resolution; ``retry_memory``: the bytes and calls kept for client
       retries, :meth:`~gyre.proxy.retries.RetryMemory.snapshot`), ``GET /health``."""
 
-    executions: dict[str, Execution]
     router: Router
     renderer: ChatRenderer
     config: Any  # ProxyConfig
     committer: CallCommitter  # records the calls; keeps the per-call stage times
     retry_memory: RetryMemory  # the answers kept for client retries, all executions
-    _by_key: dict[str, Execution]
-    _loop: asyncio.AbstractEventLoop | None
-    _rr: int
     #: role rules of registrations that name none (a proxy worker serving one run's harness)
     default_role_rules: Any = None
 
+    def __init__(self) -> None:
+        #: registered executions by id (closed ones included)
+        self.executions: dict[str, Execution] = {}
+        #: the event loop that serves the app, once serving started (``None`` before)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._by_key: dict[str, Execution] = {}
+        self._rr = 0
+
+    def execution_for_key(self, key: str) -> Execution | None:
+        """The execution whose API key is ``key`` while it is open (closing drops the key)."""
+        return self._by_key.get(key)
+
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run ``fn`` on the server loop (directly when not serving or already on it)."""
-        loop = self._loop
+        loop = self.loop
         if loop is None or not loop.is_running():
             return fn(*args, **kw)
         try:
@@ -248,7 +256,7 @@ class ExecutionAdmin:
 
     def abort_engine(self, engine_id: str) -> int:
         """Abort the requests in flight on ``engine_id`` (they retry on their current routes)."""
-        loop = self._loop
+        loop = self.loop
         if loop is not None and loop.is_running():
             try:
                 if asyncio.get_running_loop() is loop:

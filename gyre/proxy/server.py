@@ -93,7 +93,10 @@ class ProxyServer(ExecutionAdmin):
 
     Public API for the main job: :meth:`register_execution`, :meth:`close_execution`,
     :meth:`set_route`, :meth:`reroute_engine`, :meth:`abort_engine`, :meth:`add_engine`,
-    :meth:`counters`, :meth:`tree`, :meth:`start`/:meth:`stop`, :attr:`url`, :attr:`app`.
+    :meth:`counters`, :meth:`tree`, :meth:`start`/:meth:`stop`, :attr:`url`, :attr:`app`. What a
+    :class:`~gyre.proxy.model_call.ModelCall` uses: :meth:`next_rid`, :meth:`commit`,
+    :meth:`mark_delivered`, :meth:`release_if_finished`, :attr:`router`, :attr:`renderer`,
+    :attr:`config`.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class ProxyServer(ExecutionAdmin):
         config: ProxyConfig | None = None,
         ids: IdFactory | None = None,
     ) -> None:
+        super().__init__()
         self.renderer = renderer
         self.config = config or ProxyConfig()
         self.router = router or Router(retry_timeout_s=self.config.retry_timeout_s,
@@ -113,13 +117,9 @@ class ProxyServer(ExecutionAdmin):
         self.router.on_retry = self._on_retry
         self.store = store
         self.ids = ids
-        self.executions: dict[str, Execution] = {}
         self.retry_memory = RetryMemory(self.config.retry_memory_bytes)
-        self._by_key: dict[str, Execution] = {}
         self.stop_ids = renderer.stop_ids
         self._rid = 0
-        self._rr = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
         # tokenisation of new content runs off the event loop (the tokenizer releases the GIL)
         self._encoders = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-encode")
         # very large bodies are checked by a helper process first; one thread waits on it
@@ -182,7 +182,7 @@ class ProxyServer(ExecutionAdmin):
         def run() -> None:
             loop = _new_event_loop()
             asyncio.set_event_loop(loop)
-            self._loop = loop
+            self.loop = loop
             try:
                 loop.run_until_complete(self._serve(sock))
             finally:
@@ -268,7 +268,7 @@ class ProxyServer(ExecutionAdmin):
             auth = request.headers.get("authorization", "")
             if auth[:7].lower() == "bearer ":
                 key = auth[7:].strip()
-        ex = self._by_key.get(key or "")
+        ex = self.execution_for_key(key or "")
         if ex is None or ex.closed:
             raise ProxyError(401, "invalid or closed API key" if key else "missing API key")
         return ex
@@ -423,8 +423,8 @@ class ProxyServer(ExecutionAdmin):
                 self.inner = inner
 
             async def __call__(self, scope, receive, send):
-                if proxy._loop is None:
-                    proxy._loop = asyncio.get_running_loop()
+                if proxy.loop is None:
+                    proxy.loop = asyncio.get_running_loop()
                 await self.inner(scope, receive, send)
 
         app.add_middleware(_RememberLoop)
