@@ -19,12 +19,12 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 
+from gyre.proxy.commits import CallCommitter
 from gyre.proxy.request_body import read_json
 from gyre.proxy.engines import Engine
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
 from gyre.proxy.retries import RecentCalls, RetryMemory
-from gyre.proxy.recorder import RecordSink
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.router import RouteError, Router
 from gyre.proxy.tito import TitoSession
@@ -92,23 +92,29 @@ class ExecutionAdmin:
       threads, at nanosecond resolution; ``retry_memory``: the bytes and calls kept for client
       retries, :meth:`~gyre.proxy.retries.RetryMemory.snapshot`), ``GET /health``."""
 
-    executions: dict[str, Execution]
     router: Router
     renderer: ChatRenderer
     config: Any  # ProxyConfig
-    stage_times: Any  # deque of per-call stage times
-    stages_recorded: int  # entries ever appended to it
+    committer: CallCommitter  # records the calls; keeps the per-call stage times
     retry_memory: RetryMemory  # the answers kept for client retries, all executions
-    _by_key: dict[str, Execution]
-    _sink: RecordSink | None
-    _loop: asyncio.AbstractEventLoop | None
-    _rr: int
     #: role rules of registrations that name none (a proxy worker serving one run's harness)
     default_role_rules: Any = None
 
+    def __init__(self) -> None:
+        #: registered executions by id (closed ones included)
+        self.executions: dict[str, Execution] = {}
+        #: the event loop that serves the app, once serving started (``None`` before)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._by_key: dict[str, Execution] = {}
+        self._rr = 0
+
+    def execution_for_key(self, key: str) -> Execution | None:
+        """The execution whose API key is ``key`` while it is open (closing drops the key)."""
+        return self._by_key.get(key)
+
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run ``fn`` on the server loop (directly when not serving or already on it)."""
-        loop = self._loop
+        loop = self.loop
         if loop is None or not loop.is_running():
             return fn(*args, **kw)
         try:
@@ -206,17 +212,25 @@ class ExecutionAdmin:
                 self._finalise(ex)
         return ex.counters
 
+    def finalise_if_idle(self, ex: Execution) -> None:
+        """Finalise ``ex`` (:meth:`_finalise`) when it is closed with no generation in flight; the
+        server calls it after each committed call."""
+        if ex.closed and ex.counters.inflight == 0:
+            self._finalise(ex)
+
     def _finalise(self, ex: Execution) -> None:
         """Closed, no generation in flight: drop the route, close the record file."""
         self.router.drop_route(ex.execution_id)
-        if self._sink is not None:
-            ex.file_closed = self._sink.close_execution(ex.execution_id)
-        self._maybe_release(ex)
+        closed = self.committer.close_execution(ex.execution_id)
+        if closed is not None:
+            ex.file_closed = closed
+        self.release_if_finished(ex)
 
-    def _maybe_release(self, ex: Execution) -> None:
+    def release_if_finished(self, ex: Execution) -> None:
         """Closed, every call committed, the record file closed: when a store holds the records,
         release the session (message trie, tree) so that memory does not grow with every
-        execution the proxy has served; :meth:`tree` then reads the record file."""
+        execution the proxy has served; :meth:`tree` then reads the record file. Called when a
+        model call ends and when the execution is finalised; otherwise nothing happens."""
         if not ex.closed or ex.uncommitted or ex.file_closed is None or ex.session.tree is None:
             return
         ex.recent_calls.clear()
@@ -242,7 +256,7 @@ class ExecutionAdmin:
 
     def abort_engine(self, engine_id: str) -> int:
         """Abort the requests in flight on ``engine_id`` (they retry on their current routes)."""
-        loop = self._loop
+        loop = self.loop
         if loop is not None and loop.is_running():
             try:
                 if asyncio.get_running_loop() is loop:
@@ -279,7 +293,37 @@ class ExecutionAdmin:
         if not secrets.compare_digest(auth, f"Bearer {tok}"):
             raise ProxyError(401, "admin token required")
 
-    def _add_admin_routes(self, app: FastAPI) -> None:
+    def _register_body(self, body: Any) -> dict[str, Any]:
+        """``POST /gyre/executions``: register the execution ``body`` describes; 400 for a bad
+        body, 409 for an id or key already in use."""
+        if not isinstance(body, dict):
+            raise ProxyError(400, "body must be an object")
+        for k in ("task_id", "harness", "execution_id", "engine_id", "api_key"):
+            if body.get(k) is not None and not isinstance(body[k], str):
+                raise ProxyError(400, f"{k} must be a string", param=k)
+        try:
+            ex = self._register(body.get("execution_id"), body.get("task_id"), body.get("harness"),
+                                body.get("engine_id"), body.get("api_key"))
+        except ValueError as exc:
+            raise ProxyError(409 if "already" in str(exc) else 400, str(exc)) from None
+        return {"execution_id": ex.execution_id, "api_key": ex.api_key,
+                "engine_id": self.router.routes.get(ex.execution_id)}
+
+    def _stats_body(self, since: str) -> dict[str, Any]:
+        """``GET /gyre/stats?since=N``: the stage times recorded at index N on (those still
+        kept), the collector's, heap's and retry memory's snapshots, the process's CPU time."""
+        try:
+            since = int(since)
+        except ValueError:
+            raise ProxyError(400, f"since must be an integer, got {since!r}") from None
+        total, times = self.committer.stages_recorded, self.committer.stage_times
+        new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
+        return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
+                "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
+                "retry_memory": self.retry_memory.snapshot(),
+                "process_cpu_s": time.process_time()}
+
+    def add_admin_routes(self, app: FastAPI) -> None:
         """Register ``/health`` and the ``/gyre/*`` routes on ``app``."""
 
         @app.get("/health")
@@ -290,19 +334,7 @@ class ExecutionAdmin:
         @app.post("/gyre/executions")
         async def register(request: Request):
             self._check_admin(request)
-            body = await read_json(request)
-            if not isinstance(body, dict):
-                raise ProxyError(400, "body must be an object")
-            for k in ("task_id", "harness", "execution_id", "engine_id", "api_key"):
-                if body.get(k) is not None and not isinstance(body[k], str):
-                    raise ProxyError(400, f"{k} must be a string", param=k)
-            try:
-                ex = self._register(body.get("execution_id"), body.get("task_id"), body.get("harness"),
-                                    body.get("engine_id"), body.get("api_key"))
-            except ValueError as exc:
-                raise ProxyError(409 if "already" in str(exc) else 400, str(exc)) from None
-            return {"execution_id": ex.execution_id, "api_key": ex.api_key,
-                    "engine_id": self.router.routes.get(ex.execution_id)}
+            return self._register_body(await read_json(request))
 
         @app.post("/gyre/executions/{execution_id}/close")
         async def close(request: Request, execution_id: str):
@@ -342,17 +374,7 @@ class ExecutionAdmin:
         @app.get("/gyre/stats")
         async def stats(request: Request):
             self._check_admin(request)
-            since = request.query_params.get("since", "0")
-            try:
-                since = int(since)
-            except ValueError:
-                raise ProxyError(400, f"since must be an integer, got {since!r}") from None
-            total, times = self.stages_recorded, self.stage_times
-            new = min(len(times), max(0, total - since))  # entries recorded at index >= since, if still kept
-            return {"stages_recorded": total, "stage_times": list(itertools.islice(times, len(times) - new, None)),
-                    "gc": CollectorPolicy.install().snapshot(), "heap": HeapTrimmer.install().snapshot(),
-                    "retry_memory": self.retry_memory.snapshot(),
-                    "process_cpu_s": time.process_time()}
+            return self._stats_body(request.query_params.get("since", "0"))
 
         @app.post("/gyre/routes")
         async def set_route(request: Request):

@@ -17,8 +17,8 @@ Delivery: a call is *delivered* once a consumer received the whole answer; it is
 once the generation ended with nobody attached (the client left and no retry joined before the
 end), or when nobody took the answer within ``delivery_timeout_s``. The record is committed once,
 with the outcome known then. A consumer that receives the whole answer later (a client retry
-after an undelivered commit) marks the record delivered (:meth:`ProxyServer._mark_delivered
-<gyre.proxy.server.ProxyServer._mark_delivered>`): a logical call has exactly one record, and it
+after an undelivered commit) marks the record delivered (:meth:`ProxyServer.mark_delivered
+<gyre.proxy.server.ProxyServer.mark_delivered>`): a logical call has exactly one record, and it
 is delivered as soon as any consumer got the answer whole.
 """
 
@@ -120,7 +120,7 @@ class ModelCall:
         self.delivered: asyncio.Future = asyncio.get_running_loop().create_future()
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
-        self.rid = f"{ex.execution_id}-{server._next_rid()}"
+        self.rid = f"{ex.execution_id}-{server.next_rid()}"
         #: the closing events' bytes (streamed), known when the generation ends
         self.closing = b""
         #: the answer's bytes: all SSE events but the closing ones, or the non-streamed body
@@ -162,7 +162,7 @@ class ModelCall:
             await self._run()
         finally:
             self.ex.uncommitted -= 1
-            self.server._maybe_release(self.ex)
+            self.server.release_if_finished(self.ex)
 
     async def _run(self) -> None:
         ex, server = self.ex, self.server
@@ -229,7 +229,7 @@ class ModelCall:
     async def _commit(self, delivered: bool) -> None:
         if self.answer is None and not self.stream:
             self.body()
-        await self.server._commit(self, delivered)
+        await self.server.commit(self, delivered)
         self._compact()
 
     def _compact(self) -> None:
@@ -266,7 +266,7 @@ class ModelCall:
         await self.commit_once(True)
         if self.recorded is False:
             if self._mark_task is None:
-                self._mark_task = asyncio.ensure_future(self.server._mark_delivered(self))
+                self._mark_task = asyncio.ensure_future(self.server.mark_delivered(self))
             await asyncio.shield(self._mark_task)
 
     def set_delivered(self, value: bool) -> None:

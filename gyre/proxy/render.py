@@ -259,24 +259,14 @@ class ChatRenderer:
         j = 0
         while j < n:
             if j - gs > GROUP_WINDOW:
-                ctx = dicts[j - GROUP_WINDOW:j]
-                try:
-                    local_cut = self.render(ctx + [dicts[j]], None, template_kwargs=kw).startswith(
-                        self.render(ctx, None, template_kwargs=kw))
-                except Exception:  # the template refuses the sliding window: test in the group's window
-                    local_cut = True
-                if not local_cut:
+                if not self._cuts_locally(dicts, j, kw):
                     stale = True
                     j += 1
                     continue
                 if stale:  # a cut in the sliding window: test it in the group's window
-                    t_prev = self.render(win + dicts[gs:j], use_tools, template_kwargs=kw)
-                    if not t_prev.startswith(base):
-                        raise RenderError("rendering is not prefix-stable after the previous message")
+                    t_prev = self._render_after(base, win + dicts[gs:j], use_tools, kw)
                     stale = False
-            t = self.render(win + dicts[gs:j + 1], use_tools, template_kwargs=kw)
-            if not t.startswith(base):
-                raise RenderError("rendering is not prefix-stable after the previous message")
+            t = self._render_after(base, win + dicts[gs:j + 1], use_tools, kw)
             if t_prev is not None and t.startswith(t_prev):
                 # the boundary between new[j-1] and new[j] is cuttable: close new[gs..j-1]
                 segments.append(Segment(gs, j - 1, enc(t_prev[len(base):])))
@@ -289,26 +279,52 @@ class ChatRenderer:
             t_prev = t
             j += 1
         if stale:  # the open long group's rendering
-            t_prev = self.render(win + dicts[gs:], use_tools, template_kwargs=kw)
-            if not t_prev.startswith(base):
-                raise RenderError("rendering is not prefix-stable after the previous message")
-        gen_ids: list[int] = []
-        gen_in_last = False
-        if add_generation_prompt:
-            cur = t_prev if t_prev is not None else (base if win else self.render([], use_tools, template_kwargs=kw))
-            tg = self.render(win + dicts[gs:], use_tools, add_generation_prompt=True, template_kwargs=kw)
-            if tg.startswith(cur):
-                if gs < n:
-                    segments.append(Segment(gs, n - 1, enc(cur[len(base):])))
-                elif not win and cur:  # no messages at all: the tools-only block
-                    segments.append(Segment(0, -1, enc(cur)))
-                gen_ids = enc(tg[len(cur):])
-            elif gs < n and tg.startswith(base):
-                segments.append(Segment(gs, n - 1, enc(tg[len(base):])))
-                gen_in_last = True
-            else:
-                raise RenderError("generation prompt is not prefix-stable after the previous message")
-        elif gs < n:
-            assert t_prev is not None
-            segments.append(Segment(gs, n - 1, enc(t_prev[len(base):])))
+            t_prev = self._render_after(base, win + dicts[gs:], use_tools, kw)
+        if not add_generation_prompt:
+            if gs < n:
+                assert t_prev is not None
+                segments.append(Segment(gs, n - 1, enc(t_prev[len(base):])))
+            return DeltaRender(segments, [], False)
+        gen_ids, gen_in_last = self._close_with_generation_prompt(segments, win, dicts, gs, base, t_prev, use_tools,
+                                                                  kw, enc)
         return DeltaRender(segments, gen_ids, gen_in_last)
+
+    def _render_after(self, base: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                      kw: dict[str, Any]) -> str:
+        """The rendering of ``messages``; ``RenderError`` unless it starts with ``base``."""
+        t = self.render(messages, tools, template_kwargs=kw)
+        if not t.startswith(base):
+            raise RenderError("rendering is not prefix-stable after the previous message")
+        return t
+
+    def _cuts_locally(self, dicts: list[dict[str, Any]], j: int, kw: dict[str, Any]) -> bool:
+        """Whether the boundary before ``dicts[j]`` is cuttable in the sliding window of the
+        ``GROUP_WINDOW`` messages before it (True when the template refuses that window: the
+        group's window decides)."""
+        ctx = dicts[j - GROUP_WINDOW:j]
+        try:
+            return self.render(ctx + [dicts[j]], None, template_kwargs=kw).startswith(
+                self.render(ctx, None, template_kwargs=kw))
+        except Exception:  # the template refuses the sliding window: test in the group's window
+            return True
+
+    def _close_with_generation_prompt(self, segments: list[Segment], win: list[dict[str, Any]],
+                                      dicts: list[dict[str, Any]], gs: int, base: str, t_prev: str | None,
+                                      use_tools: list[dict[str, Any]] | None, kw: dict[str, Any],
+                                      enc: Callable[[str], Any]) -> tuple[Any, bool]:
+        """Close the open group ``dicts[gs:]`` (rendered ``t_prev`` after ``base``) and add the
+        generation prompt: ``(generation prompt ids, whether they are inside the last segment)``.
+        The prompt is in the last segment when it is not a cuttable continuation of the group."""
+        n = len(dicts)
+        cur = t_prev if t_prev is not None else (base if win else self.render([], use_tools, template_kwargs=kw))
+        tg = self.render(win + dicts[gs:], use_tools, add_generation_prompt=True, template_kwargs=kw)
+        if tg.startswith(cur):
+            if gs < n:
+                segments.append(Segment(gs, n - 1, enc(cur[len(base):])))
+            elif not win and cur:  # no messages at all: the tools-only block
+                segments.append(Segment(0, -1, enc(cur)))
+            return enc(tg[len(cur):]), False
+        if gs < n and tg.startswith(base):
+            segments.append(Segment(gs, n - 1, enc(tg[len(base):])))
+            return [], True
+        raise RenderError("generation prompt is not prefix-stable after the previous message")

@@ -209,7 +209,6 @@ def replay_records(
     """
     session = TitoSession(execution_id, renderer, append=append)
     res = ReplayResult(tree=session.tree, session=session)
-    stop_ids = renderer.stop_ids
     done: list[tuple[Any, list[Any], RequestRecord]] = []  # (ctx, history+reply, record)
     seen: Counter[tuple[bytes, bytes]] = Counter()
     for line in lines:
@@ -226,26 +225,10 @@ def replay_records(
         meta["api"] = api
         meta["seq"] = line.get("seq")
         prep = session.prepare(req)
-        if check_render:
-            full = renderer.encode(renderer.render(
-                [m.template_dict() for m in prep.messages], req.tools,
-                add_generation_prompt=True, template_kwargs=req.template_kwargs))
-            if full != prep.input_ids.tolist():
-                res.render_mismatches += 1
-        # teacher-forced engine: the logged reply in the model's format
-        want = reply_message(api, reply)
-        out_text = renderer.assistant_output_text(want, req.template_kwargs)
-        out_ids = renderer.encode(out_text)
-        parser = OutputParser(renderer.decode, stop_ids, req.tool_kinds, starts_in_reasoning=prep.starts_in_reasoning)
-        builder = make_builder(req, int(prep.input_ids.shape[0]), ReplayIds(api, reply))
-        builder.start()
-        for ev in parser.feed(out_ids):
-            builder.on_event(ev)
-        for ev in parser.finish("stop"):
-            builder.on_event(ev)
-        builder.finish("stop", len(out_ids))
-        out_msg = builder.output_message()
-        if out_msg.key() != want.key():
+        if check_render and not _renders_the_same(renderer, req, prep):
+            res.render_mismatches += 1
+        out_ids, out_msg, same_format = _teacher_forced(renderer, api, req, prep, reply)
+        if not same_format:
             res.format_mismatches += 1
         rec = session.commit(
             prep,
@@ -261,46 +244,81 @@ def replay_records(
         info = session.tree.record_info(rec.call_index)
         # expected parent: the latest earlier call whose messages + reply this request extends
         ctx, hist = _loose_view(api, body, None)
-        parent = None
-        for pctx, phist, prec in reversed(done):
-            if pctx == ctx and len(phist) <= len(hist) and hist[: len(phist)] == phist:
-                parent = prec
-                break
-        ok = True
-        if parent is not None:
-            plen = parent.num_input_tokens + parent.num_output_tokens
-            ok = rec.num_input_tokens >= plen and bool(
-                np.array_equal(rec.input_ids[: parent.num_input_tokens], parent.input_ids)
-                and np.array_equal(rec.input_ids[parent.num_input_tokens: plen], parent.output_ids)
-            )
-            if not ok:
-                res.mismatches += 1
+        parent = next((prec for pctx, phist, prec in reversed(done)
+                       if pctx == ctx and len(phist) <= len(hist) and hist[: len(phist)] == phist), None)
+        ok = parent is None or _extends(rec, parent)
+        if not ok:
+            res.mismatches += 1
         key = (rec.input_ids.tobytes(), rec.output_ids.tobytes())
         seen[key] += 1
         if seen[key] > 1:
             res.duplicates += 1
         done.append((ctx, _loose_view(api, body, reply)[1], rec))
         res.records += 1
-        res.requests.append({
-            "seq": line.get("seq"),
-            "api": api,
-            "role": role,
-            "thread": meta.get("thread"),
-            "input_tokens": rec.num_input_tokens,
-            "output_tokens": rec.num_output_tokens,
-            "reused_tokens": prep.reused_tokens,
-            "rendered_tokens": prep.rendered_tokens,
-            "tree_matched_tokens": info.matched_tokens,
-            "restored_tool_calls": prep.restored_calls,
-            "identified_outputs": sum(1 for x in prep.identified if x is not None),
-            "expected_parent_seq": parent.metadata.get("seq") if parent is not None else None,
-            "extends_expected_parent": ok if parent is not None else None,
-        })
+        res.requests.append(_request_summary(line, api, role, meta, rec, prep, info, parent, ok))
     tree = session.tree
     leaves = tree.leaves()
     res.leaves = len(leaves)
     res.leaves_by_role = dict(sorted(Counter(tree.role(n) for n in leaves).items()))
     return res
+
+
+def _request_summary(line: dict[str, Any], api: str, role: str, meta: dict[str, Any], rec: RequestRecord, prep,
+                     info, parent: RequestRecord | None, ok: bool) -> dict[str, Any]:
+    """One entry of :attr:`ReplayResult.requests`."""
+    return {
+        "seq": line.get("seq"),
+        "api": api,
+        "role": role,
+        "thread": meta.get("thread"),
+        "input_tokens": rec.num_input_tokens,
+        "output_tokens": rec.num_output_tokens,
+        "reused_tokens": prep.reused_tokens,
+        "rendered_tokens": prep.rendered_tokens,
+        "tree_matched_tokens": info.matched_tokens,
+        "restored_tool_calls": prep.restored_calls,
+        "identified_outputs": sum(1 for x in prep.identified if x is not None),
+        "expected_parent_seq": parent.metadata.get("seq") if parent is not None else None,
+        "extends_expected_parent": ok if parent is not None else None,
+    }
+
+
+def _renders_the_same(renderer: ChatRenderer, req, prep) -> bool:
+    """Whether the prepared ``input_ids`` equal the encoding of a full re-render of the restored
+    messages (with the generation prompt)."""
+    full = renderer.encode(renderer.render(
+        [m.template_dict() for m in prep.messages], req.tools,
+        add_generation_prompt=True, template_kwargs=req.template_kwargs))
+    return full == prep.input_ids.tolist()
+
+
+def _teacher_forced(renderer: ChatRenderer, api: str, req, prep, reply: dict[str, Any]):
+    """A teacher-forced engine's output for a call: ``(output ids, output message, same format)``:
+    the logged reply in the model's format, encoded, parsed and built into the API's response as a
+    generation would be; ``same format``: the built message equals the logged reply."""
+    want = reply_message(api, reply)
+    out_text = renderer.assistant_output_text(want, req.template_kwargs)
+    out_ids = renderer.encode(out_text)
+    parser = OutputParser(renderer.decode, renderer.stop_ids, req.tool_kinds,
+                          starts_in_reasoning=prep.starts_in_reasoning)
+    builder = make_builder(req, int(prep.input_ids.shape[0]), ReplayIds(api, reply))
+    builder.start()
+    for ev in parser.feed(out_ids):
+        builder.on_event(ev)
+    for ev in parser.finish("stop"):
+        builder.on_event(ev)
+    builder.finish("stop", len(out_ids))
+    out_msg = builder.output_message()
+    return out_ids, out_msg, out_msg.key() == want.key()
+
+
+def _extends(rec: RequestRecord, parent: RequestRecord) -> bool:
+    """Whether ``rec``'s input starts with ``parent``'s input and output."""
+    plen = parent.num_input_tokens + parent.num_output_tokens
+    return rec.num_input_tokens >= plen and bool(
+        np.array_equal(rec.input_ids[: parent.num_input_tokens], parent.input_ids)
+        and np.array_equal(rec.input_ids[parent.num_input_tokens: plen], parent.output_ids)
+    )
 
 
 def replay_trace(

@@ -34,6 +34,7 @@ engine, and give up after ``retry_timeout_s`` seconds (:class:`GenerationFailed`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -75,6 +76,16 @@ class Attempt:
 class _Counts:
     retries: int = 0
     reroutes: int = 0
+
+
+def _attempt_params(sampling_params: dict[str, Any], produced: int, max_new: int, min_new: int) -> dict[str, Any]:
+    """The sampling parameters of an attempt after ``produced`` tokens: the output limits less
+    what earlier attempts produced (at least one token more; ``min_new_tokens`` within the limit)."""
+    params = dict(sampling_params)
+    params["max_new_tokens"] = max(1, max_new - produced)
+    if "min_new_tokens" in params:
+        params["min_new_tokens"] = min(max(0, min_new - produced), params["max_new_tokens"])
+    return params
 
 
 def _join(prompt: np.ndarray, produced: list[int]) -> np.ndarray:
@@ -337,45 +348,53 @@ class Router:
             if engine is None:
                 att.outcome = "error"
                 continue
-            params = dict(sampling_params)
-            params["max_new_tokens"] = max(1, max_new - len(produced))
-            if "min_new_tokens" in params:
-                params["min_new_tokens"] = min(max(0, min_new - len(produced)), params["max_new_tokens"])
-            inflight = self._inflight.setdefault(engine_id, {})
-            inflight[sub_rid] = execution_id
-            finish: str | None = None
-            try:
-                async for ch in engine.generate_stream(_join(prompt, produced), params, sub_rid):
-                    if ch.weight_version is not None:
-                        att.weight_version = ch.weight_version
-                    if ch.output_ids:
-                        produced.extend(ch.output_ids)
-                        att.tokens += len(ch.output_ids)
-                    if ch.finish_reason == "abort":
-                        finish = "abort"
-                        if ch.output_ids:
-                            yield EngineChunk(list(ch.output_ids), list(ch.logprobs), None, ch.weight_version)
-                        break
+            params = _attempt_params(sampling_params, len(produced), max_new, min_new)
+            async with contextlib.aclosing(self._stream_attempt(engine, att, execution_id, prompt, produced,
+                                                                params)) as chunks:
+                async for ch in chunks:  # closed with this generation (its bookkeeping runs at once)
                     yield ch
-                    if ch.finish_reason is not None:
-                        finish = ch.finish_reason
-                        break
-            except EngineRejected:
-                att.outcome = "rejected"
-                raise
-            except EngineUnavailable as exc:
-                logger.warning("engine %s failed request %s: %s", engine_id, sub_rid, exc)
-                finish = "error"
-            finally:
-                inflight.pop(sub_rid, None)
-                if self.kv_migration:
-                    self._held[execution_id] = (engine_id, _join(prompt, produced))
-            att.outcome = finish or "error"
-            if finish in ("stop", "length"):
+            if att.outcome in ("stop", "length"):
                 return
             if len(produced) >= max_new:  # aborted exactly at the cap: a normal length finish
                 yield EngineChunk([], [], "length", att.weight_version)
                 return
+
+    async def _stream_attempt(self, engine: Engine, att: Attempt, execution_id: str, prompt: np.ndarray,
+                              produced: list[int], params: dict[str, Any]) -> AsyncIterator[EngineChunk]:
+        """One attempt on ``engine``: its chunks, the tokens appended to ``produced``; ends with the
+        attempt's outcome in ``att.outcome`` (its finish reason, ``"abort"``, or ``"error"`` when
+        the engine failed or the stream ended without a finish). An engine's refusal is raised."""
+        engine_id, sub_rid = att.engine_id, att.rid
+        inflight = self._inflight.setdefault(engine_id, {})
+        inflight[sub_rid] = execution_id
+        finish: str | None = None
+        try:
+            async for ch in engine.generate_stream(_join(prompt, produced), params, sub_rid):
+                if ch.weight_version is not None:
+                    att.weight_version = ch.weight_version
+                if ch.output_ids:
+                    produced.extend(ch.output_ids)
+                    att.tokens += len(ch.output_ids)
+                if ch.finish_reason == "abort":
+                    finish = "abort"
+                    if ch.output_ids:
+                        yield EngineChunk(list(ch.output_ids), list(ch.logprobs), None, ch.weight_version)
+                    break
+                yield ch
+                if ch.finish_reason is not None:
+                    finish = ch.finish_reason
+                    break
+        except EngineRejected:
+            att.outcome = "rejected"
+            raise
+        except EngineUnavailable as exc:
+            logger.warning("engine %s failed request %s: %s", engine_id, sub_rid, exc)
+            finish = "error"
+        finally:
+            inflight.pop(sub_rid, None)
+            if self.kv_migration:
+                self._held[execution_id] = (engine_id, _join(prompt, produced))
+        att.outcome = finish or "error"
 
     async def _wait_retry(self, execution_id: str, delay: float, deadline: float) -> None:
         """Sleep ``delay`` seconds, or less if the execution's route changes meanwhile."""

@@ -2,7 +2,7 @@
 the proxy's own outputs.
 
 One :class:`TitoSession` per execution. For each request it restores the harness's echoes of
-earlier outputs, matches the messages against the execution's message trie
+earlier outputs (:mod:`gyre.proxy.tito_outputs`), matches the messages against the execution's message trie
 (:mod:`gyre.proxy.tito_input`) down to the deepest cuttable boundary, and assembles
 ``input_ids`` from the stored tokens plus the new messages rendered at message boundaries
 (:mod:`gyre.proxy.render`). :meth:`TitoSession.commit` stores the resulting
@@ -33,10 +33,11 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
-from gyre.proxy.messages import ROLE_ASSISTANT, ChatRequest, Message, ToolCall
+from gyre.proxy.messages import ChatRequest, Message
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.tito_input import (InputPlan, MatchedRequest, OutputEntry, PreparedInput, TrieNode, draft_input,
                                    trie_key)
+from gyre.proxy.tito_outputs import OutputIndex
 from gyre.trajectory.records import RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
@@ -55,14 +56,6 @@ INLINE_RENDER_MAX_MESSAGES = 16
 _Recent = tuple[np.ndarray, np.ndarray, np.ndarray, int, "ContextBuffer | None"]
 
 
-def _canonical_json(text: str) -> str | None:
-    """Canonical form of a JSON text (sorted keys, no whitespace), ``None`` if not JSON."""
-    try:
-        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (ValueError, RecursionError):
-        return None
-
-
 @dataclass(slots=True)
 class TitoStats:
     """Per-execution TITO counters (tokens; calls)."""
@@ -77,9 +70,10 @@ class TitoStats:
 class TitoSession:
     """TITO state of one execution. For each request it
 
-    1. **restores** (:meth:`restore`): a tool call whose id the proxy returned gets its original
-       argument text back when the incoming text is the same JSON value (compared canonically:
-       key order and whitespace ignored, ``1``/``1.0``/``true`` kept apart); an assistant
+    1. **restores** (:meth:`restore`, :mod:`gyre.proxy.tito_outputs`): a tool call whose id the
+       proxy returned gets its original argument text back when the incoming text is the same
+       JSON value (compared canonically: key order and whitespace ignored, ``1``/``1.0``/``true``
+       kept apart); an assistant
        message recognised as an earlier output (by call ids, item ids or content, also without
        its reasoning when ``restore_reasoning``) is *identified* with it;
     2. **matches** the messages against the execution's message trie down to the deepest
@@ -134,88 +128,23 @@ class TitoSession:
         #: the context buffer input_ids is a prefix of, or None)
         self._recent: OrderedDict[int, _Recent] = OrderedDict()
         self._recent_max = max(1, int(recent_records))
-        self._outputs: dict[int, OutputEntry] = {}
+        #: the delivered outputs, for restoration
+        self.outputs = OutputIndex(restore_reasoning)
         #: call index -> what :meth:`mark_delivered` needs, for the last undelivered records
         self._undelivered: OrderedDict[int, tuple] = OrderedDict()
         self._undelivered_max = max(0, int(undelivered_kept))
-        self._by_call_id: dict[str, tuple[int, int]] = {}
-        self._by_item_id: dict[str, int] = {}
-        self._by_key: dict[Hashable, int] = {}
-        self._by_key_noreason: dict[Hashable, int] = {}
         self._gen_cache: dict[str, tuple[str, bool]] = {}
-        self._canon_cache: OrderedDict[str, str | None] = OrderedDict()
 
     # ------------------------------------------------------------------ restoration
-    def _canon(self, text: str) -> str | None:
-        c = self._canon_cache.get(text, False)
-        if c is False:
-            c = _canonical_json(text)
-            self._canon_cache[text] = c
-            if len(self._canon_cache) > 4096:
-                self._canon_cache.popitem(last=False)
-        return c  # type: ignore[return-value]
-
     def restore(self, messages: list[Message]) -> tuple[list[Message], list[int | None], int]:
-        """Restore the proxy's earlier outputs in ``messages`` (see the class docstring).
+        """Restore the proxy's earlier outputs in ``messages``
+        (:meth:`OutputIndex.restore <gyre.proxy.tito_outputs.OutputIndex.restore>`).
 
         Returns ``(messages, identified, restored_calls)``: the restored list (same length),
         per message the call index of the identified output or ``None``, and how many tool
         calls got their original argument text back.
         """
-        out: list[Message] = []
-        ident: list[int | None] = []
-        restored = 0
-        for m in messages:
-            if m.role != ROLE_ASSISTANT:
-                out.append(m)
-                ident.append(None)
-                continue
-            calls = list(m.tool_calls)
-            cands: set[int] = set()
-            changed = False
-            for i, tc in enumerate(calls):
-                hit = self._by_call_id.get(tc.id) if tc.id else None
-                if hit is None:
-                    continue
-                ci, k = hit
-                cands.add(ci)
-                orig = self._outputs[ci].message.tool_calls[k]
-                if orig.arguments != tc.arguments and orig.name == tc.name:
-                    a, b = self._canon(orig.arguments), self._canon(tc.arguments)
-                    if a is not None and a == b:
-                        calls[i] = ToolCall(tc.id, tc.name, orig.arguments, orig.kind, tc.item_id)
-                        restored += 1
-                        changed = True
-            for iid in m.item_ids:
-                ci = self._by_item_id.get(iid)
-                if ci is not None:
-                    cands.add(ci)
-            if changed:
-                m = Message(m.role, m.content, m.reasoning, tuple(calls), m.tool_call_id, m.is_error, m.item_ids)
-            key = m.key()
-            if not cands:
-                ci = self._by_key.get(key)
-                if ci is None and self.restore_reasoning and not m.reasoning:
-                    ci = self._by_key_noreason.get(key[:2] + key[3:])
-                if ci is not None:
-                    cands.add(ci)
-            hit_ci: int | None = None
-            for ci in sorted(cands, reverse=True) if cands else ():
-                if self._echoes(ci, m, key):
-                    hit_ci = ci
-                    break
-            if hit_ci is not None:
-                orig = self._outputs[hit_ci].message
-                m = Message(m.role, orig.content, orig.reasoning, m.tool_calls, m.tool_call_id, m.is_error, m.item_ids)
-            out.append(m)
-            ident.append(hit_ci)
-        return out, ident, restored
-
-    def _echoes(self, call_index: int, message: Message, key: tuple) -> bool:
-        """``message`` (whose :meth:`~gyre.proxy.messages.Message.key` is ``key``) echoes output
-        ``call_index``: the same key, or the same without reasoning when ``restore_reasoning``."""
-        ek = self._outputs[call_index].message.key()
-        return ek == key or (self.restore_reasoning and not message.reasoning and ek[:2] + ek[3:] == key[:2] + key[3:])
+        return self.outputs.restore(messages)
 
     # ------------------------------------------------------------------ tokens of stored records
     def _record_prefix(self, call_index: int,
@@ -331,7 +260,7 @@ class TitoSession:
         header = self.header_key(request)
         keys, path = self._walk(header, messages, ident)
         _, starts_in_reasoning = self._gen_prompt(request.template_kwargs)
-        outputs = {ci: self._outputs[ci] for ci in ident if ci is not None}
+        outputs = {ci: self.outputs[ci] for ci in ident if ci is not None}
         m = MatchedRequest(request, messages, ident, keys, path, [nd.end for nd in path], outputs, header,
                            restored, starts_in_reasoning)
         depth = m.deepest_cut()
@@ -364,9 +293,9 @@ class TitoSession:
             for i, k in enumerate(keys):
                 nxt = node.children.get(k)
                 if nxt is None and ident[i] is not None:
-                    alt = self._same_output_child(node, messages[i])
+                    alt = self.outputs.same_output_child(node, messages[i])
                     if alt is not None:
-                        orig, m = self._outputs[alt].message, messages[i]
+                        orig, m = self.outputs[alt].message, messages[i]
                         messages[i] = Message(m.role, orig.content, orig.reasoning, m.tool_calls, m.tool_call_id,
                                               m.is_error, m.item_ids)
                         ident[i], keys[i] = alt, ("out", alt)
@@ -376,18 +305,6 @@ class TitoSession:
                 path.append(nxt)
                 node = nxt
         return keys, path
-
-    def _same_output_child(self, node: TrieNode, message: Message) -> int | None:
-        """The call index of an output child of ``node`` that ``message`` echoes (same key, or
-        the same without reasoning when ``restore_reasoning``), or ``None``."""
-        key = message.key()
-        for k in node.children:
-            if isinstance(k, tuple) and len(k) == 2 and k[0] == "out" and k[1] in self._outputs:
-                if self._echoes(k[1], message, key):
-                    if all(not tc.id or self._by_call_id.get(tc.id, (None,))[0] in (None, k[1])
-                           for tc in message.tool_calls):
-                        return k[1]
-        return None
 
     # ------------------------------------------------------------------ commit
     def release(self) -> None:
@@ -401,9 +318,9 @@ class TitoSession:
             node.children = {}
             node.parent = None
         self._root = TrieNode(None, None)
-        for d in (self._recent, self._outputs, self._undelivered, self._by_call_id, self._by_item_id, self._by_key,
-                  self._by_key_noreason, self._gen_cache, self._canon_cache):
+        for d in (self._recent, self._undelivered, self._gen_cache):
             d.clear()
+        self.outputs.clear()
 
     def next_call_index(self) -> int:
         """Call index the next committed record will get."""
@@ -558,15 +475,7 @@ class TitoSession:
         """Keep delivered output ``ci`` for restoration: the output index and its trie node
         (a child of the trie node of its request's last message)."""
         node, n_in, open_ids, out_ids, close, out_prov = late
-        self._outputs[ci] = OutputEntry(ci, output_message, open_ids, out_ids, close, out_prov)
-        for k, tc in enumerate(output_message.tool_calls):
-            if tc.id:
-                self._by_call_id[tc.id] = (ci, k)
-        for iid in output_message.item_ids:
-            self._by_item_id[iid] = ci
-        key = output_message.key()
-        self._by_key[key] = ci
-        self._by_key_noreason[key[:2] + key[3:]] = ci
+        self.outputs.add(OutputEntry(ci, output_message, open_ids, out_ids, close, out_prov))
         out_node = node.children.get(("out", ci))
         if out_node is None:
             out_node = TrieNode(("out", ci), node)

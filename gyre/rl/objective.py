@@ -280,8 +280,23 @@ def execution_objective(
     ratio = torch.exp(diff)
     cap = float(config.token_is_cap)
     rho = torch.clamp(ratio, max=cap)
-    a_t, L_t = adv[ex], L[ex]
-    stats = ObjectiveStats(targets=n, executions=int(counted.sum()))
+    stats = _ratio_stats(n, int(counted.sum()), diff, ratio, rho, cap, entropy)
+    if config.loss_type == "gspo":
+        loss_sum, weights, mask = _gspo_terms(lp64, diff, rho, inputs, ex, L, adv, counted, config, stats)
+        normaliser = stats.executions
+    else:
+        mask = torch.ones(e, dtype=torch.bool, device=dev)
+        loss_sum, weights, normaliser = _token_clip_terms(lp64, ratio, inputs, ex, L, adv, config, stats)
+    stats.loss_sum = float(loss_sum.detach())
+    stats.normaliser = normaliser
+    return ObjectiveOutput(loss_sum=loss_sum, normaliser=normaliser, token_weights=weights.detach(),
+                           execution_mask=mask, stats=stats)
+
+
+def _ratio_stats(n: int, executions: int, diff: torch.Tensor, ratio: torch.Tensor, rho: torch.Tensor, cap: float,
+                 entropy: torch.Tensor | None) -> ObjectiveStats:
+    """The statistics of the importance ratios (and the entropy) of ``n`` targets."""
+    stats = ObjectiveStats(targets=n, executions=executions)
     if n:
         stats.rho_sum = float(rho.sum())
         stats.rho_max = float(rho.max())
@@ -290,47 +305,55 @@ def execution_objective(
     if entropy is not None:
         stats.entropy_sum = float(entropy.detach().to(torch.float64).sum())
         stats.entropy_targets = int(entropy.shape[0])
-    mask = torch.ones(e, dtype=torch.bool, device=dev)
+    return stats
 
-    if config.loss_type == "gspo":
-        lrs_here = torch.zeros(e, dtype=torch.float64, device=dev).index_add_(0, ex, diff)
-        count_here = torch.bincount(ex, minlength=e).to(torch.float64)
-        lrs = lrs_here
-        if inputs.log_ratio_sum is not None:
-            given = inputs.log_ratio_sum.to(dev, torch.float64)
-            lrs = torch.where(torch.isnan(given), lrs_here, given)
-            need = torch.isnan(given)
-        else:
-            need = torch.ones(e, dtype=torch.bool, device=dev)
-        incomplete = need & (count_here != L)
-        if bool(incomplete.any()):
-            i = int(torch.nonzero(incomplete)[0])
-            raise ValueError(f"execution {i} has {int(count_here[i])} of its L_i={int(L[i])} targets in this "
-                             "micro-step and no log_ratio_sum: run the forward-only log-ratio pass first")
-        s = torch.exp(lrs / L)  # GSPO execution ratio: mean log-ratio over T_i
-        high = (adv > 0) & (s > 1.0 + config.seq_clip_high)
-        low = (adv < 0) & (s < 1.0 - config.seq_clip_low)
-        mask = ~(high | low)
-        stats.clipped_high = int((high & counted).sum())
-        stats.clipped_low = int((low & counted).sum())
-        weights = -(mask[ex].to(torch.float64) * rho * a_t / L_t)
-        loss_sum = (weights * lp64).sum()
-        normaliser = stats.executions
+
+def _gspo_terms(lp64: torch.Tensor, diff: torch.Tensor, rho: torch.Tensor, inputs: ObjectiveInputs,
+                ex: torch.Tensor, L: torch.Tensor, adv: torch.Tensor, counted: torch.Tensor,
+                config: ObjectiveConfig, stats: ObjectiveStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss_sum, token weights, execution mask)`` of the GSPO objective: each execution's
+    ratio ``s_i`` from its mean log-ratio (this micro-step's, or ``log_ratio_sum``), the
+    sequence-clip mask, and the per-token weights ``-(m_i rho_t A_i / L_i)``; counts the clipped
+    executions into ``stats``."""
+    dev = lp64.device
+    e = inputs.num_executions
+    lrs_here = torch.zeros(e, dtype=torch.float64, device=dev).index_add_(0, ex, diff)
+    count_here = torch.bincount(ex, minlength=e).to(torch.float64)
+    lrs = lrs_here
+    if inputs.log_ratio_sum is not None:
+        given = inputs.log_ratio_sum.to(dev, torch.float64)
+        lrs = torch.where(torch.isnan(given), lrs_here, given)
+        need = torch.isnan(given)
     else:
-        lo, hi = 1.0 - config.token_clip_low, 1.0 + config.token_clip_high
-        r = torch.exp(lp64 - inputs.behaviour_logprobs.to(dev, torch.float64))  # with grad (no sg in PPO)
-        surr = torch.minimum(r * a_t, torch.clamp(r, lo, hi) * a_t)
-        clipped = ((a_t > 0) & (ratio > hi)) | ((a_t < 0) & (ratio < lo))
-        stats.token_clipped = int(clipped.sum())
-        if config.loss_type == "ppo":
-            loss_sum = -surr.sum()
-            weights = -(a_t * ratio * (~clipped).to(torch.float64))
-            normaliser = n
-        else:  # grpo
-            loss_sum = -(surr / L_t).sum()
-            weights = -(a_t * ratio * (~clipped).to(torch.float64)) / L_t
-            normaliser = stats.executions
-    stats.loss_sum = float(loss_sum.detach())
-    stats.normaliser = normaliser
-    return ObjectiveOutput(loss_sum=loss_sum, normaliser=normaliser, token_weights=weights.detach(),
-                           execution_mask=mask, stats=stats)
+        need = torch.ones(e, dtype=torch.bool, device=dev)
+    incomplete = need & (count_here != L)
+    if bool(incomplete.any()):
+        i = int(torch.nonzero(incomplete)[0])
+        raise ValueError(f"execution {i} has {int(count_here[i])} of its L_i={int(L[i])} targets in this "
+                         "micro-step and no log_ratio_sum: run the forward-only log-ratio pass first")
+    s = torch.exp(lrs / L)  # GSPO execution ratio: mean log-ratio over T_i
+    high = (adv > 0) & (s > 1.0 + config.seq_clip_high)
+    low = (adv < 0) & (s < 1.0 - config.seq_clip_low)
+    mask = ~(high | low)
+    stats.clipped_high = int((high & counted).sum())
+    stats.clipped_low = int((low & counted).sum())
+    weights = -(mask[ex].to(torch.float64) * rho * adv[ex] / L[ex])
+    return (weights * lp64).sum(), weights, mask
+
+
+def _token_clip_terms(lp64: torch.Tensor, ratio: torch.Tensor, inputs: ObjectiveInputs, ex: torch.Tensor,
+                      L: torch.Tensor, adv: torch.Tensor, config: ObjectiveConfig,
+                      stats: ObjectiveStats) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(loss_sum, token weights, normaliser)`` of token-level PPO-clip: summed over targets
+    (``ppo``, normaliser = targets) or per execution over ``L_i`` (``grpo``, normaliser =
+    executions counted); counts the clipped tokens into ``stats``."""
+    a_t, L_t = adv[ex], L[ex]
+    lo, hi = 1.0 - config.token_clip_low, 1.0 + config.token_clip_high
+    r = torch.exp(lp64 - inputs.behaviour_logprobs.to(lp64.device, torch.float64))  # with grad (no sg in PPO)
+    surr = torch.minimum(r * a_t, torch.clamp(r, lo, hi) * a_t)
+    clipped = ((a_t > 0) & (ratio > hi)) | ((a_t < 0) & (ratio < lo))
+    stats.token_clipped = int(clipped.sum())
+    if config.loss_type == "ppo":
+        return -surr.sum(), -(a_t * ratio * (~clipped).to(torch.float64)), lp64.shape[0]
+    # grpo
+    return -(surr / L_t).sum(), -(a_t * ratio * (~clipped).to(torch.float64)) / L_t, stats.executions

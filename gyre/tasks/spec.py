@@ -227,75 +227,95 @@ def _check_evaluator(spec: Any, where: str, c: _Collector, task_dir: Path, check
     if "name" in spec and not (isinstance(spec["name"], str) and spec["name"]):
         c.add(f"{where}.name", "must be a non-empty string")
     if kind == "executable":
-        cmd = spec.get("command")
-        if cmd is None:
-            c.add(f"{where}.command", "missing (a shell string or a list of arguments)")
-        elif isinstance(cmd, str):
-            if not cmd.strip():
-                c.add(f"{where}.command", "must not be empty")
-            out["command"] = _subst_task_dir(cmd, task_dir, shell=True)
-        elif isinstance(cmd, list):
-            if not cmd or not all(isinstance(a, str) for a in cmd):
-                c.add(f"{where}.command", "must be a non-empty list of strings")
-            else:
-                out["command"] = [_subst_task_dir(a, task_dir, shell=False) for a in cmd]
-        else:
-            c.add(f"{where}.command", f"must be a string or a list of strings, got {_type_name(cmd)}")
-        env = spec.get("env")
-        if env is not None:
-            if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
-                                                      and not isinstance(v, bool) for k, v in env.items()):
-                c.add(f"{where}.env", "must be a mapping of names to strings")
-            else:
-                out["env"] = {k: _subst_task_dir(str(v), task_dir, shell=False) for k, v in env.items()}
-        if "junit_skipped" in spec and spec["junit_skipped"] not in ("fail", "exclude"):
-            c.add(f"{where}.junit_skipped", f"must be fail or exclude, got {spec['junit_skipped']!r}")
-        if "readonly_source" in spec and spec["readonly_source"] not in ("auto", "require", "off"):
-            c.add(f"{where}.readonly_source", f"must be auto, require or off, got {spec['readonly_source']!r}")
-        scoring = spec.get("scoring")
-        if scoring is not None:
-            if not isinstance(scoring, str) or not scoring.strip():
-                c.add(f"{where}.scoring", "must be junit, exit_code, stdout_score or a dotted path 'pkg.mod:fn'")
-            elif scoring not in _BUILTIN_RULES and check_imports:
-                from gyre.evaluation import load_callable
-
-                try:
-                    load_callable(scoring)
-                except Exception as exc:  # any import failure is the task's problem
-                    c.add(f"{where}.scoring", f"cannot load {scoring!r}: {type(exc).__name__}: {exc}")
+        _check_executable(spec, where, c, task_dir, check_imports, out)
     elif kind == "judge":
-        rubric = spec.get("rubric")
-        if not isinstance(rubric, str) or not rubric.strip():
-            c.add(f"{where}.rubric", "missing or empty (the judge's rubric text)")
-        for key in ("max_turns", "max_tokens"):
-            if key in spec and not (isinstance(spec[key], int) and not isinstance(spec[key], bool) and spec[key] > 0):
-                c.add(f"{where}.{key}", f"must be an integer > 0, got {spec[key]!r}")
-        if "model" in spec and not (isinstance(spec["model"], str) and spec["model"].strip()):
-            c.add(f"{where}.model", f"must be a non-empty string, got {spec['model']!r}")
-        if "base_url" in spec and not (isinstance(spec["base_url"], str)
-                                       and spec["base_url"].startswith(("http://", "https://"))):
-            c.add(f"{where}.base_url", f"must be an http(s) URL, got {spec['base_url']!r}")
-        if "score_scale" in spec and not _positive_number(spec["score_scale"]):
-            c.add(f"{where}.score_scale", f"must be a number > 0, got {spec['score_scale']!r}")
+        _check_judge(spec, where, c)
     else:  # composite
-        comps = spec.get("components")
-        if not isinstance(comps, list) or not comps:
-            c.add(f"{where}.components", "must be a non-empty list of evaluator specs with weights")
-        else:
-            built = []
-            for i, comp in enumerate(comps):
-                cw = f"{where}.components.{i}"
-                if isinstance(comp, Mapping) and "weight" in comp and not (
-                        isinstance(comp["weight"], (int, float)) and not isinstance(comp["weight"], bool)
-                        and 0 < comp["weight"] < float("inf")):
-                    c.add(f"{cw}.weight", f"must be a number > 0, got {comp['weight']!r}")
-                inner = {k: v for k, v in comp.items() if k != "weight"} if isinstance(comp, Mapping) else comp
-                sub = _check_evaluator(inner, cw, c, task_dir, check_imports)
-                if sub is not None and isinstance(comp, Mapping) and "weight" in comp:
-                    sub["weight"] = comp["weight"]
-                built.append(sub)
-            out["components"] = built
+        _check_composite(spec, where, c, task_dir, check_imports, out)
     return out
+
+
+def _check_executable(spec: Mapping, where: str, c: _Collector, task_dir: Path, check_imports: bool,
+                      out: dict) -> None:
+    """The fields of an ``executable`` evaluator: its command and env (``{task_dir}`` substituted
+    into ``out``), junit and read-only-source options, and its scoring rule (importable when
+    ``check_imports``)."""
+    cmd = spec.get("command")
+    if cmd is None:
+        c.add(f"{where}.command", "missing (a shell string or a list of arguments)")
+    elif isinstance(cmd, str):
+        if not cmd.strip():
+            c.add(f"{where}.command", "must not be empty")
+        out["command"] = _subst_task_dir(cmd, task_dir, shell=True)
+    elif isinstance(cmd, list):
+        if not cmd or not all(isinstance(a, str) for a in cmd):
+            c.add(f"{where}.command", "must be a non-empty list of strings")
+        else:
+            out["command"] = [_subst_task_dir(a, task_dir, shell=False) for a in cmd]
+    else:
+        c.add(f"{where}.command", f"must be a string or a list of strings, got {_type_name(cmd)}")
+    env = spec.get("env")
+    if env is not None:
+        if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                                  and not isinstance(v, bool) for k, v in env.items()):
+            c.add(f"{where}.env", "must be a mapping of names to strings")
+        else:
+            out["env"] = {k: _subst_task_dir(str(v), task_dir, shell=False) for k, v in env.items()}
+    if "junit_skipped" in spec and spec["junit_skipped"] not in ("fail", "exclude"):
+        c.add(f"{where}.junit_skipped", f"must be fail or exclude, got {spec['junit_skipped']!r}")
+    if "readonly_source" in spec and spec["readonly_source"] not in ("auto", "require", "off"):
+        c.add(f"{where}.readonly_source", f"must be auto, require or off, got {spec['readonly_source']!r}")
+    scoring = spec.get("scoring")
+    if scoring is not None:
+        if not isinstance(scoring, str) or not scoring.strip():
+            c.add(f"{where}.scoring", "must be junit, exit_code, stdout_score or a dotted path 'pkg.mod:fn'")
+        elif scoring not in _BUILTIN_RULES and check_imports:
+            from gyre.evaluation import load_callable
+
+            try:
+                load_callable(scoring)
+            except Exception as exc:  # any import failure is the task's problem
+                c.add(f"{where}.scoring", f"cannot load {scoring!r}: {type(exc).__name__}: {exc}")
+
+
+def _check_judge(spec: Mapping, where: str, c: _Collector) -> None:
+    """The fields of a ``judge`` evaluator: rubric, turn and token limits, model, URL, score scale."""
+    rubric = spec.get("rubric")
+    if not isinstance(rubric, str) or not rubric.strip():
+        c.add(f"{where}.rubric", "missing or empty (the judge's rubric text)")
+    for key in ("max_turns", "max_tokens"):
+        if key in spec and not (isinstance(spec[key], int) and not isinstance(spec[key], bool) and spec[key] > 0):
+            c.add(f"{where}.{key}", f"must be an integer > 0, got {spec[key]!r}")
+    if "model" in spec and not (isinstance(spec["model"], str) and spec["model"].strip()):
+        c.add(f"{where}.model", f"must be a non-empty string, got {spec['model']!r}")
+    if "base_url" in spec and not (isinstance(spec["base_url"], str)
+                                   and spec["base_url"].startswith(("http://", "https://"))):
+        c.add(f"{where}.base_url", f"must be an http(s) URL, got {spec['base_url']!r}")
+    if "score_scale" in spec and not _positive_number(spec["score_scale"]):
+        c.add(f"{where}.score_scale", f"must be a number > 0, got {spec['score_scale']!r}")
+
+
+def _check_composite(spec: Mapping, where: str, c: _Collector, task_dir: Path, check_imports: bool,
+                     out: dict) -> None:
+    """The components of a ``composite`` evaluator, each checked as an evaluator with its weight
+    (into ``out["components"]``)."""
+    comps = spec.get("components")
+    if not isinstance(comps, list) or not comps:
+        c.add(f"{where}.components", "must be a non-empty list of evaluator specs with weights")
+    else:
+        built = []
+        for i, comp in enumerate(comps):
+            cw = f"{where}.components.{i}"
+            if isinstance(comp, Mapping) and "weight" in comp and not (
+                    isinstance(comp["weight"], (int, float)) and not isinstance(comp["weight"], bool)
+                    and 0 < comp["weight"] < float("inf")):
+                c.add(f"{cw}.weight", f"must be a number > 0, got {comp['weight']!r}")
+            inner = {k: v for k, v in comp.items() if k != "weight"} if isinstance(comp, Mapping) else comp
+            sub = _check_evaluator(inner, cw, c, task_dir, check_imports)
+            if sub is not None and isinstance(comp, Mapping) and "weight" in comp:
+                sub["weight"] = comp["weight"]
+            built.append(sub)
+        out["components"] = built
 
 
 def _check_workspace(ws: Any, c: _Collector, task_dir: Path) -> WorkspaceSpec | None:

@@ -6,7 +6,9 @@ the supervised format warm-start.
   :mod:`gyre.training.backends` builds the step ``--training-backend`` asks for:
   :mod:`gyre.training.hf_step` (``transformers``) or :mod:`gyre.training.megatron_step` (a
   megatron-core ``GPTModel`` of :mod:`gyre.training.megatron_model`, core attention of
-  :mod:`gyre.training.attention`); :mod:`gyre.training.logprobs` -- target-token log-probs in chunks;
+  :mod:`gyre.training.attention`, run as a policy by :mod:`gyre.training.megatron_policy`, its
+  weights gathered in HF layout by :mod:`gyre.training.megatron_export`);
+  :mod:`gyre.training.logprobs` -- target-token log-probs in chunks;
 * :mod:`gyre.training.checkpoint_conversion` -- Qwen3 weights between HF and Megatron;
 * :mod:`gyre.training.control` -- the typed control messages between rank 0 and the cells;
 * :mod:`gyre.training.cell` -- a cell's role transitions (paper §4.3);

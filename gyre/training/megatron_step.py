@@ -1,7 +1,8 @@
 """Training step on a megatron-core ``GPTModel`` in Megatron DDP with Megatron's optimizer.
 
-:class:`MegatronPolicy` runs the model (logits ``[b, s, V]``, RoPE at the micro-step's position
-ids, the packed/tree attention mask) and gathers the targets' log-probs chunk by chunk.
+:class:`~gyre.training.megatron_policy.MegatronPolicy` (imported here) runs the model (logits
+``[b, s, V]``, RoPE at the micro-step's position ids, the packed/tree attention mask) and gathers
+the targets' log-probs chunk by chunk.
 :class:`MegatronTrainStep` runs micro-steps through ``get_forward_backward_func``: the loss
 function returns ``(loss_sum, normaliser, stats)`` with ``calculate_per_token_loss = True``, so
 ``finalize_model_grads`` divides the (data-parallel all-reduced) gradients by the total
@@ -15,7 +16,7 @@ entropy are all-reduced over the TP group (:func:`gyre.training.logprobs.target_
 every TP rank holds whole but that see only its own heads (``q_layernorm``/``k_layernorm``) or
 sequence shard (``sequence_parallel`` parameters) -- the non-tensor-parallel reduction
 ``finalize_model_grads`` does -- so ``main_grad`` holds the full gradients after each call;
-:meth:`MegatronTrainStep.hf_named` all-gathers the shards.
+:meth:`MegatronTrainStep.hf_named` all-gathers the shards (:mod:`gyre.training.megatron_export`).
 
 Pipeline parallelism inside the cell: Megatron's schedule runs the stages (``variable_seq_lengths``,
 since micro-steps differ in shape); the loss function runs on the last stage, whose statistics and
@@ -34,117 +35,15 @@ import torch
 
 from gyre.buffer.packing import MicroStep
 from gyre.rl.objective import ObjectiveConfig, ObjectiveStats, execution_objective
-from gyre.training.checkpoint_conversion import hf_to_megatron, load_into_megatron, megatron_to_hf
-from gyre.training.logprobs import DEFAULT_CHUNK_SIZE, target_logprobs_from_logits
-from gyre.training.megatron_model import (apply_wd_mult, build_gpt_model, build_optimizer, causal_attention_mask,
-                                          transformer_config_from_hf, wrap_ddp)
-from gyre.training.step import AdamConfig, MicroStepBatch, TrainStep, add_split_log_ratios, checked_temperature
+from gyre.training.checkpoint_conversion import hf_to_megatron, load_into_megatron
+from gyre.training.logprobs import DEFAULT_CHUNK_SIZE
+from gyre.training.megatron_export import gather_hf_named, hf_buckets
+from gyre.training.megatron_model import (apply_wd_mult, build_gpt_model, build_optimizer, transformer_config_from_hf,
+                                          wrap_ddp)
+from gyre.training.megatron_policy import MegatronPolicy
+from gyre.training.step import AdamConfig, MicroStepBatch, TrainStep, add_split_log_ratios
 
 __all__ = ["MegatronPolicy", "MegatronTrainStep", "build_megatron_train_step"]
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
-class _RotaryPositions:
-    """Make a megatron-core ``GPTModel``'s RoPE follow explicit position ids.
-
-    ``GPTModel._preprocess`` builds RoPE for positions ``0..s-1`` of every sequence
-    (``megatron/core/models/gpt/gpt_model.py``; ``position_ids`` only feed learned absolute
-    embeddings), which is wrong for packed rows and trie segments. This replaces the forward
-    of *this model instance's* ``rotary_pos_emb`` (no global patch): while ``positions``
-    (``[b, s]``) is set it returns the frequencies gathered at those positions, shaped
-    ``[s, b, 1, d]``, which ``_apply_rotary_pos_emb_bshd`` broadcasts against ``[s, b, h, d]``
-    (``megatron/core/models/common/embeddings/rope_utils.py``). Unset, it is the original.
-    """
-
-    def __init__(self, rope: torch.nn.Module):
-        self.rope, self.orig, self.positions = rope, rope.forward, None
-        rope.forward = self._forward
-        rope._gyre_positions = self
-
-    @classmethod
-    def install(cls, gpt_model: torch.nn.Module) -> "_RotaryPositions":
-        """Install on ``gpt_model`` once; later calls return the installed instance."""
-        rope = getattr(gpt_model, "rotary_pos_emb", None)
-        if rope is None:
-            raise ValueError("model has no rotary_pos_emb (expected position_embedding_type='rope')")
-        return getattr(rope, "_gyre_positions", None) or cls(rope)
-
-    def _forward(self, max_seq_len, offset=0, packed_seq=False, cp_group=None):
-        pos = self.positions
-        if pos is None:
-            return self.orig(max_seq_len, offset, packed_seq, cp_group)
-        emb = self.orig(int(pos.max()) + 1)  # [P, 1, 1, d]
-        b, s = pos.shape
-        return emb[pos.t().reshape(-1), 0, 0].reshape(s, b, 1, -1)
-
-
-class MegatronPolicy:
-    """Target log-probs from a megatron-core ``GPTModel`` (optionally wrapped in DDP).
-
-    ``logits(model, batch)`` runs the model (``[b, s, V / TP]`` logits, this rank's vocabulary
-    shard, no labels) with the micro-step's mask (complement of ``attention_allowed``; with
-    :class:`~gyre.training.attention.FusedCoreAttention` in the model, no mask for causal rows and a
-    FlexAttention block mask from the batch's ``tree`` intervals) and RoPE at the micro-step's
-    position ids; ``target_logprobs(logits, batch)`` gathers the targets chunk by
-    chunk, all-reducing over the TP group when TP > 1 (every TP rank gets the full distribution's
-    log-probs and entropy). ``temperature``: as :class:`~gyre.training.hf_step.HFPolicy`; the
-    logits are divided by it in place (a ``[b, s, V]`` copy would double the largest tensor of the
-    step; the output layer's backward does not need its output).
-
-    Raises:
-        ValueError: ``temperature <= 0``.
-    """
-
-    def __init__(self, model: torch.nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE, with_entropy: bool = True,
-                 temperature: float = 1.0):
-        from megatron.core import parallel_state as ps
-
-        self.temperature = checked_temperature(temperature)
-        self.tp_group = None
-        if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
-            self.tp_group = ps.get_tensor_model_parallel_group()
-        self.model = model
-        self.gpt = _unwrap(model)
-        self.rope = _RotaryPositions.install(self.gpt)
-        self.chunk_size = chunk_size
-        self.with_entropy = with_entropy
-        from gyre.training.attention import FusedCoreAttention
-
-        self.fused = any(isinstance(m, FusedCoreAttention) for m in model.modules())
-
-    def logits(self, model: torch.nn.Module, batch: MicroStepBatch) -> torch.Tensor:
-        """``[b, s, V]`` logits of ``model`` (the wrapped or bare GPTModel) for ``batch``."""
-        allowed = batch.attention_allowed
-        if batch.tree is not None:
-            from gyre.training.attention import tree_block_mask
-
-            mask = tree_block_mask(*batch.tree)
-        elif allowed is not None:
-            mask = ~allowed
-        else:  # plain causal: the fused kernel needs no mask at all
-            mask = None if self.fused else causal_attention_mask(batch.input_ids.shape[1], batch.input_ids.device)
-        self.rope.positions = batch.position_ids
-        try:
-            return model(batch.input_ids, batch.position_ids, mask)
-        finally:
-            self.rope.positions = None
-
-    def target_logprobs(self, logits: torch.Tensor, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [N], entropy [N] or None)`` from ``logits [b, s, V / TP]`` (collective over
-        the TP group when TP > 1)."""
-        if self.temperature != 1.0:
-            logits = logits.div_(self.temperature)
-        return target_logprobs_from_logits(logits.reshape(-1, logits.shape[-1]), batch.target_index,
-                                           batch.target_ids, self.chunk_size, self.with_entropy, group=self.tp_group)
-
-    def __call__(self, batch: MicroStepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Both steps on ``self.model``."""
-        return self.target_logprobs(self.logits(self.model, batch), batch)
 
 
 class MegatronTrainStep(TrainStep):
@@ -231,90 +130,28 @@ class MegatronTrainStep(TrainStep):
 
     def hf_named(self, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """``tensors`` (shaped like :attr:`params`) converted to HF names and layout
-        (:func:`gyre.training.checkpoint_conversion.megatron_to_hf`; a tied ``lm_head`` is left out).
-
-        At TP > 1 each tensor is all-gathered over the TP group first, at PP > 1 the stages' shards
-        over the pipeline group (collective: every rank of the model-parallel group must call it,
-        with its own shards) and every rank returns the whole HF tensors.
+        (:func:`gyre.training.megatron_export.gather_hf_named`; a tied ``lm_head`` is left out).
+        Collective over the model-parallel group; every rank returns the whole HF tensors.
 
         Raises:
             ValueError: the step was built without ``hf_config``.
         """
-        from megatron.core import parallel_state as ps
-        import torch.distributed as dist
-
         if self.hf_config is None:
             raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
-        tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-        stage = ps.get_pipeline_model_parallel_rank()
-        mine = {(0, stage): dict(zip(self.param_names, tensors))}
-        if tp > 1:
-            mine = {(t, stage): {} for t in range(tp)}
-            for name, x in zip(self.param_names, tensors):
-                parts = [torch.empty_like(x) for _ in range(tp)]
-                dist.all_gather(parts, x.contiguous(), group=ps.get_tensor_model_parallel_group())
-                for t in range(tp):
-                    mine[(t, stage)][name] = parts[t]
-        shards = dict(mine)
-        if pp > 1:
-            stages: list = [None] * pp
-            dist.all_gather_object(stages, mine, group=ps.get_pipeline_model_parallel_group())
-            shards = {key: sd for got in stages for key, sd in got.items()}
-        out = megatron_to_hf(shards, self.hf_config)
-        if self.hf_config.tie_word_embeddings:
-            out.pop("lm_head.weight", None)
-        return out
+        return gather_hf_named(self.param_names, tensors, self.hf_config)
 
     def hf_named_buckets(self, tensors: Sequence[torch.Tensor], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
         """``tensors`` (shaped like :attr:`params`) in HF names and layout, in buckets of about
-        ``bucket_bytes`` (a unit -- the embedding, one layer, the final norm -- is never split), on
-        the model-parallel group's first rank (TP rank 0 of the first stage); other ranks yield
-        nothing.  Collective over the model-parallel group: every rank must exhaust it.  Each unit
-        is all-gathered over the TP group of the stage holding it and, at PP > 1, sent from that
-        stage to the first, so no rank ever holds more than a bucket and a unit of the gathered model.
+        ``bucket_bytes``, on the model-parallel group's first rank
+        (:func:`gyre.training.megatron_export.hf_buckets`). Collective over the model-parallel
+        group: every rank must exhaust it.
 
         Raises:
             ValueError: the step was built without ``hf_config``.
         """
-        from megatron.core import parallel_state as ps
-        import torch.distributed as dist
-
-        from gyre.training.checkpoint_conversion import megatron_unit_to_hf, megatron_units, unit_names
-
         if self.hf_config is None:
             raise ValueError("MegatronTrainStep needs hf_config to name weights in HF layout")
-        tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-        stage, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
-        mine = dict(zip(self.param_names, tensors))
-        first = stage == 0 and tp_rank == 0
-        bucket: dict[str, torch.Tensor] = {}
-        size = 0
-        for unit, owner, prefix in megatron_units(self.hf_config, pp):
-            hf = None
-            if stage == owner:
-                pieces = [{} for _ in range(tp)]
-                for name in unit_names(unit, list(mine), prefix):
-                    parts = [mine[name]] if tp == 1 else [torch.empty_like(mine[name]) for _ in range(tp)]
-                    if tp > 1:
-                        dist.all_gather(parts, mine[name].contiguous(), group=ps.get_tensor_model_parallel_group())
-                    for t in range(tp):
-                        pieces[t][name[len(prefix):]] = parts[t]
-                hf = megatron_unit_to_hf(unit, pieces, self.hf_config) if tp_rank == 0 else None
-            if pp > 1 and owner != 0 and tp_rank == 0:  # the stage holding it sends it to the first
-                group = ps.get_pipeline_model_parallel_group()
-                box = [hf]
-                dist.broadcast_object_list(box, src=dist.get_process_group_ranks(group)[owner], group=group)
-                hf = box[0]
-            if not first:
-                continue
-            for name, t in hf.items():
-                bucket[name] = t
-                size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = {}, 0
-        if first and bucket:
-            yield bucket
+        yield from hf_buckets(self.param_names, tensors, self.hf_config, bucket_bytes)
 
     def save_hf(self, directory) -> None:
         """Write the weights as a servable HF checkpoint (``config.json`` + ``model.safetensors``).

@@ -5,11 +5,15 @@ Flow: the proxy builds a :class:`RequestRecord` per model call, appends it to a
 admission :func:`sample_trajectories` picks up to ``J_max`` trajectories and
 :func:`materialize` turns them into :class:`TrajectoryRow` s.
 
-Modules: :mod:`gyre.trajectory.records` (one model call), :mod:`gyre.trajectory.tree` (the
-prefix-sharing tree; its nodes view the records' arrays, :mod:`gyre.trajectory.tree_sharing`),
-:mod:`gyre.trajectory.store` (append-only storage), :mod:`gyre.trajectory.admission` (trainable
-tokens, ``J_max`` sampling), :mod:`gyre.trajectory.materialize` (training rows),
-:mod:`gyre.trajectory.tree_views` (text and HTML views, ``tools/inspect_tree.py``).
+Modules: :mod:`~gyre.trajectory.records` (the record, roles, provenance);
+:mod:`~gyre.trajectory.tree` (the tree), with :mod:`~gyre.trajectory.tree_nodes` (its nodes and
+results), :mod:`~gyre.trajectory.tree_index` (where an input continues: anchors, longest match),
+:mod:`~gyre.trajectory.tree_sharing` (nodes that keep views of a record's input) and
+:mod:`~gyre.trajectory.tree_views` (stats, text and HTML views for inspection);
+:mod:`~gyre.trajectory.store` (record files: writer, reader, store), with
+:mod:`~gyre.trajectory.record_format` (the line format and its delta ring);
+:mod:`~gyre.trajectory.admission` (trainable masks, sampling) and
+:mod:`~gyre.trajectory.materialize` (rows for training).
 """
 
 from gyre.trajectory.admission import (

@@ -1,7 +1,7 @@
 """Durable, append-only storage of request records; trees rebuilt bit-identically.
 
 One file per execution, ``<root>/<execution_id>.jsonl``, one record per line in insertion
-order, in the ``gyre-tito/1`` format (:func:`encode_record`): a CRC-checked JSON line whose
+order, in the ``gyre-tito/1`` format (:mod:`gyre.trajectory.record_format`): a CRC-checked JSON line whose
 token arrays are base64 bytes and whose input is delta-encoded against a recent earlier record,
 so a file grows with the new tokens of each call, not with its context length.
 
@@ -24,19 +24,15 @@ rebuilt tree stays bit-identical.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import warnings
-import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-
-from gyre.common_prefix import common_prefix_len
+from gyre.trajectory.record_format import (FORMAT_VERSION, DeliveryMark, DeltaRing, decode_record,
+                                           encode_delivery_mark, encode_record, parse_line)
 from gyre.trajectory.records import EXECUTION_ID_RE, RequestRecord
 from gyre.trajectory.tree import TrajectoryTree
 
@@ -50,13 +46,11 @@ __all__ = [
     "load_tree",
     "encode_record",
     "encode_delivery_mark",
+    "ScanState",
+    "scan_file",
 ]
 
 logger = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
-_CRC_KEY = b',"crc":'
-
 
 class TornTailWarning(RuntimeWarning):
     """A torn final line was found in a record file and skipped."""
@@ -66,161 +60,8 @@ class StoreCorruptError(ValueError):
     """A record file is corrupt beyond a torn final line (bad line in the middle, bad base)."""
 
 
-def _b64(arr: np.ndarray, dtype: str) -> str:
-    return base64.b64encode(np.ascontiguousarray(arr, dtype=dtype).tobytes()).decode("ascii")
-
-
-def _unb64(s: str, dtype: str, native: type) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(s, validate=True), dtype=dtype).astype(native)
-
-
-class _RingEntry:
-    __slots__ = ("seq", "input_ids", "output_ids", "input_provenance", "out_prov", "n_in", "length")
-
-    def __init__(self, seq: int, rec: RequestRecord) -> None:
-        self.seq = seq
-        self.input_ids = rec.input_ids
-        self.output_ids = rec.output_ids
-        self.input_provenance = rec.input_provenance
-        self.out_prov = rec.output_provenance_value()
-        self.n_in = rec.num_input_tokens
-        self.length = rec.num_input_tokens + rec.num_output_tokens
-
-    def common_prefix(self, ids: np.ndarray, prov: np.ndarray) -> int:
-        """Common prefix of (ids, prov) with (input ++ output, in_prov ++ out_prov)."""
-        p = common_prefix_len(ids, self.input_ids)
-        q = common_prefix_len(prov[:p], self.input_provenance[:p])
-        if q < p:
-            return q
-        if p == self.n_in and p < ids.shape[0]:
-            t = common_prefix_len(ids[p:], self.output_ids)
-            run = prov[p:p + t]
-            t = min(t, common_prefix_len(run, np.broadcast_to(self.out_prov, run.shape)))
-            p += t
-        return p
-
-    def prefix(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        if n <= self.n_in:
-            return self.input_ids[:n], self.input_provenance[:n]
-        k = n - self.n_in
-        return (
-            np.concatenate([self.input_ids, self.output_ids[:k]]),
-            np.concatenate([self.input_provenance, np.full(k, self.out_prov, np.int8)]),
-        )
-
-
-class _Ring:
-    """The delta-encoding reference set, evolved identically by writer and reader.
-
-    Holds up to ``size`` recent records. A record whose base covers a ring entry's whole
-    input (it continues that entry's thread) replaces the entry; otherwise the oldest entry
-    is evicted when full. So one long thread (the main agent) keeps its slot while
-    sub-agents run.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.entries: OrderedDict[int, _RingEntry] = OrderedDict()
-
-    def best_base(self, rec: RequestRecord) -> tuple[int, int]:
-        """``(seq, n)`` of the entry sharing the longest (ids, provenance) prefix; ``n`` may be 0."""
-        best_seq, best_n = -1, 0
-        ids, prov = rec.input_ids, rec.input_provenance
-        for e in sorted(self.entries.values(), key=lambda e: (e.length, e.seq), reverse=True):
-            if e.length <= best_n:
-                break
-            p = e.common_prefix(ids, prov)
-            if p > best_n:
-                best_seq, best_n = e.seq, p
-        return best_seq, best_n
-
-    def prefix(self, seq: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        e = self.entries.get(seq)
-        if e is None or n <= 0 or n > e.length:
-            raise ValueError(f"base {[seq, n]} does not reference a recent record")
-        return e.prefix(n)
-
-    def add(self, seq: int, rec: RequestRecord, base: tuple[int, int] | None) -> None:
-        if base is not None:
-            e = self.entries.get(base[0])
-            if e is not None and base[1] >= e.n_in:
-                del self.entries[base[0]]
-        self.entries[seq] = _RingEntry(seq, rec)
-        while len(self.entries) > self.size:
-            self.entries.popitem(last=False)
-
-
-def encode_record(rec: RequestRecord, seq: int, base: tuple[int, int] | None) -> bytes:
-    """One line (with trailing newline) of the ``gyre-tito/1`` format for ``rec``.
-
-    The line is a JSON object (ASCII, no spaces) ending in ``,"crc":<crc32>}``, the CRC-32
-    covering the line's bytes with that suffix replaced by ``}``.  Token arrays are base64 of
-    little-endian ``int32``/``int8``/``float32`` bytes.  ``base`` is ``(seq, n)`` or ``None``:
-    the first ``n`` input tokens *and* their provenance equal the first ``n`` entries of
-    ``input ++ output`` (provenance ``input_provenance ++ output provenance``) of the record
-    on line ``seq``, so only the remaining input (``"input_tail"``, ``"prov_tail"``) is stored.
-    Fields: ``v, seq, execution_id, call_index, role, policy_version, engine_id, delivered,
-    finish_reason, timings, metadata, n_in, base, input_tail, prov_tail, output_ids,
-    output_logprobs, crc``.
-    """
-    n = base[1] if base else 0
-    payload: dict[str, Any] = {
-        "v": FORMAT_VERSION,
-        "seq": seq,
-        "execution_id": rec.execution_id,
-        "call_index": rec.call_index,
-        "role": rec.role,
-        "policy_version": rec.policy_version,
-        "engine_id": rec.engine_id,
-        "delivered": rec.delivered,
-        "finish_reason": rec.finish_reason,
-        "timings": rec.timings,
-        "metadata": rec.metadata,
-        "n_in": rec.num_input_tokens,
-        "base": list(base) if base else None,
-        "input_tail": _b64(rec.input_ids[n:], "<i4"),
-        "prov_tail": _b64(rec.input_provenance[n:], "i1"),
-        "output_ids": _b64(rec.output_ids, "<i4"),
-        "output_logprobs": _b64(rec.output_logprobs, "<f4"),
-    }
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    crc = zlib.crc32(body)
-    return body[:-1] + _CRC_KEY + str(crc).encode("ascii") + b"}\n"
-
-
-def encode_delivery_mark(execution_id: str, call_index: int) -> bytes:
-    """One delivery-mark line (with trailing newline): ``{"v", "mark": "delivered",
-    "execution_id", "call_index", "crc"}``, CRC-checked like a record line. It takes no ``seq``:
-    records keep their numbering (and their delta bases) whatever marks lie between them."""
-    payload = {"v": FORMAT_VERSION, "mark": "delivered", "execution_id": execution_id, "call_index": int(call_index)}
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    return body[:-1] + _CRC_KEY + str(zlib.crc32(body)).encode("ascii") + b"}\n"
-
-
-class DeliveryMark(int):
-    """What :func:`_scan` yields for a delivery-mark line: the marked record's call index."""
-
-
-def _parse_line(line: bytes) -> dict[str, Any]:
-    """Validate CRC and parse one line (without newline). Raises ``ValueError``."""
-    idx = line.rfind(_CRC_KEY)
-    if idx < 0 or not line.endswith(b"}"):
-        raise ValueError("no crc field")
-    body = line[:idx] + b"}"
-    try:
-        crc = int(line[idx + len(_CRC_KEY):-1])
-    except ValueError as e:
-        raise ValueError("bad crc field") from e
-    if zlib.crc32(body) != crc:
-        raise ValueError("crc mismatch")
-    obj = json.loads(body)
-    if not isinstance(obj, dict) or obj.get("v") != FORMAT_VERSION:
-        raise ValueError(f"unsupported format version {obj.get('v') if isinstance(obj, dict) else None!r}")
-    return obj
-
-
-class _ScanState:
-    """What :func:`_scan` learnt: records decoded, lines read (records and marks), end of the last
+class ScanState:
+    """What :func:`scan_file` learnt: records decoded, lines read (records and marks), end of the last
     good line, torn tail, ring."""
 
     __slots__ = ("count", "lines", "good_end", "torn", "ring")
@@ -230,10 +71,10 @@ class _ScanState:
         self.lines = 0
         self.good_end = 0
         self.torn = False
-        self.ring = _Ring(ring_size)
+        self.ring = DeltaRing(ring_size)
 
 
-def _scan(path: Path, state: _ScanState, calls: set[int] | None = None) -> Iterator[RequestRecord | DeliveryMark]:
+def scan_file(path: Path, state: ScanState, calls: set[int] | None = None) -> Iterator[RequestRecord | DeliveryMark]:
     """Decode a record file lazily, one line at a time, filling ``state``: each record, and a
     :class:`DeliveryMark` for each delivery-mark line.
 
@@ -255,7 +96,7 @@ def _scan(path: Path, state: _ScanState, calls: set[int] | None = None) -> Itera
         try:
             if nl < 0:
                 raise ValueError("missing newline")
-            obj = _parse_line(line)
+            obj = parse_line(line)
         except ValueError as e:
             rest = data[line_end + 1:] if nl >= 0 else b""
             if _has_valid_line(rest):
@@ -272,7 +113,7 @@ def _scan(path: Path, state: _ScanState, calls: set[int] | None = None) -> Itera
             item: RequestRecord | DeliveryMark = DeliveryMark(ci)
         else:
             try:
-                rec, base = _decode(obj, ring, state.count)
+                rec, base = decode_record(obj, ring, state.count)
             except (KeyError, TypeError, ValueError) as e:
                 raise StoreCorruptError(f"{path}:{lineno}: bad record ({e})") from e
             ring.add(state.count, rec, base)
@@ -288,45 +129,11 @@ def _scan(path: Path, state: _ScanState, calls: set[int] | None = None) -> Itera
 def _has_valid_line(data: bytes) -> bool:
     for line in data.split(b"\n")[:-1]:
         try:
-            _parse_line(line)
+            parse_line(line)
             return True
         except ValueError:
             continue
     return False
-
-
-def _decode(obj: dict[str, Any], ring: _Ring, expected_seq: int) -> tuple[RequestRecord, tuple[int, int] | None]:
-    if obj["seq"] != expected_seq:
-        raise ValueError(f"seq {obj['seq']} where {expected_seq} expected")
-    tail = _unb64(obj["input_tail"], "<i4", np.int32)
-    ptail = _unb64(obj["prov_tail"], "i1", np.int8)
-    base = obj["base"]
-    if base:
-        bseq, n = int(base[0]), int(base[1])
-        head_ids, head_prov = ring.prefix(bseq, n)
-        ids = np.concatenate([head_ids, tail])
-        prov = np.concatenate([head_prov, ptail])
-        base = (bseq, n)
-    else:
-        ids, prov, base = tail, ptail, None
-    if ids.shape[0] != obj["n_in"]:
-        raise ValueError(f"decoded {ids.shape[0]} input tokens, header says {obj['n_in']}")
-    rec = RequestRecord(
-        execution_id=obj["execution_id"],
-        call_index=obj["call_index"],
-        role=obj["role"],
-        input_ids=ids,
-        output_ids=_unb64(obj["output_ids"], "<i4", np.int32),
-        output_logprobs=_unb64(obj["output_logprobs"], "<f4", np.float32),
-        input_provenance=prov,
-        policy_version=obj["policy_version"],
-        engine_id=obj["engine_id"],
-        delivered=obj["delivered"],
-        timings=obj["timings"],
-        finish_reason=obj["finish_reason"],
-        metadata=obj["metadata"],
-    )
-    return rec, base
 
 
 def read_records(path: str | os.PathLike[str], *, ring_size: int = 8) -> list[RequestRecord]:
@@ -341,7 +148,7 @@ def read_records(path: str | os.PathLike[str], *, ring_size: int = 8) -> list[Re
     """
     out: list[RequestRecord] = []
     by_call: dict[int, RequestRecord] = {}
-    for item in _scan(Path(path), _ScanState(ring_size)):
+    for item in scan_file(Path(path), ScanState(ring_size)):
         if isinstance(item, DeliveryMark):
             by_call[int(item)].delivered = True
         else:
@@ -361,8 +168,8 @@ def load_tree(path: str | os.PathLike[str], *, anchor_slots: int = 8, ring_size:
     how many it has applied). Raises as :func:`read_records`.
     """
     tree = TrajectoryTree(anchor_slots=anchor_slots)
-    state = _ScanState(ring_size)
-    for item in _scan(Path(path), state):  # streamed: O(ring) records in memory
+    state = ScanState(ring_size)
+    for item in scan_file(Path(path), state):  # streamed: O(ring) records in memory
         if lines is not None and state.lines > lines:
             break
         if isinstance(item, DeliveryMark):
@@ -397,14 +204,14 @@ class RecordWriter:
         self.path = Path(path)
         self.fsync_every = int(fsync_every)
         self.ring_size = int(ring_size)
-        self._ring = _Ring(ring_size)
+        self._ring = DeltaRing(ring_size)
         self._seq = 0
         self._since_sync = 0
         self._calls: set[int] = set()
         self.execution_id: str | None = None
         if self.path.exists():
-            state = _ScanState(ring_size)
-            for item in _scan(self.path, state):
+            state = ScanState(ring_size)
+            for item in scan_file(self.path, state):
                 if isinstance(item, RequestRecord):
                     self.execution_id = item.execution_id
                     self._calls.add(item.call_index)

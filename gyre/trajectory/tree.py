@@ -19,154 +19,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
-from gyre.common_prefix import common_prefix_len
 from gyre.trajectory.records import RequestRecord
+from gyre.trajectory.tree_index import PrefixIndex
+from gyre.trajectory.tree_nodes import ROOT, InsertResult, Node, PrefixMatch, RecordInfo
 from gyre.trajectory.tree_sharing import share_input_views, view_base
 
 __all__ = ["ROOT", "Node", "RecordInfo", "InsertResult", "PrefixMatch", "TrajectoryTree"]
-
-#: Node id of the root (an empty node, no record).
-ROOT = 0
 
 _EMPTY_I32 = np.zeros(0, np.int32)
 _EMPTY_I8 = np.zeros(0, np.int8)
 _EMPTY_F32 = np.zeros(0, np.float32)
 
-
-@dataclass(slots=True)
-class Node:
-    """One node: a run of tokens owned by one record.
-
-    * ``tokens`` -- ``int32[n]``; ``provenance`` -- ``int8[n]`` (:class:`Provenance`);
-    * ``logprobs`` -- ``float32[n - n_input]``: behaviour log-probs of the output part;
-    * ``n_input`` -- leading tokens that are (new) input of the owning record;
-    * ``start`` -- path depth before the first token (tokens), so the path to this node's
-      end has ``start + n`` tokens;
-    * ``record`` -- index into :attr:`TrajectoryTree.records` of the owner (-1 for root);
-    * ``children`` -- child node ids in insertion order; ``index`` maps a child's first
-      token to the child ids starting with it (empty children are not indexed);
-    * ``amb_parent``/``amb_child`` -- the deepest *ambiguous branching point* on the path
-      above this node's first token: a node ``amb_parent`` with several children starting
-      with the same token (independent sibling outputs), ``amb_child`` being the one on this
-      path; ``-1`` if none. The insert index uses this chain to stay exact.
-    * ``shared`` -- ``tokens`` is a read-only view of a record's input array (see
-      :meth:`TrajectoryTree.insert`'s ``share_input``), not an array of the tree's own.
-    """
-
-    node_id: int
-    parent: int
-    record: int
-    start: int
-    tokens: np.ndarray
-    provenance: np.ndarray
-    logprobs: np.ndarray
-    n_input: int
-    children: list[int] = field(default_factory=list)
-    index: dict[int, list[int]] = field(default_factory=dict)
-    amb_parent: int = -1
-    amb_child: int = -1
-    shared: bool = False
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens held by this node."""
-        return int(self.tokens.shape[0])
-
-    @property
-    def end(self) -> int:
-        """Path depth (tokens) at the end of this node."""
-        return self.start + int(self.tokens.shape[0])
-
-    @property
-    def num_output(self) -> int:
-        """Output tokens (those with behaviour log-probs) held by this node."""
-        return int(self.tokens.shape[0]) - self.n_input
-
-
-@dataclass(slots=True)
-class RecordInfo:
-    """A record's metadata as kept by the tree (token arrays live in the nodes).
-
-    ``node`` is the node at whose end the record's ``input ++ output`` path ends (stable
-    across later splits); ``matched_tokens`` the input prefix reused from the tree at
-    insertion; ``num_input_tokens``/``num_output_tokens`` the record's lengths.
-    """
-
-    call_index: int
-    role: str
-    policy_version: int
-    engine_id: str
-    delivered: bool
-    finish_reason: str
-    timings: dict[str, float]
-    metadata: dict[str, Any]
-    num_input_tokens: int
-    num_output_tokens: int
-    node: int
-    matched_tokens: int
-
-
-@dataclass(slots=True)
-class InsertResult:
-    """What :meth:`TrajectoryTree.insert` did.
-
-    ``node`` -- the new node; ``parent`` -- its parent; ``matched_tokens`` -- length of the
-    reused input prefix (= branch point depth, tokens); ``new_tokens`` -- tokens stored in the
-    new node (new input + output); ``split`` -- id of the head node created by splitting an
-    existing node at the branch point, or ``None``.
-    """
-
-    node: int
-    parent: int
-    matched_tokens: int
-    new_tokens: int
-    split: int | None
-
-
-@dataclass(slots=True)
-class PrefixMatch:
-    """Longest stored path that a token sequence extends.
-
-    ``node``/``offset``: the match ends after ``offset`` tokens of ``node`` (``offset ==``
-    the node's length means at its end; ``node == ROOT`` and ``offset == 0`` means no match);
-    ``depth``: matched tokens.
-    """
-
-    node: int
-    offset: int
-    depth: int
-
-
-@dataclass(slots=True)
-class _Anchor:
-    record: int
-    input_ids: np.ndarray
-    output_ids: np.ndarray
-    n_input: int
-    length: int
-    delivered: bool
-
-
 class TrajectoryTree:
     """The trajectory tree of one execution.
 
     Finding where an input continues (:meth:`match`, :meth:`insert`) costs O(1) anchors plus
-    the nodes visited past the reused prefix; the reused prefix itself is verified once by a
-    vectorised comparison.  The *anchors* are the full token paths (``input_ids ++
-    output_ids``) of the most recently extended records, one per active thread (main agent,
-    each sub-agent, ...).  A new input is checked against them deepest first: (1) full match of
-    an anchor's path; (2) match of an anchor's input only (e.g. the harness stripped ``<think>``
-    from the previous output); (3) the longest common prefix with any anchor; else the root.
-    From there the walk follows child edges by first token.  Where independent sibling outputs
-    start with the same token (*ambiguous branching points*, chained by ``Node.amb_parent``)
-    every such child is followed, and a match found from an anchor is made exact by revisiting
-    the ambiguous points above it.  Among equally long matches the one ending in a delivered
-    record's node wins, then the most recent record; the result does not depend on the anchors.
+    the nodes visited past the reused prefix (:class:`~gyre.trajectory.tree_index.PrefixIndex`,
+    :attr:`index`): the anchors are the token paths of the most recently extended records, one
+    per active thread; among equally long matches the one ending in a delivered record's node
+    wins, then the most recent record; the result does not depend on the anchors.
 
     Args:
         execution_id: the execution; if ``None`` it is taken from the first record.
@@ -188,7 +63,8 @@ class TrajectoryTree:
         ]
         self.records: list[RecordInfo] = []
         self._by_call: dict[int, int] = {}
-        self._anchors: list[_Anchor] = []  # most recent last
+        #: where an input continues (anchors and the longest-match search)
+        self.index = PrefixIndex(self.nodes, self.records, self.anchor_slots)
         self._num_tokens = 0
         #: delivery marks applied (:meth:`mark_delivered`)
         self.delivery_marks = 0
@@ -319,7 +195,7 @@ class TrajectoryTree:
 
     def anchor_nbytes(self) -> int:
         """Bytes of record arrays kept alive by the insert index (≤ ``anchor_slots`` records)."""
-        return sum(a.input_ids.nbytes + a.output_ids.nbytes for a in self._anchors)
+        return self.index.nbytes()
 
     def digest(self) -> str:
         """SHA-256 hex digest of the tree's full content (nodes, arrays, records).
@@ -355,121 +231,8 @@ class TrajectoryTree:
         The proxy can use this to reuse stored token ids (token-in / token-out).
         """
         x = np.asarray(input_ids, dtype=np.int32)
-        node, off, depth, _ = self._find(x)
+        node, off, depth, _ = self.index.find(x)
         return PrefixMatch(node, off, depth)
-
-    def _find(self, x: np.ndarray) -> tuple[int, int, int, int]:
-        """Return ``(node, offset, depth, anchor_position_or_-1)`` of the longest match."""
-        n = x.shape[0]
-        if n == 0:
-            return ROOT, 0, 0, -1
-        anchors = self._anchors
-        if anchors:
-            start = self._anchor_start(x, anchors)
-            if start is not None:
-                nid, off, depth, used = start
-                res = self._walk(x, nid, off, depth)
-                return (*self._resolve(x, nid, res), used)
-        return (*self._walk(x, ROOT, 0, 0), -1)
-
-    def _anchor_start(self, x: np.ndarray, anchors: list[_Anchor]) -> tuple[int, int, int, int] | None:
-        """A verified position on an anchor's path that ``x`` reaches: ``(node, offset, depth,
-        anchor index or -1)``, or ``None`` when no anchor shares a prefix with ``x``."""
-        n = x.shape[0]
-        # 1) full path of an anchor, deepest first (then delivered, then most recent).
-        order = sorted(range(len(anchors)), key=lambda i: (anchors[i].length, anchors[i].delivered, i), reverse=True)
-        for i in order:
-            a = anchors[i]
-            L, ni = a.length, a.n_input
-            if L == 0 or L > n:
-                continue
-            last = a.output_ids[-1] if L > ni else a.input_ids[-1]
-            if x[L - 1] != last:
-                continue
-            if np.array_equal(x[:ni], a.input_ids) and np.array_equal(x[ni:L], a.output_ids):
-                return (*self._locate(self.records[a.record].node, L), L, i)
-        # 2) input of an anchor (output edited by the harness), longest first.
-        order = sorted(range(len(anchors)), key=lambda i: (anchors[i].n_input, anchors[i].delivered, i), reverse=True)
-        for i in order:
-            a = anchors[i]
-            ni = a.n_input
-            if ni == 0 or ni > n or x[ni - 1] != a.input_ids[-1]:
-                continue
-            if np.array_equal(x[:ni], a.input_ids):
-                return (*self._locate(self.records[a.record].node, ni), ni, i)
-        # 3) longest common prefix with any anchor.
-        best, best_i = 0, -1
-        for i in range(len(anchors) - 1, -1, -1):
-            a = anchors[i]
-            p = common_prefix_len(x, a.input_ids)
-            if p == a.n_input and p < n:
-                p += common_prefix_len(x[p:], a.output_ids)
-            if p > best:
-                best, best_i = p, i
-        if best == 0:
-            return None
-        return (*self._locate(self.records[anchors[best_i].record].node, best), best, -1)
-
-    def _locate(self, node_id: int, depth: int) -> tuple[int, int]:
-        """On the path to ``node_id``, the node containing token position ``depth - 1`` and the offset."""
-        nodes = self.nodes
-        nid = node_id
-        while nid != ROOT and nodes[nid].start >= depth:
-            nid = nodes[nid].parent
-        return nid, depth - nodes[nid].start
-
-    def _key(self, res: tuple[int, int, int]) -> tuple[int, bool, int]:
-        """Order of candidate matches: longer, then ending in a delivered record's node, then newer."""
-        rec = self.nodes[res[0]].record
-        if rec < 0:
-            return (res[2], False, -1)
-        return (res[2], self.records[rec].delivered, rec)
-
-    def _walk(self, x: np.ndarray, nid: int, off: int, depth: int) -> tuple[int, int, int]:
-        """Exact longest match of ``x`` below position ``(nid, off)`` (``x[:depth]`` already matched).
-
-        Where several children start with the next token (independent sibling outputs), each
-        is followed and the best by :meth:`_key` wins.
-        """
-        nodes = self.nodes
-        n = x.shape[0]
-        while True:
-            nd = nodes[nid]
-            ln = nd.tokens.shape[0]
-            if off < ln:
-                m = common_prefix_len(x[depth:], nd.tokens[off:])
-                off += m
-                depth += m
-                if off < ln:
-                    return nid, off, depth
-            if depth == n:
-                return nid, off, depth
-            cands = nd.index.get(int(x[depth]))
-            if not cands:
-                return nid, off, depth
-            if len(cands) == 1:
-                nid, off = cands[0], 0
-                continue
-            return max((self._walk(x, c, 0, depth) for c in cands), key=self._key)
-
-    def _resolve(self, x: np.ndarray, nid: int, res: tuple[int, int, int]) -> tuple[int, int, int]:
-        """Make an anchor-derived match exact: at every ambiguous branching point above
-        ``nid`` (a parent with several children starting with the path's token, chained by
-        ``Node.amb_parent``/``amb_child``), follow the other children and keep the best."""
-        nodes = self.nodes
-        nd = nodes[nid]
-        p, c = nd.amb_parent, nd.amb_child
-        key = self._key(res)
-        while p >= 0:
-            pn = nodes[p]
-            for alt in pn.index[int(x[pn.end])]:
-                if alt != c:
-                    r = self._walk(x, alt, 0, pn.end)
-                    k = self._key(r)
-                    if k > key:
-                        res, key = r, k
-            p, c = pn.amb_parent, pn.amb_child
-        return res
 
     # ------------------------------------------------------------------ insertion
     def insert(
@@ -502,6 +265,26 @@ class TrajectoryTree:
             ValueError: the record belongs to another execution, or its ``call_index`` is
                 already in the tree.
         """
+        self._check_insert(record)
+        x = record.input_ids
+        nid, off, depth, anchor_pos = self.index.find(x)
+        split: int | None = None
+        if off < self.nodes[nid].num_tokens:
+            split = self._split(nid, off)
+            nid = split
+        rec_idx = len(self.records)
+        node = self._append_node(record, nid, depth, rec_idx)
+        self.records.append(_record_info(record, node.node_id, depth))
+        self._by_call[record.call_index] = rec_idx
+        if share_input and depth:
+            share_input_views(self.nodes, self.records, nid, x, replaces)
+        # the record replaces the anchor it extended (same thread), else the oldest is evicted
+        self.index.add(rec_idx, x, record.output_ids, record.delivered, anchor_pos)
+        return InsertResult(node.node_id, nid, depth, node.num_tokens, split)
+
+    def _check_insert(self, record: RequestRecord) -> None:
+        """Adopt the first record's execution; refuse another execution's record or a repeated
+        ``call_index`` (``ValueError``)."""
         if self.execution_id is None:
             self.execution_id = record.execution_id
         elif record.execution_id != self.execution_id:
@@ -510,15 +293,13 @@ class TrajectoryTree:
             )
         if record.call_index in self._by_call:
             raise ValueError(f"duplicate call_index {record.call_index} in execution {self.execution_id!r}")
-        x = record.input_ids
-        nid, off, depth, anchor_pos = self._find(x)
-        split: int | None = None
-        if off < self.nodes[nid].num_tokens:
-            split = self._split(nid, off)
-            nid = split
-        rec_idx = len(self.records)
+
+    def _append_node(self, record: RequestRecord, nid: int, depth: int, rec_idx: int) -> Node:
+        """Append the node of ``record`` (its input past ``depth`` and its output, in arrays of
+        the tree's own) as the last child of node ``nid``, which ends at ``depth``; index it by its
+        first token, marking the group ambiguous when a sibling starts with the same token."""
+        x, out = record.input_ids, record.output_ids
         n_new_in = x.shape[0] - depth
-        out = record.output_ids
         tokens = np.concatenate([x[depth:], out]) if n_new_in else out.copy()
         prov = np.empty(tokens.shape[0], np.int8)
         prov[:n_new_in] = record.input_provenance[depth:]
@@ -537,35 +318,7 @@ class TrajectoryTree:
                 if len(group) == 2:
                     self._mark_ambiguous(nid, group[0])
         self._num_tokens += tokens.shape[0]
-        self.records.append(
-            RecordInfo(
-                call_index=record.call_index,
-                role=record.role,
-                policy_version=record.policy_version,
-                engine_id=record.engine_id,
-                delivered=record.delivered,
-                finish_reason=record.finish_reason,
-                timings=dict(record.timings),
-                metadata=dict(record.metadata),
-                num_input_tokens=int(x.shape[0]),
-                num_output_tokens=int(out.shape[0]),
-                node=new_id,
-                matched_tokens=depth,
-            )
-        )
-        self._by_call[record.call_index] = rec_idx
-        if share_input and depth:
-            share_input_views(self.nodes, self.records, nid, x, replaces)
-        # Index update: the record replaces the anchor it extended (same thread), else the
-        # least recently added anchor is evicted.
-        if anchor_pos >= 0:
-            del self._anchors[anchor_pos]
-        self._anchors.append(
-            _Anchor(rec_idx, x, out, int(x.shape[0]), int(x.shape[0] + out.shape[0]), record.delivered)
-        )
-        if len(self._anchors) > self.anchor_slots:
-            del self._anchors[0]
-        return InsertResult(new_id, nid, depth, int(tokens.shape[0]), split)
+        return node
 
     def mark_delivered(self, call_index: int) -> None:
         """Record that the answer of record ``call_index``, inserted as undelivered, reached the
@@ -582,9 +335,7 @@ class TrajectoryTree:
         if info.delivered:
             raise ValueError(f"record {call_index} of {self.execution_id!r} is delivered already")
         info.delivered = True
-        for a in self._anchors:
-            if a.record == idx:
-                a.delivered = True
+        self.index.mark_delivered(idx)
         self.delivery_marks += 1
 
     def _split(self, node_id: int, k: int) -> int:
@@ -638,3 +389,21 @@ class TrajectoryTree:
         """``member``'s first-token group under ``parent`` just became ambiguous."""
         m = self.nodes[member]
         self._repoint(member, (m.amb_parent, m.amb_child), (parent, member))
+
+
+def _record_info(record: RequestRecord, node_id: int, matched_tokens: int) -> RecordInfo:
+    """What the tree keeps of ``record`` (its arrays live in the nodes)."""
+    return RecordInfo(
+        call_index=record.call_index,
+        role=record.role,
+        policy_version=record.policy_version,
+        engine_id=record.engine_id,
+        delivered=record.delivered,
+        finish_reason=record.finish_reason,
+        timings=dict(record.timings),
+        metadata=dict(record.metadata),
+        num_input_tokens=int(record.input_ids.shape[0]),
+        num_output_tokens=int(record.output_ids.shape[0]),
+        node=node_id,
+        matched_tokens=matched_tokens,
+    )

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-import gyre.proxy.server as server_module
+import gyre.proxy.intake as intake_module
 from gyre.proxy.engines import ScriptedEngine
 from gyre.proxy.server import ProxyConfig, ProxyServer
 
@@ -17,13 +17,13 @@ from gyre.proxy.server import ProxyConfig, ProxyServer
 def parsed(monkeypatch):
     """Bodies the proxy's own process parsed (sizes, in bytes)."""
     sizes: list[int] = []
-    real = server_module.decode_json
+    real = intake_module.decode_json
 
     def counting(raw, encoding, limits=None):
         sizes.append(len(raw))
         return real(raw, encoding, limits)
 
-    monkeypatch.setattr(server_module, "decode_json", counting)
+    monkeypatch.setattr(intake_module, "decode_json", counting)
     return sizes
 
 

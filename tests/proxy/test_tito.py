@@ -225,7 +225,7 @@ def test_record_cache_size_changes_nothing_but_memory(qwen_renderer):
     latest_main, latest_sub = 6, 7
     assert list(default._recent) == [latest_main, latest_sub]
     ids, _, out, _, buffer = default._recent[latest_main]
-    assert ids is default.tree._anchors[-2].input_ids and out is default.tree._anchors[-2].output_ids
+    assert ids is default.tree.index.anchors[-2].input_ids and out is default.tree.index.anchors[-2].output_ids
     assert ids.base is buffer.ids  # every main input was written after the previous one, in place
 
 

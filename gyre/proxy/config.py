@@ -1,0 +1,104 @@
+"""The proxy's settings: :class:`ProxyConfig` (read by :class:`~gyre.proxy.server.ProxyServer`, the
+main job and ``tools/serve_rollout.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gyre.proxy.request_body import RequestLimits
+
+__all__ = ["ProxyConfig"]
+
+
+@dataclass(slots=True)
+class ProxyConfig:
+    """Proxy settings.
+
+    * ``model_name`` -- name listed by ``/v1/models``.
+    * ``default_max_tokens`` -- ``max_new_tokens`` when a request gives none (tokens).
+    * ``max_tokens_cap`` -- upper bound on every call's ``max_new_tokens`` (tokens): a request
+      asking for more gets the cap, and its record's metadata says so (``max_tokens_capped``:
+      ``{"requested", "applied", "by"}``). The main job and ``serve_rollout`` set it (and
+      ``default_max_tokens``) from ``--rollout-max-new-tokens``.
+    * ``max_context_tokens`` -- prompt + output limit (tokens); longer prompts get 400
+      ``"prompt is too long"`` (the phrase harnesses react to by compacting), and a call's
+      output is cut to the room the prompt leaves (``by: "context"``). The main job and
+      ``serve_rollout`` set it from ``--rollout-max-context-tokens``.
+    * ``restore_reasoning`` -- see :class:`~gyre.proxy.tito.TitoSession`.
+    * ``retry_timeout_s`` -- give up a generation after this long (seconds) -> 503/529.
+    * ``kv_migration`` -- a request retried on another engine first copies its input's KV there,
+      and an execution's context follows every route change (:class:`~gyre.proxy.router.Router`;
+      engines that move KV payloads only); ``kv_transport`` -- ``"mooncake"`` (engine to engine,
+      HTTP as the fallback) or ``"http"`` (through the proxy).
+    * ``delivery_timeout_s`` -- how long a finished stream may take to be sent (seconds).
+    * ``retry_memory_bytes`` -- the answers of committed calls kept for client retries (the last
+      4 calls of each execution, :mod:`gyre.proxy.retries`), all executions together, at most
+      (bytes); beyond it the oldest are forgotten. The default holds 1,152 executions x 4 calls
+      of 2,000-token answers in the costliest mode (Responses, streamed) twice over (what
+      ``bench/retry_memory.py`` measured is in docs/proxy.md).
+    * ``sse_ping_s`` -- SSE keep-alive comment interval (seconds).
+    * ``stream_hold_s`` -- how long a streamed call waits for the engine's first output before
+      the response starts (seconds): an engine refusal or a failure within that time is
+      answered with its HTTP status instead of a 200 stream that ends in an error event.
+    * ``admin_token`` -- bearer token required on ``/gyre/*`` (``None``: open, for 127.0.0.1).
+    * ``policy_version`` -- fallback version when engines report none.
+    * ``default_sampling`` -- SGLang sampling params used when a request leaves them unset
+      (e.g. ``{"temperature": 1.0}``); ``forced_sampling`` -- params that override the request.
+    * ``durability`` -- when a call's record counts as stored (it always is before the response
+      completes): ``"flush"`` (default) once written to the OS -- it survives a crash of the
+      process; files are fsynced every ``fsync_interval_s`` seconds in the background -- or
+      ``"fsync"``: fsynced too (group commit, :class:`~gyre.proxy.recorder.RecordSink`), which
+      adds a disk sync to every call's latency. Give the server a store with ``fsync_every=0``.
+    * ``max_body_bytes`` -- the largest model-call body (bytes), as declared, as received and after
+      gzip/deflate decoding (413); ``max_json_depth`` -- nesting of its arrays and objects;
+      ``max_messages``, ``max_tools``, ``max_tool_results`` (in one turn) -- per request (400).
+      Sized from the paper's workload: a 1M-token conversation is 4-6 MB of JSON, a harness
+      session of hundreds of calls a few thousand messages (:mod:`gyre.proxy.request_body`).
+    * ``body_check_bytes`` -- a model-call body at least this large (after decoding) is checked in a
+      helper process before the proxy parses it (:mod:`gyre.proxy.body_check`); 0 turns that off.
+    * ``gc_freeze_after_ms`` -- after a full garbage collection at least this long (ms), the
+      objects that survived it are frozen (:mod:`gyre.proxy.gc_policy`; ``None``: never);
+      ``gc_unfreeze_interval_s`` -- how often they are handed back to the collector;
+      ``heap_trim_interval_s`` -- how often the C heap's free pages go back to the operating
+      system (:class:`~gyre.proxy.gc_policy.HeapTrimmer`; ``None``: never). The first server of
+      a process sets them for the whole process.
+    """
+
+    model_name: str = "gyre"
+    default_max_tokens: int = 1024
+    max_tokens_cap: int = 32768
+    max_context_tokens: int = 131072
+    restore_reasoning: bool = True
+    retry_timeout_s: float = 600.0
+    kv_migration: bool = False
+    kv_transport: str = "mooncake"
+    delivery_timeout_s: float = 300.0
+    retry_memory_bytes: int = 512 << 20
+    sse_ping_s: float = 15.0
+    stream_hold_s: float = 30.0
+    admin_token: str | None = None
+    policy_version: int = 0
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+    forced_sampling: dict[str, Any] = field(default_factory=dict)
+    durability: str = "flush"
+    fsync_interval_s: float = 1.0
+    max_body_bytes: int = 32 << 20
+    max_json_depth: int = 128
+    max_messages: int = 20_000
+    max_tools: int = 1_024
+    max_tool_results: int = 2_048
+    body_check_bytes: int = 8 << 20
+    gc_freeze_after_ms: float | None = 20.0
+    gc_unfreeze_interval_s: float = 1800.0
+    heap_trim_interval_s: float | None = 60.0
+
+    def request_limits(self) -> RequestLimits:
+        """The per-request limits of these settings."""
+        return RequestLimits(self.max_body_bytes, self.max_json_depth, self.max_messages, self.max_tools,
+                             self.max_tool_results)
+
+    def with_limits(self, limits: RequestLimits) -> "ProxyConfig":
+        """These settings with the per-request limits of ``limits``."""
+        return dataclasses.replace(self, **dataclasses.asdict(limits))
