@@ -187,6 +187,11 @@ def _positive_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v != float("inf")
 
 
+def _is_path_text(p: Any) -> bool:
+    """Whether ``p`` can name a file at all: a non-empty string without NUL (the OS refuses NUL)."""
+    return isinstance(p, str) and bool(p) and "\0" not in p
+
+
 def _safe_relpath(p: str) -> str | None:
     """Why ``p`` is not a safe relative POSIX path inside a workspace, or ``None``."""
     if not p or p.strip() != p:
@@ -335,7 +340,7 @@ def _check_workspace(ws: Any, c: _Collector, task_dir: Path) -> WorkspaceSpec | 
         ok = False
     if "dir" in ws:
         d = ws["dir"]
-        if not isinstance(d, str) or not d:
+        if not _is_path_text(d):
             c.add("workspace.dir", "must be a path (relative to the task file)")
             ok = False
         else:
@@ -353,7 +358,7 @@ def _check_workspace(ws: Any, c: _Collector, task_dir: Path) -> WorkspaceSpec | 
                 if key not in _GIT_FIELDS:
                     c.add(f"workspace.git.{key}", "unknown field (allowed: repo, commit)")
             repo, commit = g.get("repo"), g.get("commit")
-            if not isinstance(repo, str) or not repo:
+            if not _is_path_text(repo):
                 c.add("workspace.git.repo", "missing (path of a local git repository)")
                 ok = False
             elif not (task_dir / repo).resolve().exists():
@@ -392,8 +397,8 @@ def _check_environment(env: Any, c: _Collector, task_dir: Path) -> Environment |
                              f"{env!r}"[:200])
         return None
     kind, ref = next(iter(env.items()))
-    if not isinstance(ref, str) or not ref.strip():
-        c.add(f"environment.{kind}", "must be a non-empty string")
+    if not isinstance(ref, str) or not ref.strip() or "\0" in ref:
+        c.add(f"environment.{kind}", "must be a non-empty string without NUL")
         return None
     if kind == "image":
         return Environment("image", ref.strip())
@@ -452,7 +457,7 @@ def validate_task(raw: Any, *, source: str, task_dir: str | os.PathLike[str], in
     h = raw.get("hidden", [])
     if isinstance(h, str):
         h = [h]
-    if not isinstance(h, list) or not all(isinstance(p, str) and p for p in h):
+    if not isinstance(h, list) or not all(_is_path_text(p) for p in h):
         c.add("hidden", "must be a list of paths (relative to the task file)")
     else:
         for p in h:

@@ -127,6 +127,17 @@ def test_hidden_paths(tmp_path):
     assert fields(ok(tmp_path, hidden=[3])) == ["hidden"]
 
 
+@pytest.mark.parametrize("over, field", [
+    ({"hidden": ["\x00"]}, "hidden"),
+    ({"workspace": {"dir": "a\x00b"}}, "workspace.dir"),
+    ({"workspace": {"git": {"repo": "r\x00", "commit": "abcd"}}}, "workspace.git.repo"),
+    ({"environment": {"dockerfile": "Dockerfile\x00"}}, "environment.dockerfile"),
+])
+def test_a_path_with_nul_is_a_problem_of_its_field(tmp_path, over, field):
+    """The OS cannot name a file with NUL in it: the path's field is reported, nothing raises."""
+    assert field in fields(ok(tmp_path, **over))
+
+
 def test_check_imports_off_skips_rule_import(tmp_path):
     spec = ok(tmp_path, evaluator={**EXE, "scoring": "no_such_mod:fn"})
     assert fields(spec) == ["evaluator.scoring"]
