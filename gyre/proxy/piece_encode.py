@@ -65,6 +65,10 @@ PIECE_CHARS = 2048
 #: Characters handed to the tokenizer in one call (several pieces, encoded in parallel).
 BATCH_CHARS = 4096
 _LOW = (1 << 64) - 1
+#: Characters :meth:`PieceEncoder.lower_bound` reads at a time.
+_CHUNK = 16384
+#: Runs of one byte this long or shorter are left out of the run count (a weaker bound, still one).
+_SHORT_RUN = 256
 
 
 class PromptTooLong(ProxyError):
@@ -200,9 +204,9 @@ class PieceEncoder:
             pass
         return table
 
-    def lower_bound(self, text: str) -> int:
-        """Fewest tokens ``text`` can encode to (0 when it is not ASCII or the tokenizer has no cut
-        rule).  A token covers a substring of an ASCII text, so it is one of the vocabulary's (or an
+    def lower_bound(self, text: str, start: int = 0, end: int | None = None) -> int:
+        """Fewest tokens ``text[start:end]`` can encode to (0 when it is not ASCII or the tokenizer has
+        no cut rule), read 16,384 characters at a time.  A token covers a substring of an ASCII text, so it is one of the vocabulary's (or an
         added) tokens made of the text's bytes only (*fitting* tokens); the larger of two counts:
 
         * with ``M(c)`` the longest fitting token holding byte ``c``: a token ``t`` is
@@ -211,15 +215,40 @@ class PieceEncoder:
         * with ``L`` the longest fitting token and ``P(c)`` the longest token made of ``c`` alone:
           in a run of ``k > 2 * L`` bytes ``c`` at most ``L - 1`` bytes at either end share a token
           with bytes outside the run, and the others need tokens of ``c`` alone, at least
-          ``(k - 2 * L) / P(c)`` of them, which no other run shares.
+          ``(k - 2 * L) / P(c)`` of them, which no other run shares (runs of 256 bytes or fewer
+          are left out: the bound is then weaker, and still one).
         """
-        if not self.exact_cuts or not text or not text.isascii():
+        end = len(text) if end is None else end
+        if not self.exact_cuts or start >= end:
             return 0
-        lo, hi, lens = self._ascii_tokens()
-        b = np.frombuffer(text.encode("ascii"), np.uint8)
-        counts = np.bincount(b, minlength=128)
+        counts = np.zeros(128, np.int64)
+        runs: list[tuple[int, int]] = []  # (byte, length) of the runs longer than _SHORT_RUN
+        run_byte, run_len = -1, 0  # the run open at the end of the chunks read so far
+        for at in range(start, end, _CHUNK):  # a chunk at a time: transient memory ~10 bytes per chunk byte
+            chunk = text[at:min(at + _CHUNK, end)]
+            if not chunk.isascii():
+                return 0
+            b = np.frombuffer(chunk.encode("ascii"), np.uint8)
+            counts += np.bincount(b, minlength=128)
+            edges = np.concatenate(([0], np.flatnonzero(b[1:] != b[:-1]) + 1, [b.size]))
+            lengths = np.diff(edges)
+            if int(b[0]) == run_byte:
+                run_len += int(lengths[0])
+            else:
+                if run_len > _SHORT_RUN:
+                    runs.append((run_byte, run_len))
+                run_byte, run_len = int(b[0]), int(lengths[0])
+            if lengths.size > 1:
+                if run_len > _SHORT_RUN:
+                    runs.append((run_byte, run_len))
+                big = np.flatnonzero(lengths[1:-1] > _SHORT_RUN) + 1
+                runs += [(int(b[edges[j]]), int(lengths[j])) for j in big]
+                run_byte, run_len = int(b[edges[-2]]), int(lengths[-1])
+        if run_len > _SHORT_RUN:
+            runs.append((run_byte, run_len))
         present = [int(c) for c in np.nonzero(counts)[0]]
         q = sum(1 << c for c in present)
+        lo, hi, lens = self._ascii_tokens()
         ok = ((lo & np.uint64(~q & _LOW)) == 0) & ((hi & np.uint64(~(q >> 64) & _LOW)) == 0)
         lo, hi, lens = lo[ok], hi[ok], lens[ok]
         longest = int(lens.max()) if lens.size else 1
@@ -231,10 +260,7 @@ class PieceEncoder:
             per_byte += Fraction(int(counts[c]), max(1, int(lens[holds].max()) if holds.any() else 1))
             alone = holds & (lo == np.uint64((1 << c) & _LOW)) & (hi == np.uint64((1 << c) >> 64))
             pure[c] = max(1, int(lens[alone].max()) if alone.any() else 1)
-        starts = np.concatenate(([0], np.flatnonzero(b[1:] != b[:-1]) + 1))
-        runs = np.diff(np.concatenate((starts, [b.size])))
-        long_runs = np.flatnonzero(runs > 2 * longest)
-        in_runs = sum((Fraction(int(runs[r]) - 2 * longest, pure[int(b[starts[r]])]) for r in long_runs), Fraction(0))
+        in_runs = sum((Fraction(n - 2 * longest, pure[c]) for c, n in runs if n > 2 * longest), Fraction(0))
         bound = max(per_byte, in_runs)
         return -(-bound.numerator // bound.denominator)
 
@@ -275,7 +301,7 @@ class PieceEncoder:
             for s, e in self.spans(text):
                 if max_tokens is not None and e - s > 2 * self.piece_chars:
                     flush()
-                    bound = self.lower_bound(text[s:e])
+                    bound = self.lower_bound(text, s, e)
                     if total + bound > max_tokens:
                         raise PromptTooLong(total + bound, max_tokens)
                 batch.append((i, s, e))

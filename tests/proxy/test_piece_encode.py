@@ -116,11 +116,13 @@ def test_an_uncut_run_over_the_limit_is_refused_by_its_bound_without_encoding(to
 
 
 @settings(max_examples=hypothesis_examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(runs=st.lists(st.tuples(st.sampled_from(list("[]{}\"': ,a1\n.=-_x")), st.integers(1, 400)), max_size=12))
-def test_the_lower_bound_never_exceeds_the_tokens(tokenizer, runs):
-    text = "".join(c * k for c, k in runs)
+@given(runs=st.lists(st.tuples(st.sampled_from(list("[]{}\"': ,a1\n.=-_x")), st.integers(1, 3000)), max_size=12),
+       cut=st.integers(0, 5))
+def test_the_lower_bound_never_exceeds_the_tokens(tokenizer, runs, cut):
+    text = "".join(c * k for c, k in runs)  # runs longer than 256 count, and cross 16,384-byte chunks
     pe = PieceEncoder(tokenizer)
     assert pe.lower_bound(text) <= len(one_call(tokenizer, text))
+    assert pe.lower_bound("ab" + text + "é", 2 + cut, 2 + len(text)) <= len(one_call(tokenizer, text[cut:]))
 
 
 def test_lower_bound_of_a_bracket_run_is_tight(tokenizer):
@@ -128,6 +130,10 @@ def test_lower_bound_of_a_bracket_run_is_tight(tokenizer):
     n = len(one_call(tokenizer, "[" * 100_000))
     assert pe.lower_bound("[" * 100_000) == n  # one token per character ("local") or per two ("qwen")
     assert pe.lower_bound("[" * 100_000 + "é") == 0  # not ASCII: no bound
+    assert pe.lower_bound("é" + "[" * 100_000, 1) == n
+    # 200 runs of 300: the longest token of "[" and "]" is "[]" (2 bytes, "local") or "[][]" (4, "qwen"), the
+    # longest of "[" alone "[" or "[["; so each run needs (300 - 2 * 2) / 1 or (300 - 2 * 4) / 2 tokens
+    assert pe.lower_bound(("[" * 300 + "]" * 300) * 100) == (200 * 296 if n == 100_000 else 200 * 146)
 
 
 def test_the_proxy_answers_a_prompt_too_long_by_its_tokens_with_400_early(local_renderer):
