@@ -161,10 +161,14 @@ class PieceEncoder:
             if limit >= n:
                 yield start, n
                 return
-            end = 0
-            for m in _CUT.finditer(text, start + 1, limit + 1):  # the last cut in (start, limit]
-                if self._cut_ok(text, m.start()):
-                    end = m.start()
+            end, lo, hi = 0, max(start + 1, limit - 64), limit
+            while True:  # the last cut in (start, limit]: looked for in [lo, hi] near limit first, then further back
+                for m in _CUT.finditer(text, lo, hi + 1):
+                    if self._cut_ok(text, m.start()):
+                        end = m.start()
+                if end or lo == start + 1:
+                    break
+                lo, hi = max(start + 1, lo - 4 * (hi + 1 - lo)), lo - 1
             if not end:  # none: the first one after limit, or the end of the text
                 end = n
                 for m in _CUT.finditer(text, limit + 1):
