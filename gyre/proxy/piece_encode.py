@@ -210,8 +210,9 @@ class PieceEncoder:
 
     def lower_bound(self, text: str, start: int = 0, end: int | None = None) -> int:
         """Fewest tokens ``text[start:end]`` can encode to (0 when it is not ASCII or the tokenizer has
-        no cut rule), read 16,384 characters at a time.  A token covers a substring of an ASCII text, so it is one of the vocabulary's (or an
-        added) tokens made of the text's bytes only (*fitting* tokens); the larger of two counts:
+        no cut rule), read 16,384 characters at a time.  A token covers a substring of an ASCII
+        text, so it is one of the vocabulary's (or an added) tokens made of the text's bytes only
+        (*fitting* tokens); the larger of two counts:
 
         * with ``M(c)`` the longest fitting token holding byte ``c``: a token ``t`` is
           ``sum(1 / len(t))`` over its bytes, at least ``sum(1 / M(c))``, so the count is at least
