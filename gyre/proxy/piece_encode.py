@@ -19,8 +19,8 @@ has it; any other tokenizer gets no cuts, one piece per text):
   :data:`QWEN2_SPLIT` (``Isolated``), mapped to byte-level characters and BPE-encoded per
   pre-token;
 * a cut between characters ``a = text[p - 1]`` and ``b = text[p]`` is made only when both are
-  ASCII, ``a`` is not whitespace, and ``a`` is a digit, or ``b`` is a digit, or ``a`` is a letter
-  and ``b`` is not (:data:`_CUT`); and when no added token's text holds ``ab``, so no added token
+  ASCII, ``a`` is printable and not a space, and ``a`` is a digit, or ``b`` is a digit, or ``a``
+  is a letter and ``b`` is not (:data:`_CUT`); and when no added token's text holds ``ab``, so no added token
   spans the cut and both pieces split out the same added tokens.  ASCII characters are their own
   NFC form and compose with nothing across ``p``.  In :data:`QWEN2_SPLIT` a digit is always a
   pre-token of its own (``\\p{N}``; no other alternative takes a digit), and a letter run or a
