@@ -19,7 +19,11 @@ Reported per class (``hostile_by_class``) and overall: ``hostile_requests``, ``h
 whose fresh execution does not hold exactly one delivered record, or an unanswered one that holds
 any), ``hostile_wrong_status`` (a 2xx/4xx other than the one promised), ``hostile_rss_growth_max``
 (this process's peak RSS above its level before the request, bytes; ``..._x_cap``: as a multiple of
-the cap; the engine's memory is not in it), and the other execution's calls:
+the cap; the engine's memory is not in it), per class also ``rss_held_max`` (the RSS still above
+that level once the call is over and garbage collected: what the execution keeps by design plus what
+the allocator keeps for reuse) and ``tree_nbytes_max`` (the token arrays the execution's trajectory
+tree keeps by design, :meth:`~gyre.trajectory.tree.TrajectoryTree.nbytes`), and the other
+execution's calls:
 ``hostile_others_p99_s``, ``hostile_others_max_s``, ``hostile_others_failed`` (that execution is
 routed to an engine of its own, so its latency is the proxy's doing, not a long hostile prefill's).
 ``hostile_targets`` holds the figures the proxy promises beside them.
@@ -41,7 +45,7 @@ from gyre.testing.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_V
                                  ENCODINGS, LONE_SURROGATES, MANY_KINDS, MODEL_APIS, NUMERIC_FIELDS, RETRY_KINDS,
                                  RETRY_PHASES, compression_case, depth_case, many_case, many_counts, number_case,
                                  retry_case, size_amounts, size_case, surrogate_case)
-from gyre.testing.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
+from gyre.testing.hostile_exchange import Others, problems, rss_growth, rss_held, rss_mark, send, wait_until
 
 from gyre.proxy.engines import ClientEngine
 from gyre.rollout.engine_client import AsyncEngineClient
@@ -103,7 +107,10 @@ def _one(srv, drawn, cls: str) -> dict:
     ans = send(srv.url, case, ex.api_key, timeout=HANG_S, retry=retry)
     wait_until(lambda: srv.counters(ex.execution_id)["inflight"] == 0, HANG_S)
     grew = rss_growth(mark)
-    records = [r.delivered for r in srv.tree(ex.execution_id).records]
+    held = rss_held(mark)
+    tree = srv.tree(ex.execution_id)
+    records = [r.delivered for r in tree.records]
+    kept = tree.nbytes()
     srv.close_execution(ex.execution_id)
     answered = ans.status == 200 and case.api != "count_tokens"
     found = problems(case, ans, None)
@@ -114,7 +121,7 @@ def _one(srv, drawn, cls: str) -> dict:
             "delivery": int((answered and records != [True]) or (not answered and bool(records))),
             "wrong": int(any("expected" in p or "closing event" in p or "error event" in p or "shape" in p
                              or "closed without" in p for p in found)),
-            "rss": grew, "problems": found}
+            "rss": grew, "held": held, "kept": kept, "problems": found}
 
 
 def section_hostile(n: int, seed: int, cap: int = 256 << 10) -> dict:
@@ -151,6 +158,7 @@ def section_hostile(n: int, seed: int, cap: int = 256 << 10) -> dict:
                 "delivery_errors": sum(x["delivery"] for x in rows), "wrong_status": sum(x["wrong"] for x in rows),
                 "rss_growth_max": max(x["rss"] for x in rows),
                 "rss_growth_max_x_cap": round(max(x["rss"] for x in rows) / cap, 2),
+                "rss_held_max": max(x["held"] for x in rows), "tree_nbytes_max": max(x["kept"] for x in rows),
                 "others_calls": len(lat), "others_failed": len(failed),
                 "others_p99_s": round(float(np.percentile(lat, 99)), 3) if lat else 0.0,
                 "others_max_s": round(max(lat), 3) if lat else 0.0, "seconds": round(time.monotonic() - t0, 1)}

@@ -6,7 +6,8 @@ Layout (pure cores first, HTTP and threads at the edges):
 
 * the model APIs and messages: :mod:`~gyre.proxy.messages` (the internal message form),
   :mod:`~gyre.proxy.api` (the three APIs), :mod:`~gyre.proxy.errors` (each API's error shape);
-* tokens: :mod:`~gyre.proxy.render` (chat-template rendering), :mod:`~gyre.proxy.parse` (output
+* tokens: :mod:`~gyre.proxy.render` (chat-template rendering), :mod:`~gyre.proxy.piece_encode`
+  (encoding text in bounded pieces, stopping at the context), :mod:`~gyre.proxy.parse` (output
   tokens into reasoning/text/tool calls), :mod:`~gyre.proxy.tito`, :mod:`~gyre.proxy.tito_input`
   and :mod:`~gyre.proxy.tito_outputs` (token assembly and restoration),
   :mod:`~gyre.proxy.context_buffer` (a thread's context as growable token arrays),

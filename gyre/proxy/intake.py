@@ -136,7 +136,8 @@ class RequestIntake:
 
     async def prepare(self, ex: "Execution", req: ChatRequest, headers: dict[str, str], body: Any = None):
         """``(role, metadata, prepared input)`` of a decoded request (headers lower-cased);
-        a conversation the chat template cannot render is a 400."""
+        a conversation the chat template cannot render is a 400, and so is a prompt longer than
+        the context, found while its new text is encoded (which then stops)."""
         harness = ex.harness if ex.harness in ("claude-code", "codex") else None
         role = choose_role(ex, req, headers, body)
         meta = harness_metadata(headers, harness)
@@ -144,7 +145,9 @@ class RequestIntake:
         if ex.task_id is not None:
             meta["task_id"] = ex.task_id
         try:
-            prep = await ex.session.prepare_async(req, self.encoders)
+            prep = await ex.session.prepare_async(req, self.encoders, self.config.max_context_tokens - 1)
+        except ProxyError:  # the prompt is too long
+            raise
         except Exception as exc:  # RenderError, or jinja errors (e.g. raise_exception in the template)
             raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
         return role, meta, prep

@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 from gyre.proxy.messages import ROLE_ASSISTANT, ROLE_USER, Message
 from gyre.proxy.parse import THINK_CLOSE, THINK_OPEN
+from gyre.proxy.piece_encode import PieceEncoder
 from gyre.proxy.prompt_size import probe_kept_parts
 
 __all__ = ["ChatRenderer", "RenderError", "Segment", "DeltaRender"]
@@ -96,6 +97,7 @@ class ChatRenderer:
             token that follows a sampled EOS, never a target.
         kept_parts: the parts of a request the template keeps in every position
             (:func:`gyre.proxy.prompt_size.probe_kept_parts`), which the prompt-size bound counts.
+        pieces: the :class:`gyre.proxy.piece_encode.PieceEncoder` of :meth:`encode_prompt`.
 
     Raises:
         ValueError: the tokenizer has no chat template or no EOS token, or the template does not
@@ -115,6 +117,7 @@ class ChatRenderer:
         self.stop_ids: list[int] = sorted({self.eos_id} | ({int(pad)} if pad is not None else set()))
         self._fast = getattr(tokenizer, "_tokenizer", None)
         self._fast_batch = getattr(self._fast, "encode_batch_fast", None)
+        self.pieces = PieceEncoder(tokenizer)
         user = {"role": ROLE_USER, "content": "u"}
         with_gen = self.render([user], add_generation_prompt=True)
         full = self.render([user, {"role": ROLE_ASSISTANT, "content": _PROBE}])
@@ -187,6 +190,13 @@ class ChatRenderer:
         if self._fast is not None:
             return [e.ids for e in self._fast.encode_batch(texts, add_special_tokens=False)]
         return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+    def encode_prompt(self, texts: Sequence[str], max_tokens: int | None = None, fixed: int = 0) -> list[Any]:
+        """Token ids of each text as ``int32`` arrays, the same as :meth:`encode_batch`'s, encoded in
+        bounded pieces (:class:`gyre.proxy.piece_encode.PieceEncoder`); with ``max_tokens``, raises
+        :class:`gyre.proxy.piece_encode.PromptTooLong` (a 400) once ``fixed`` plus the tokens found
+        exceed it, without encoding the rest."""
+        return self.pieces.encode(texts, max_tokens, fixed)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept (``skip_special_tokens=False``)."""

@@ -195,8 +195,17 @@ class TitoSession:
             json.dumps(request.template_kwargs, sort_keys=True, default=str),
         )
 
-    def prepare(self, request: ChatRequest) -> PreparedInput:
+    def _encode(self, plan: InputPlan, max_prompt_tokens: int | None) -> list[np.ndarray]:
+        """The tokens of ``plan``'s texts (:meth:`~gyre.proxy.render.ChatRenderer.encode_prompt`),
+        stopping with :class:`~gyre.proxy.piece_encode.PromptTooLong` once the input is over
+        ``max_prompt_tokens``."""
+        fixed = plan.fixed_tokens() if max_prompt_tokens is not None else 0
+        return self.renderer.encode_prompt(plan.texts, max_prompt_tokens, fixed)
+
+    def prepare(self, request: ChatRequest, max_prompt_tokens: int | None = None) -> PreparedInput:
         """Restore, match and assemble the engine input of ``request`` (no state changes).
+        With ``max_prompt_tokens``, an input longer than that raises
+        :class:`~gyre.proxy.piece_encode.PromptTooLong` (a 400) as soon as its encoding shows it.
 
         ``timings`` of the result: ``match_s`` (restoration + trie walk) and ``render_s``
         (rendering + encoding of the new messages, assembly), seconds.
@@ -208,12 +217,13 @@ class TitoSession:
         matched = self._match(request)
         t1 = time.perf_counter()
         plan = draft_input(self.renderer, matched)
-        plan.join(self.renderer.encode_batch(plan.texts))
+        plan.join(self._encode(plan, max_prompt_tokens))
         prep = self._complete(plan, matched)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
         return prep
 
-    async def prepare_async(self, request: ChatRequest, executor: Any = None) -> PreparedInput:
+    async def prepare_async(self, request: ChatRequest, executor: Any = None,
+                            max_prompt_tokens: int | None = None) -> PreparedInput:
         """:meth:`prepare` with the long work in ``executor`` (a thread pool): a request with more
         than ``INLINE_RENDER_MAX_MESSAGES`` new messages is rendered and encoded there; otherwise
         only the encoding of new text longer than ``INLINE_ENCODE_MAX_CHARS`` is (the tokenizer
@@ -229,27 +239,29 @@ class TitoSession:
         t1 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if matched.new_messages() > INLINE_RENDER_MAX_MESSAGES:
-            plan, encode_s = await loop.run_in_executor(executor, self._draft_and_encode, matched)
+            plan, encode_s = await loop.run_in_executor(executor, self._draft_and_encode, matched,
+                                                        max_prompt_tokens)
         else:
             plan = draft_input(self.renderer, matched)
             t2 = time.perf_counter()
             if plan.texts and sum(len(t) for t in plan.texts) > INLINE_ENCODE_MAX_CHARS:
-                enc = await loop.run_in_executor(executor, self.renderer.encode_batch, plan.texts)
+                enc = await loop.run_in_executor(executor, self._encode, plan, max_prompt_tokens)
             else:
-                enc = self.renderer.encode_batch(plan.texts)
+                enc = self._encode(plan, max_prompt_tokens)
             encode_s = time.perf_counter() - t2
             plan.join(enc)
         prep = self._complete(plan, matched)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1, "encode_s": encode_s}
         return prep
 
-    def _draft_and_encode(self, matched: MatchedRequest) -> tuple[InputPlan, float]:
+    def _draft_and_encode(self, matched: MatchedRequest, max_prompt_tokens: int | None = None
+                          ) -> tuple[InputPlan, float]:
         """:func:`~gyre.proxy.tito_input.draft_input`, the encoding of its texts and
         :meth:`~gyre.proxy.tito_input.InputPlan.join` (in a worker thread: reads only ``matched``
         and the renderer): ``(plan, encoding seconds)``."""
         plan = draft_input(self.renderer, matched)
         t = time.perf_counter()
-        enc = self.renderer.encode_batch(plan.texts)
+        enc = self._encode(plan, max_prompt_tokens)
         encode_s = time.perf_counter() - t
         plan.join(enc)
         return plan, encode_s

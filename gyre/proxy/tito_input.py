@@ -194,7 +194,13 @@ class InputPlan:
     def pend(self, key, is_output: bool, close: list[int], cut: bool) -> None:
         self.pending.append([key, is_output, close, cut, len(self.parts)])
 
-    def join(self, encoded: list[list[int]]) -> None:
+    def fixed_tokens(self) -> int:
+        """Tokens of the input that are not in :attr:`texts`: the stored tokens up to the anchor,
+        the anchor's close and the spliced token arrays."""
+        stored = self.anchor_end + len(self.path[-1].close) if self.path else 0
+        return stored + sum(int(obj.shape[0]) for obj, _ in self.parts if not isinstance(obj, TextRef))
+
+    def join(self, encoded: list[Any]) -> None:
         """Join the parts after the prefix into one token array and one provenance array
         (``encoded[i]``: the tokens of ``texts[i]``), with the trie nodes to create, their ends
         counted from the first new token. Pure (reads only the plan): may run in a worker thread."""

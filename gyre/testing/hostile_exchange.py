@@ -196,6 +196,13 @@ def rss_growth(mark: int) -> int:
     return max(_status_kib("VmHWM"), _status_kib("VmRSS")) * 1024 - mark
 
 
+def rss_held(mark: int) -> int:
+    """This process's RSS now, garbage collected, above a :func:`rss_mark` mark (bytes): what a call
+    left behind, kept by design or kept by the allocator."""
+    gc.collect()
+    return _status_kib("VmRSS") * 1024 - mark
+
+
 class Others:
     """Small valid Chat calls of another execution, one after another with 50 ms pauses, in a thread:
     :meth:`take` returns (and forgets) their latencies (seconds) and failures so far."""

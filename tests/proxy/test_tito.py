@@ -255,9 +255,9 @@ class _CountingPool:
 
         self.pool, self.texts = concurrent.futures.ThreadPoolExecutor(1), []
 
-    def submit(self, fn, texts):
-        self.texts.append(list(texts))
-        return self.pool.submit(fn, texts)
+    def submit(self, fn, plan, *args):  # the session's encoding: (plan, token limit)
+        self.texts.append(list(plan.texts))
+        return self.pool.submit(fn, plan, *args)
 
 
 @pytest.mark.parametrize("chars, off_loop", [(200, False), (900, False), (1100, True), (4000, True)])
