@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from gyre.embedded_model import load_hf_model
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
-from gyre.rollout.engine_messages import EngineError
-from gyre.rollout.model_runner import read_weights
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.server import EngineServer
+from gyre.rollout.client.engine_client import AsyncEngineClient, EngineClient
+from gyre.rollout.client.messages import EngineError
+from gyre.rollout.embedded.model_runner import read_weights
 from gyre.rollout.weights import serialize_named_tensors
 
 EOS = 4098

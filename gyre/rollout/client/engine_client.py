@@ -8,9 +8,9 @@
 ``get_weight_version``, ``health``, ``health_generate``, ``wait_until_ready``,
 ``get_model_info``, ``get_server_info`` (``GET /model_info`` and ``/server_info``, where
 SGLang 0.5.10 also reports the ``weight_version``).  Each method sends one call built in
-:mod:`gyre.rollout.engine_messages` (which also defines the results and errors they return
+:mod:`gyre.rollout.client.messages` (which also defines the results and errors they return
 and raise); the clients only add the transport.  A transport failure raises
-:class:`~gyre.rollout.engine_messages.EngineConnectionError`.
+:class:`~gyre.rollout.client.messages.EngineConnectionError`.
 
 :class:`RolloutEngine` is what a cell needs from an engine it owns: ``start``, ``stop``,
 ``url`` and ``client``.
@@ -27,7 +27,7 @@ import aiohttp
 import httpx
 
 from gyre.rollout.sglang_protocol import from_server_info
-from gyre.rollout.engine_messages import (
+from gyre.rollout.client.messages import (
     EngineConnectionError,
     EngineError,
     GenerateResult,
@@ -119,7 +119,7 @@ class _ClientBase:
     def _check_not_sglang(self) -> None:
         if self._protocol.is_sglang:
             raise ValueError(f"{self.base_url} is an SGLang server: it takes weights in SGLang's own serialization "
-                             f"(gyre.rollout.sglang_weights.SGLangTensorClient), not the embedded engine's")
+                             f"(gyre.rollout.sglang_driver.weights.SGLangTensorClient), not the embedded engine's")
 
 
 class EngineClient(_ClientBase):
@@ -159,7 +159,7 @@ class EngineClient(_ClientBase):
                  return_text_in_logprobs: bool = False, extra_key: str | None = None
                  ) -> GenerateResult | list[GenerateResult]:
         """Generate from one prompt; a list of ``n`` results when ``sampling_params.n > 1``
-        (``extra_key``: :func:`~gyre.rollout.engine_messages.build_generate_body`)."""
+        (``extra_key``: :func:`~gyre.rollout.client.messages.build_generate_body`)."""
         res = self._do(op_generate(input_ids, sampling_params, rid, return_logprob, top_logprobs_num,
                                    return_text_in_logprobs, extra_key))
         return self._pick(res, sampling_params)
@@ -211,7 +211,7 @@ class EngineClient(_ClientBase):
         self._do(op_abort(None, True))
 
     def pause_generation(self, mode: str = "abort") -> dict:
-        """Pause with mode ``abort`` | ``in_place`` | ``retract`` (see :mod:`gyre.rollout.core`)."""
+        """Pause with mode ``abort`` | ``in_place`` | ``retract`` (see :mod:`gyre.rollout.embedded.core`)."""
         return self._do(op_json("POST", "/pause_generation", {"mode": mode}))
 
     def continue_generation(self) -> dict:
@@ -229,7 +229,7 @@ class EngineClient(_ClientBase):
 
     def export_kv(self, input_ids: Sequence[int], transport: str = "http") -> tuple[int, bytes | dict | None]:
         """``(m, payload)``: the KV payload of the longest prefix of ``input_ids`` the engine holds
-        (:mod:`gyre.rollout.kv_transfer`; embedded engine only), ``(0, None)`` when it holds none.
+        (:mod:`gyre.rollout.embedded.kv_transfer`; embedded engine only), ``(0, None)`` when it holds none.
         With ``transport="mooncake"`` the payload stays on the engine, staged and pinned, and
         ``payload`` is its Mooncake handle (release it with :meth:`release_kv`)."""
         return _export_kv_result(self._post_kv("/gyre/export_kv", **json_content(
@@ -276,7 +276,7 @@ class EngineClient(_ClientBase):
 
         Raises:
             ValueError: ``named_tensors`` for a server that reports an SGLang version (that payload
-                would kill it: use :class:`gyre.rollout.sglang_weights.SGLangTensorClient`).
+                would kill it: use :class:`gyre.rollout.sglang_driver.weights.SGLangTensorClient`).
         """
         if named_tensors is not None:
             self._refuse_sglang(self.get_server_info)
@@ -320,7 +320,7 @@ class EngineClient(_ClientBase):
 
     def health(self) -> bool:
         """``GET /health`` answered 200 (``False`` on errors or no answer).  SGLang generates a token
-        for it unless started with that off, as :class:`~gyre.rollout.sglang_engine.SGLangEngine`
+        for it unless started with that off, as :class:`~gyre.rollout.sglang_driver.engine.SGLangEngine`
         starts it; generating, it waits 20 s on a paused or released server and answers 503."""
         try:
             return self._do(op_health("/health"))
@@ -616,9 +616,9 @@ class AsyncEngineClient(_ClientBase):
 
 
 class RolloutEngine(Protocol):
-    """A running engine a cell owns (:class:`~gyre.rollout.embedded_server.EngineServer`,
-    :class:`~gyre.rollout.serve.EmbeddedEngineProcess` or
-    :class:`~gyre.rollout.sglang_engine.SGLangEngine`)."""
+    """A running engine a cell owns (:class:`~gyre.rollout.embedded.server.EngineServer`,
+    :class:`~gyre.rollout.embedded.serve.EmbeddedEngineProcess` or
+    :class:`~gyre.rollout.sglang_driver.engine.SGLangEngine`)."""
 
     @property
     def url(self) -> str: ...

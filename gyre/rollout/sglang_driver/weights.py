@@ -96,7 +96,7 @@ class _SGLangPushOrder:
             self.client.end_weight_update()
 
     def _begin(self) -> None:
-        from gyre.rollout.engine_messages import EngineError
+        from gyre.rollout.client.messages import EngineError
 
         try:
             self.client.begin_weight_update()
@@ -118,7 +118,7 @@ class _SGLangPushOrder:
 
         Live (the engine serves rollouts): pause in ``abort`` mode (every running request ends
         with an abort and its partial output, which the proxy retries; new requests wait), flush
-        the prefix cache until it succeeds (:func:`~gyre.rollout.engine_client.flush_when_idle`:
+        the prefix cache until it succeeds (:func:`~gyre.rollout.client.engine_client.flush_when_idle`:
         SGLang flushes only when idle), load every bucket, the last one flushing again, and
         continue.  So no prefix computed under the old weights survives the push, and each of a
         request's attempts ran on one version.  A live push that fails does not continue: the
@@ -135,7 +135,7 @@ class _SGLangPushOrder:
             ValueError: there was no bucket (nothing paused).
             WeightPushFailed: a call of a live push failed.
         """
-        from gyre.rollout.engine_client import flush_when_idle
+        from gyre.rollout.client.engine_client import flush_when_idle
         from gyre.rollout.weights import load_buckets_in_order
 
         if not live:
@@ -227,7 +227,7 @@ class SGLangGroupClient(_SGLangPushOrder):
             return self.client.update_weights_from_tensor(weight_version=weight_version, flush_cache=flush_cache, **kw)
         if kw:
             raise TypeError(f"a broadcast weight update takes no {sorted(kw)}")
-        from gyre.rollout.sglang_engine import free_port
+        from gyre.rollout.sglang_driver.engine import free_port
         from gyre.rollout.weight_group import WeightBroadcaster
 
         if self.broadcaster is None:

@@ -1,8 +1,8 @@
 """What Gyre sends to a rollout engine and gets back, with no I/O (SGLang's native HTTP API).
 
-Both backends -- a real SGLang server (:mod:`gyre.rollout.sglang_engine`) and the embedded CPU
-engine (:mod:`gyre.rollout.embedded_server`) -- answer the same routes, so one set of messages
-serves both, and both clients in :mod:`gyre.rollout.engine_client` build on it:
+Both backends -- a real SGLang server (:mod:`gyre.rollout.sglang_driver.engine`) and the embedded CPU
+engine (:mod:`gyre.rollout.embedded.server`) -- answer the same routes, so one set of messages
+serves both, and both clients in :mod:`gyre.rollout.client.engine_client` build on it:
 
 * typed results: :class:`GenerateResult` (one sequence), :class:`StreamChunk` (one SSE event,
   given as deltas *and* cumulative values whatever the server's ``incremental_streaming_output``,
@@ -28,8 +28,8 @@ import httpx
 import numpy as np
 import orjson
 
-from gyre.rollout.sglang_api import SamplingParams
-from gyre.rollout.token_json import dumps_with_ids
+from gyre.rollout.embedded.sglang_api import SamplingParams
+from gyre.rollout.client.token_json import dumps_with_ids
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 JSON_HEADERS = {"content-type": "application/json"}
@@ -38,7 +38,7 @@ JSON_HEADERS = {"content-type": "application/json"}
 def json_content(body: Any, *, buffer: bool = False) -> dict[str, Any]:
     """httpx keyword arguments posting ``body`` as JSON (none for ``None``). Serialised by
     orjson, so token ids may be numpy arrays or scalars; a long ``input_ids`` array is written by
-    table lookup (:mod:`gyre.rollout.token_json`), with ``buffer`` into a ``memoryview`` that is
+    table lookup (:mod:`gyre.rollout.client.token_json`), with ``buffer`` into a ``memoryview`` that is
     not copied into ``bytes`` (for aiohttp; httpx needs ``bytes``)."""
     if body is None:
         return {}

@@ -1,11 +1,11 @@
 """SGLang's native HTTP API over the embedded engine: the FastAPI app and its uvicorn server.
 
-:func:`build_app` serves an :class:`~gyre.rollout.embedded_engine.EmbeddedEngine` through
+:func:`build_app` serves an :class:`~gyre.rollout.embedded.engine.EmbeddedEngine` through
 SGLang's native routes (generation, abort, pause/continue, memory release/resume, cache flush,
 weight updates and versions, health and info; bodies parsed and built by
-:mod:`gyre.rollout.sglang_api`). :class:`EngineServer` runs it with uvicorn on a socket, from a
+:mod:`gyre.rollout.embedded.sglang_api`). :class:`EngineServer` runs it with uvicorn on a socket, from a
 background thread (:meth:`~EngineServer.start`) or the calling thread
-(:meth:`~EngineServer.serve_forever`, used by :mod:`gyre.rollout.serve`).
+(:meth:`~EngineServer.serve_forever`, used by :mod:`gyre.rollout.embedded.serve`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.core import EngineCore
-from gyre.rollout.embedded_engine import EmbeddedEngine
-from gyre.rollout.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, check_handle, decode_kv_payload,
-                                      encode_kv_payload, kv_layout)
-from gyre.rollout.model_runner import WeightError, read_weights
-from gyre.rollout.sglang_api import (
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.core import EngineCore
+from gyre.rollout.embedded.engine import EmbeddedEngine
+from gyre.rollout.embedded.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, check_handle,
+                                               decode_kv_payload, encode_kv_payload, kv_layout)
+from gyre.rollout.embedded.model_runner import WeightError, read_weights
+from gyre.rollout.embedded.sglang_api import (
     IncrementalDetokenizer,
     ProtocolError,
     SamplingParams,
@@ -41,7 +41,7 @@ from gyre.rollout.sglang_api import (
     parse_generate,
     top_logprob_triples,
 )
-from gyre.rollout.sglang_control_api import (
+from gyre.rollout.embedded.sglang_control_api import (
     parse_abort,
     parse_destroy_weights_update_group,
     parse_init_weights_update_group,
@@ -118,7 +118,7 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     ``GET /health``, ``/health_generate``, ``/model_info`` (also ``/get_model_info``),
     ``/server_info`` (also ``/get_server_info``), ``/get_weight_version``.  Gyre's own:
     ``POST /gyre/export_kv`` (``{"input_ids"}`` -> the KV
-    payload of the longest prefix held, :mod:`gyre.rollout.kv_transfer`, with ``X-Cached-Tokens``;
+    payload of the longest prefix held, :mod:`gyre.rollout.embedded.kv_transfer`, with ``X-Cached-Tokens``;
     JSON ``cached_tokens: 0`` when none; with ``"transport": "mooncake"`` the payload is staged and
     pinned in ``kv_stage`` and the answer is JSON ``{"cached_tokens", "mooncake": handle}``),
     ``POST /gyre/import_kv`` (payload bytes, or JSON ``{"mooncake": handle}`` read from the source
@@ -597,8 +597,8 @@ class EngineServer:
         self.sock.close()
 
     def client(self, timeout: float | None = 600.0):
-        """An :class:`~gyre.rollout.engine_client.EngineClient` for this server."""
-        from gyre.rollout.engine_client import EngineClient
+        """An :class:`~gyre.rollout.client.engine_client.EngineClient` for this server."""
+        from gyre.rollout.client.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

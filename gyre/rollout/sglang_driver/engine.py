@@ -2,7 +2,7 @@
 
 :class:`SGLangEngine` launches ``python -m sglang.launch_server --model-path M --host H
 --port P <passthrough>`` in its own process group, waits until ``/health`` answers 200 and
-hands out :class:`gyre.rollout.engine_client.EngineClient` objects; :meth:`SGLangEngine.stop`
+hands out :class:`gyre.rollout.client.engine_client.EngineClient` objects; :meth:`SGLangEngine.stop`
 sends SIGTERM to the group, then SIGKILL.
 
 Every SGLang server flag is available to Gyre as ``--sglang-<flag>`` (dest ``sglang_<name>``):
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gyre.process_guard import popen_process_group, untrack_process_group
-from gyre.rollout.sglang_weights import (  # noqa: F401  (re-exported: the cell clients live there)
+from gyre.rollout.sglang_driver.weights import (  # noqa: F401  (re-exported: the cell clients live there)
     SGLangGroupClient,
     SGLangTensorClient,
     WeightPushFailed,
@@ -472,7 +472,7 @@ class SGLangEngine:
                 self.port = None
 
     def _wait_healthy(self) -> "SGLangEngine":
-        from gyre.rollout.engine_client import EngineClient
+        from gyre.rollout.client.engine_client import EngineClient
 
         deadline = time.monotonic() + self.startup_timeout
         with EngineClient(self.url, timeout=10.0) as c:
@@ -534,7 +534,7 @@ class SGLangEngine:
     def _abort_all_quietly(self) -> None:
         if self.port is None:
             return
-        from gyre.rollout.engine_client import EngineClient
+        from gyre.rollout.client.engine_client import EngineClient
 
         try:
             with EngineClient(self.url, timeout=2.0) as c:
@@ -543,8 +543,8 @@ class SGLangEngine:
             pass
 
     def client(self, timeout: float | None = 600.0):
-        """An :class:`~gyre.rollout.engine_client.EngineClient` for this server."""
-        from gyre.rollout.engine_client import EngineClient
+        """An :class:`~gyre.rollout.client.engine_client.EngineClient` for this server."""
+        from gyre.rollout.client.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

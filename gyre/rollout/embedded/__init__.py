@@ -1,0 +1,1 @@
+"""The embedded CPU engine: a torch causal LM behind SGLang's native HTTP API."""

@@ -1,0 +1,1 @@
+"""The driver of a real SGLang server: its launch, its flags and the weight pushes it needs."""
