@@ -290,7 +290,8 @@ def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, ver
     every rank calls it (the leaders share the address of SGLang's multi-node rendezvous)."""
     import torch.distributed as dist
 
-    from gyre.rollout.sglang_driver.engine import SGLangCellEngine, free_port
+    from gyre.rollout.ports import free_port
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
     from gyre.runtime.gpu_cells import GpuCellLayout, sglang_cell_argv
 
     lay = cell_group.layout

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from gyre.arguments import parse_args
-from gyre.rollout.sglang_driver.engine import SGLangEngine, add_sglang_arguments, free_port, sglang_server_argv
+from gyre.rollout.ports import free_port
+from gyre.rollout.sglang_driver.engine import SGLangEngine, add_sglang_arguments, sglang_server_argv
 
 
 def test_gyre_flags_map_to_sglang_flags():

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from gyre.rollout.sglang_driver.engine import free_port
+from gyre.rollout.ports import free_port
 
 
 def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):

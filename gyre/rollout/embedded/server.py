@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 import uuid
@@ -52,6 +51,7 @@ from gyre.rollout.embedded.sglang_control_api import (
     parse_update_from_tensor,
     parse_update_weight_version,
 )
+from gyre.rollout.ports import bind_socket
 from gyre.rollout.weights import deserialize_named_tensors
 from gyre.transfer_engine import TransferEngineError
 
@@ -503,21 +503,6 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
 
 
 # ---------------------------------------------------------------------------- uvicorn shell
-
-
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket with ``TCP_NODELAY`` (``port=0``: a free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted sockets inherit TCP_NODELAY (Linux); asyncio only sets it itself for sockets
-    # created with proto=IPPROTO_TCP.  Without it a response written in two parts waits for
-    # the client's delayed ACK.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 class EngineServer:

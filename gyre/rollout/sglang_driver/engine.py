@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shlex
 import signal
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gyre.process_guard import popen_process_group, untrack_process_group
+from gyre.rollout.ports import free_port
 from gyre.rollout.sglang_driver.weights import (  # noqa: F401  (re-exported: the cell clients live there)
     SGLangGroupClient,
     SGLangTensorClient,
@@ -331,42 +331,6 @@ def cpu_server_launcher() -> Path | None:
     environment SGLang needs on a CPU), ``None`` outside one."""
     path = Path(sys.prefix) / "bin" / "sglang-server"
     return path if path.is_file() else None
-
-
-def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
-    """A currently free TCP port on ``host``, below the kernel's ephemeral port range where there
-    is room (``/proc/sys/net/ipv4/ip_local_port_range``). A port from that range can be handed to
-    another socket between this check and the server's own bind (any ``bind`` to port 0 or
-    outgoing connection, the server's own included); one below it is taken only by a process that
-    asks for it by number. ``rng`` picks the candidates (default: the system's randomness)."""
-    import socket
-
-    rng = rng or random.SystemRandom()
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    low = _ephemeral_port_low()
-    for _ in range(64 if low > _LOWEST_PORT else 0):
-        port = rng.randrange(_LOWEST_PORT, low)
-        with socket.socket(family) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(family) as s:  # no room below the range, or every candidate taken
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-#: The lowest port :func:`free_port` picks (below it: the ports services are usually given).
-_LOWEST_PORT = 10_000
-
-
-def _ephemeral_port_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 #: How many times :meth:`SGLangEngine.start` chooses another port when the one it chose was taken.

@@ -15,6 +15,8 @@ import contextlib
 import itertools
 from typing import Any, Iterable, Mapping
 
+from gyre.rollout.ports import free_port
+
 
 def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple[str, Any]], tp_size: int = 1
                                        ) -> list[str]:
@@ -227,7 +229,6 @@ class SGLangGroupClient(_SGLangPushOrder):
             return self.client.update_weights_from_tensor(weight_version=weight_version, flush_cache=flush_cache, **kw)
         if kw:
             raise TypeError(f"a broadcast weight update takes no {sorted(kw)}")
-        from gyre.rollout.sglang_driver.engine import free_port
         from gyre.rollout.weight_group import WeightBroadcaster
 
         if self.broadcaster is None:
