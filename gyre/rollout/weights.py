@@ -12,7 +12,7 @@ Two transports, both SGLang-native endpoints:
 :func:`publish_weights` pushes one version to many engines and reports per-engine results;
 with ``abort_in_flight`` (SGLang ``abort_all_requests``) running requests are aborted rather
 than finished on the old weights.  SGLang GPU servers need their own tensor serializer
-(:func:`gyre.rollout.sglang_driver.engine.serialize_named_tensors_for_sglang`) or the disk transport.
+(:func:`gyre.rollout.sglang_driver.weights.serialize_named_tensors_for_sglang`) or the disk transport.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]],
     when an update fails (a collective may be producing it).  Returns the tensors loaded.
 
     A client with a ``push_weight_buckets`` method of its own (an SGLang cell's,
-    :class:`gyre.rollout.sglang_driver.engine.SGLangTensorClient`) orders the calls itself; ``live`` tells
+    :class:`gyre.rollout.sglang_driver.weights.SGLangTensorClient`) orders the calls itself; ``live`` tells
     it whether the engine is serving (a rollout cell's update) or paused with its KV cache released
     (a role switch).
 

@@ -71,7 +71,7 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError("argument --attention-kernel: fused attention trains on GPU only (FlexAttention has no "
                             "CPU backward); --backend cpu uses dense")
     if args.rollout_engine == "sglang" and args.backend == "cpu":
-        from gyre.rollout.sglang_driver.engine import cpu_server_launcher
+        from gyre.rollout.sglang_driver.launch import cpu_server_launcher
 
         if cpu_server_launcher() is None:
             raise ArgumentError("argument --rollout-engine: SGLang cells on the CPU run from the SGLang environment "
@@ -315,7 +315,8 @@ def _sglang_cpu_cell_engine(args, cell: int, host: str, model_dir: str, version:
     """The SGLang server of a cell of one rank on the CPU, not started: the SGLang environment's
     launcher (``--device cpu --dtype float32``), its scheduler sleeping when idle (it polls
     otherwise, a core's worth of CPU per server)."""
-    from gyre.rollout.sglang_driver.engine import SGLangCellEngine, cpu_server_launcher
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
+    from gyre.rollout.sglang_driver.launch import cpu_server_launcher
 
     argv = ["--sleep-on-idle", "--random-seed", str(args.seed + 1000 * cell)]
     if getattr(args, "sglang_weight_version", None) is None:

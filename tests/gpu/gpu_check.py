@@ -250,7 +250,8 @@ def phase_d(tmp: Path) -> dict:
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
     from gyre.rollout.client.engine_client import EngineClient
-    from gyre.rollout.sglang_driver.engine import SGLangEngine, SGLangTensorClient
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
     from gyre.rollout.tensor_bucket import LOAD_FORMAT, FlatBucket, engine_rank_payloads
 
     model_dir = ensure_tiny_model("local")

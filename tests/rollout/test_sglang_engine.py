@@ -11,7 +11,8 @@ import pytest
 
 from gyre.arguments import parse_args
 from gyre.rollout.ports import free_port
-from gyre.rollout.sglang_driver.engine import SGLangEngine, add_sglang_arguments, sglang_server_argv
+from gyre.rollout.sglang_driver.engine import SGLangEngine
+from gyre.rollout.sglang_driver.flags import add_sglang_arguments, sglang_server_argv
 
 
 def test_gyre_flags_map_to_sglang_flags():
@@ -266,7 +267,7 @@ def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0, sess
     import torch
 
     from gyre.rollout.client.engine_client import EngineClient
-    from gyre.rollout.sglang_driver.engine import SGLangTensorClient
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     calls = []
     state = {"open": left_open}
@@ -465,7 +466,7 @@ def test_an_embedded_format_payload_never_reaches_an_sglang_server():
 def test_a_server_is_started_with_a_health_probe_that_does_not_generate():
     """SGLang's /health generates a token by default (20 s and a 503 on a paused server); Gyre's servers
     get the switch that turns that off, unless their environment sets it."""
-    from gyre.rollout.sglang_driver.engine import HEALTH_GENERATION_ENV, server_environment
+    from gyre.rollout.sglang_driver.launch import HEALTH_GENERATION_ENV, server_environment
 
     assert HEALTH_GENERATION_ENV == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
     assert server_environment({"RANK": "1", "A": "x"}) == {"A": "x", HEALTH_GENERATION_ENV: "false"}

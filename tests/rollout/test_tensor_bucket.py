@@ -124,7 +124,7 @@ def test_the_sglang_cell_client_sends_one_payload_per_engine_rank(tiny_model_dir
     from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.client.engine_client import EngineClient
     from gyre.rollout.embedded.model_runner import read_weights
-    from gyre.rollout.sglang_driver.engine import SGLangTensorClient
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     sent = []
 

@@ -156,7 +156,8 @@ def test_a_multi_node_cells_client_broadcasts_its_buckets_to_the_engine(tmp_path
     from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.client.engine_client import EngineClient
     from gyre.rollout.embedded.model_runner import read_weights
-    from gyre.rollout.sglang_driver.engine import SGLangCellEngine, SGLangGroupClient, SGLangTensorClient
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
+    from gyre.rollout.sglang_driver.weights import SGLangGroupClient, SGLangTensorClient
     from gyre.rollout.weights import push_weight_buckets
 
     launcher = [sys.executable, "-m", "gyre.rollout.embedded.serve"]
