@@ -44,7 +44,7 @@ from gyre.testing.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_V
 from gyre.testing.hostile_exchange import Others, problems, rss_growth, rss_mark, send, wait_until
 
 from gyre.proxy.engines import ClientEngine
-from gyre.rollout.client.engine_client import AsyncEngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
 
 CLASSES = ("compression", "sizes", "depth", "numbers", "unencodable", "many", "retries")
 HANG_S = 30.0

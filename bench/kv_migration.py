@@ -48,7 +48,8 @@ def one_run(model_dir: str, tokenizer, renderer, prompt: str, *, migration: bool
     from gyre.proxy.server import ProxyConfig, ProxyServer
     from gyre.rollout.embedded.config import EngineConfig
     from gyre.rollout.embedded.server import EngineServer
-    from gyre.rollout.client.engine_client import AsyncEngineClient, EngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
+    from gyre.rollout.client.engine_client import EngineClient
     from gyre.training.cell import CellRoles
     from gyre.trajectory.store import TrajectoryStore
 

@@ -257,7 +257,7 @@ class RolloutService:
         from gyre.proxy.render import ChatRenderer
         from gyre.proxy.request_body import limits_from_args
         from gyre.proxy.server import ProxyConfig, ProxyServer
-        from gyre.rollout.client.engine_client import AsyncEngineClient
+        from gyre.rollout.client.async_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
 
         a = self.args

@@ -1,7 +1,7 @@
 """Rollout engines: SGLang's native HTTP API, two backends, and weight publication.
 
 * ``engine_client.py`` -- :class:`~gyre.rollout.client.engine_client.EngineClient` and
-  :class:`~gyre.rollout.client.engine_client.AsyncEngineClient`, which the proxy, cells and tools use;
+  :class:`~gyre.rollout.client.async_client.AsyncEngineClient`, which the proxy, cells and tools use;
   ``engine_messages.py`` -- what they send and get back (typed results, errors; no I/O).
 * The embedded CPU engine: ``embedded_server.py`` (HTTP app and uvicorn server,
   :class:`~gyre.rollout.embedded.server.EngineServer`) over ``embedded_engine.py`` (engine

@@ -454,7 +454,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     from gyre.harness import harness_from_args
     from gyre.metrics import MetricsSink
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.client.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.runtime.config import ControllerConfig
     from gyre.runtime.controller import Controller
     from gyre.runtime.plot import plot_run
@@ -546,7 +546,7 @@ def _standalone_pool(args, connect, worker, server, model_dir, version: int, pro
     ``version``, registered with ``proxy``, reading the core's snapshot over Mooncake and replying
     on their own store client.  Without the flag: a :class:`StandaloneRoutes` of cells only."""
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.client.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.runtime.cell_worker import Snapshot
     from gyre.runtime.standalone import StandalonePool, StandaloneRoutes
     from gyre.training import control as ctl

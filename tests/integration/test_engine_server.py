@@ -20,7 +20,8 @@ import torch
 from gyre.embedded_model import load_hf_model
 from gyre.rollout.embedded.config import EngineConfig
 from gyre.rollout.embedded.server import EngineServer
-from gyre.rollout.client.engine_client import AsyncEngineClient, EngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
+from gyre.rollout.client.engine_client import EngineClient
 from gyre.rollout.client.messages import EngineError
 from gyre.rollout.embedded.model_runner import read_weights
 from gyre.rollout.weights import serialize_named_tensors

@@ -20,7 +20,7 @@ import zlib
 import httpx
 import pytest
 
-from gyre.rollout.client.engine_client import AsyncEngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
 from gyre.trajectory.store import TrajectoryStore
 
 PATHS = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}

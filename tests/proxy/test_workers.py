@@ -14,7 +14,7 @@ import pytest
 from gyre.proxy.engines import ClientEngine
 from gyre.proxy.server import ProxyConfig, ProxyServer
 from gyre.proxy.workers import ProxyWorkers, WorkerSpec, worker_index
-from gyre.rollout.client.engine_client import AsyncEngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
 from gyre.trajectory.store import TrajectoryStore
 
 CONFIG = dict(model_name="gyre-policy", default_max_tokens=6, max_tokens_cap=6, max_context_tokens=4096,

@@ -151,7 +151,7 @@ def test_after_a_push_without_a_flush_a_prefix_of_the_earlier_weights_is_not_reu
     import asyncio
 
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.client.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     keyed, unkeyed = list(range(500, 660)), list(range(700, 860))
