@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import aiohttp
 import httpx
 
-from gyre.rollout.client.base import HTTP_LIMITS, ClientBase, export_kv_result, import_kv_body
+from gyre.rollout.client.base import HTTP_LIMITS, ClientBase, export_kv_result, import_kv_body, tensor_payloads
 from gyre.rollout.client.messages import (
     EngineConnectionError,
     EngineError,
@@ -228,8 +228,9 @@ class AsyncEngineClient(ClientBase):
                                          flush_cache: bool = True) -> dict:
         if named_tensors is not None:
             await self._refuse_sglang_async()
-        return await self._do(op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format,
-                                                            weight_version, abort_all_requests, flush_cache))
+        payloads = tensor_payloads(named_tensors, serialized_named_tensors)
+        return await self._do(op_update_weights_from_tensor(payloads, load_format, weight_version, abort_all_requests,
+                                                            flush_cache))
 
     async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict:
         return await self._do(op_update_weight_version(new_version, abort_all_requests))

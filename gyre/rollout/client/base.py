@@ -1,8 +1,11 @@
 """What both engine clients share: the base class (the engine's address, timeouts, the streaming
 mode asked once, the check that keeps an embedded-engine weight payload from a real SGLang server),
-the connection pool's limits and the bodies of a KV export and import (:mod:`gyre.rollout.embedded.kv_transfer`)."""
+the connection pool's limits, the bodies of a KV export and import (:mod:`gyre.rollout.embedded.kv_transfer`)
+and the payloads of a tensor weight update."""
 
 from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
 
 import httpx
 
@@ -16,6 +19,7 @@ from gyre.rollout.client.messages import (
     sample_count,
 )
 from gyre.rollout.sglang_protocol import from_server_info
+from gyre.rollout.weights import serialize_named_tensors
 
 
 #: Connection pool of either client: 256 connections, 64 of them kept alive.
@@ -82,3 +86,18 @@ def import_kv_body(payload: bytes | dict) -> dict:
     if isinstance(payload, dict):
         return json_content({"mooncake": payload})
     return {"content": payload, "headers": _OCTETS}
+
+
+def tensor_payloads(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]] | None,
+                    serialized_named_tensors: Sequence[str] | None) -> Sequence[str]:
+    """The ``serialized_named_tensors`` of a tensor weight update: as given, or ``named_tensors``
+    as one payload in the embedded engine's format (:func:`gyre.rollout.weights.serialize_named_tensors`).
+
+    Raises:
+        ValueError: not exactly one of ``named_tensors`` / ``serialized_named_tensors``.
+    """
+    if (named_tensors is None) == (serialized_named_tensors is None):
+        raise ValueError("give exactly one of named_tensors or serialized_named_tensors")
+    if named_tensors is not None:
+        return [serialize_named_tensors(named_tensors)]
+    return serialized_named_tensors

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import httpx
 
-from gyre.rollout.client.base import HTTP_LIMITS, ClientBase, export_kv_result, import_kv_body
+from gyre.rollout.client.base import HTTP_LIMITS, ClientBase, export_kv_result, import_kv_body, tensor_payloads
 from gyre.rollout.client.messages import (
     EngineConnectionError,
     EngineError,
@@ -231,8 +231,9 @@ class EngineClient(ClientBase):
         """
         if named_tensors is not None:
             self._refuse_sglang(self.get_server_info)
-        return self._do(op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format,
-                                                      weight_version, abort_all_requests, flush_cache))
+        payloads = tensor_payloads(named_tensors, serialized_named_tensors)
+        return self._do(op_update_weights_from_tensor(payloads, load_format, weight_version, abort_all_requests,
+                                                      flush_cache))
 
     def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict:
         return self._do(op_update_weight_version(new_version, abort_all_requests))

@@ -380,21 +380,14 @@ def op_update_weights_from_disk(model_path: str, load_format: str | None, weight
     return op_json("POST", "/update_weights_from_disk", body)
 
 
-def op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format: str | None,
+def op_update_weights_from_tensor(serialized_named_tensors: Sequence[str], load_format: str | None,
                                   weight_version: str, abort_all_requests: bool, flush_cache: bool) -> Op:
-    """``POST /update_weights_from_tensor``; ``named_tensors`` are serialised in the embedded
-    engine's format (:func:`gyre.rollout.weights.serialize_named_tensors`).
+    """``POST /update_weights_from_tensor`` with payloads already serialised (the embedded engine's
+    format: :func:`gyre.rollout.weights.serialize_named_tensors`; SGLang's: one per TP rank).
 
     Raises:
-        ValueError: not exactly one of ``named_tensors`` / ``serialized_named_tensors``, or an
-            empty ``weight_version``.
+        ValueError: an empty ``weight_version``.
     """
-    if (named_tensors is None) == (serialized_named_tensors is None):
-        raise ValueError("give exactly one of named_tensors or serialized_named_tensors")
-    if named_tensors is not None:
-        from gyre.rollout.weights import serialize_named_tensors
-
-        serialized_named_tensors = [serialize_named_tensors(named_tensors)]
     body = {"serialized_named_tensors": list(serialized_named_tensors), "load_format": load_format,
             **_update_common(weight_version, abort_all_requests, flush_cache)}
     return op_json("POST", "/update_weights_from_tensor", body)
