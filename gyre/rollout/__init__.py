@@ -1,17 +1,32 @@
-"""Rollout engines: SGLang's native HTTP API, two backends, and weight publication.
+"""Rollout engines: SGLang's native HTTP API, two backends, their clients and weight publication.
 
-* ``engine_client.py`` -- :class:`~gyre.rollout.client.engine_client.EngineClient` and
-  :class:`~gyre.rollout.client.async_client.AsyncEngineClient`, which the proxy, cells and tools use;
-  ``engine_messages.py`` -- what they send and get back (typed results, errors; no I/O).
-* The embedded CPU engine: ``embedded_server.py`` (HTTP app and uvicorn server,
-  :class:`~gyre.rollout.embedded.server.EngineServer`) over ``embedded_engine.py`` (engine
-  thread); its pure parts are ``core.py`` (continuous batching), ``prefix_cache.py``,
-  ``sampling.py``, ``sglang_api.py`` and ``sglang_control_api.py`` (request parsing, response building); the model sits
-  behind ``model_runner.py``; ``serve.py`` is its command line (``tools/serve_engine.py``).
-* ``sglang_engine.py`` -- launches a real SGLang server with ``--sglang-*`` passthrough;
-  ``sglang_weights.py`` pushes a cell's weights to it in the order SGLang needs, and
-  ``sglang_protocol.py`` asks the server whether it has weight-update sessions.
-* ``weights.py`` -- weight payloads and :func:`~gyre.rollout.weights.publish_weights`.
+Package map (paths under ``gyre/rollout/``):
+
+* ``client/`` -- the engine clients, which the proxy, cells and tools use:
+  ``engine_client.py`` (:class:`~gyre.rollout.client.engine_client.EngineClient`, blocking, with
+  ``flush_when_idle`` and the ``RolloutEngine`` protocol a cell's engine follows),
+  ``async_client.py`` (:class:`~gyre.rollout.client.async_client.AsyncEngineClient`, aiohttp),
+  ``base.py`` (what both share), ``messages.py`` (what they send and get back: typed results,
+  errors, each call as data; no I/O) and ``token_json.py`` (long token-id lists written as JSON by
+  table lookup).
+* ``embedded/`` -- the embedded CPU engine: ``server.py`` (the FastAPI app and uvicorn server,
+  :class:`~gyre.rollout.embedded.server.EngineServer`) binds the handlers of ``routes/``
+  (``generate.py``, ``control.py``, ``weights.py``, ``kv.py``, ``common.py``) over ``engine.py``
+  (the engine thread); its pure parts are ``core.py`` (continuous batching), ``prefix_cache.py``,
+  ``sampling.py``, and its SGLang-compatible API: ``sglang_api.py`` (generation bodies, results)
+  and ``sglang_control_api.py`` (control bodies), both checked with ``request_validators.py``;
+  the model sits behind ``model_runner.py``; ``kv_transfer.py`` is its KV payload format and
+  Mooncake stage; ``config.py`` its settings; ``serve.py`` its command line
+  (``tools/serve_engine.py``).
+* ``sglang_driver/`` -- a real SGLang server: ``engine.py`` launches and stops it (and a cell's
+  server), ``flags.py`` maps ``--sglang-*`` onto SGLang's own flags, ``launch.py`` adds the shared
+  KV store's flags and the server's environment, ``weights.py`` pushes a cell's weights to it in
+  the order SGLang needs.
+* Shared by both engines and their callers: ``sglang_protocol.py`` (whether a server is SGLang, and
+  whether it has weight-update sessions), ``weights.py`` (weight payloads and
+  :func:`~gyre.rollout.weights.publish_weights`), ``weight_group.py`` (weights broadcast over a
+  process group), ``tensor_bucket.py`` (weight buckets shared by memory handle) and ``ports.py``
+  (free ports, listening sockets).
 
 Importing this package is cheap (no torch); :func:`create_rollout_engine` picks the backend.
 """

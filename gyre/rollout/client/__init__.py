@@ -1,1 +1,7 @@
-"""Clients of a rollout engine over SGLang's native HTTP API, and the messages they exchange."""
+"""Clients of a rollout engine over SGLang's native HTTP API, and the messages they exchange.
+
+``engine_client.py`` (blocking, httpx) and ``async_client.py`` (asyncio, aiohttp) send the calls
+``messages.py`` builds and parse the answers with it; ``base.py`` is what the two clients share;
+``token_json.py`` writes a long ``input_ids`` list as JSON.  Both backends answer them: the embedded
+engine (:mod:`gyre.rollout.embedded`) and a real SGLang server (:mod:`gyre.rollout.sglang_driver`).
+"""
