@@ -2,7 +2,7 @@
 
 Sampling parameters, request bodies and their checks, finish reasons, ``meta_info`` and
 log-prob triples, stop-string trimming and incremental detokenisation: the server
-(``gyre/rollout/embedded/server.py``) and the engine core use these, and the clients send
+(``gyre/rollout/embedded/routes/``) and the engine core use these, and the clients send
 :class:`SamplingParams`.  Names, defaults and shapes follow sgl-project/sglang:
 ``managers/io_struct.py`` (``GenerateReqInput`` and the control bodies),
 ``sampling/sampling_params.py`` (``max_new_tokens`` 128, ``temperature`` 1.0, ``top_p`` 1.0,
