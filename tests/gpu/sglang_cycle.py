@@ -94,7 +94,9 @@ def run_cycle(tmp: Path, *, emulate: bool, used_mib: Callable[[], int], deadline
     import torch
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
-    from gyre.rollout.sglang_driver.engine import SGLangEngine, SGLangTensorClient, cpu_server_launcher
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
+    from gyre.rollout.sglang_driver.launch import cpu_server_launcher
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
     from gyre.training.cell import CellRoles, TrainingState
 
     dev = "cpu" if emulate else "cuda:0"

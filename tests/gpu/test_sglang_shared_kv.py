@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gyre.rollout.sglang_driver.engine import free_port
+from gyre.rollout.ports import free_port
 
 torch = pytest.importorskip("torch")
 pytestmark = [

@@ -16,7 +16,7 @@ import pytest
 
 from gyre.embedded_model import load_tokenizer
 from gyre.rollout.embedded.serve import EmbeddedEngineProcess
-from gyre.rollout.sglang_driver.engine import free_port
+from gyre.rollout.ports import free_port
 from gyre.trajectory.store import TrajectoryStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
