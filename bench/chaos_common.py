@@ -60,9 +60,9 @@ def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.rollout.embedded.config import EngineConfig
     from gyre.rollout.embedded.server import EngineServer
-    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.trajectory.store import TrajectoryStore
 
     model = ensure_tiny_model("local")

@@ -11,8 +11,8 @@ Without ``--model-dir`` the embedded tiny Qwen3 is used (built on first use, no 
 ``--port 0`` (default) picks a free port.  Once the engine accepts requests, one JSON line
 ``{"url": "http://127.0.0.1:P"}`` is printed to stdout; SIGTERM or SIGINT aborts in-flight
 requests (they answer with ``finish_reason.type == "abort"``), stops the server and exits 0.
-Bad arguments exit 2 with one line on stderr.  Endpoints and contract:
-``gyre/rollout/embedded/server.py`` and ``gyre/rollout/embedded/routes/``; client: ``gyre/rollout/client/engine_client.py``.
+Bad arguments exit 2 with one line on stderr.  Endpoints and contract: ``gyre/rollout/embedded/server.py``
+and ``gyre/rollout/embedded/routes/``; client: ``gyre/rollout/client/engine_client.py``.
 """
 
 import os

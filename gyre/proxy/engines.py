@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_che
 import numpy as np
 import orjson
 
-from gyre.rollout.sglang_protocol import from_server_info
+from gyre.rollout.client.sglang_protocol import from_server_info
 
 __all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine",
            "parse_version", "engine_rid", "request_seed"]

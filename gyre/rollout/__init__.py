@@ -1,34 +1,40 @@
 """Rollout engines: SGLang's native HTTP API, two backends, their clients and weight publication.
 
-Package map (paths under ``gyre/rollout/``):
+Package map (paths under ``gyre/rollout/``; each subpackage's own docstring says more):
 
-* ``client/`` -- the engine clients, which the proxy, cells and tools use:
-  ``engine_client.py`` (:class:`~gyre.rollout.client.engine_client.EngineClient`, blocking, with
-  ``flush_when_idle`` and the ``RolloutEngine`` protocol a cell's engine follows),
-  ``async_client.py`` (:class:`~gyre.rollout.client.async_client.AsyncEngineClient`, aiohttp),
-  ``base.py`` (what both share), ``messages.py`` (what they send and get back: typed results,
-  errors, each call as data; no I/O) and ``token_json.py`` (long token-id lists written as JSON by
-  table lookup).
-* ``embedded/`` -- the embedded CPU engine: ``server.py`` (the FastAPI app and uvicorn server,
-  :class:`~gyre.rollout.embedded.server.EngineServer`) binds the handlers of ``routes/``
-  (``generate.py``, ``control.py``, ``weights.py``, ``kv.py``, ``common.py``) over ``engine.py``
-  (the engine thread); its pure parts are ``core.py`` (continuous batching), ``prefix_cache.py``,
-  ``sampling.py``, and its SGLang-compatible API: ``sglang_api.py`` (generation bodies, results)
-  and ``sglang_control_api.py`` (control bodies), both checked with ``request_validators.py``;
-  the model sits behind ``model_runner.py``; ``kv_transfer.py`` is its KV payload format and
-  Mooncake stage; ``config.py`` its settings; ``serve.py`` its command line
+* :mod:`gyre.rollout.api` -- SGLang's native API as data, no I/O: ``api/sglang_api.py`` (sampling
+  parameters, ``/generate`` bodies, finish reasons, ``meta_info``), ``api/sglang_control_api.py``
+  (control bodies) and ``api/request_validators.py`` (the checks both use; bad input raises
+  ``ProtocolError``, HTTP 400).
+* :mod:`gyre.rollout.client` -- the engine clients, which the proxy, cells and tools use:
+  ``client/engine_client.py`` (:class:`~gyre.rollout.client.engine_client.EngineClient`, blocking,
+  with ``flush_when_idle`` and the ``RolloutEngine`` protocol a cell's engine follows),
+  ``client/async_client.py`` (:class:`~gyre.rollout.client.async_client.AsyncEngineClient`,
+  aiohttp), ``client/base.py`` (what both share), ``client/messages.py`` (what they send and get
+  back: typed results, errors, each call as data; no I/O), ``client/token_json.py`` (long token-id
+  lists written as JSON by table lookup) and ``client/sglang_protocol.py`` (whether a server is
+  SGLang, and whether it has weight-update sessions).
+* :mod:`gyre.rollout.embedded` -- the embedded CPU engine: ``embedded/server.py`` (the FastAPI app
+  and uvicorn server, :class:`~gyre.rollout.embedded.server.EngineServer`) binds the handlers of
+  :mod:`gyre.rollout.embedded.routes` (``embedded/routes/generate.py``, ``embedded/routes/control.py``,
+  ``embedded/routes/weights.py``, ``embedded/routes/kv.py``, ``embedded/routes/common.py``) over
+  ``embedded/engine.py`` (the engine thread); its pure parts are ``embedded/core.py`` (continuous
+  batching), ``embedded/prefix_cache.py`` and ``embedded/sampling.py``; the model sits behind
+  ``embedded/model_runner.py``; ``embedded/kv_transfer.py`` is its KV payload format and Mooncake
+  stage, ``embedded/config.py`` its settings and ``embedded/serve.py`` its command line
   (``tools/serve_engine.py``).
-* ``sglang_driver/`` -- a real SGLang server: ``engine.py`` launches and stops it (and a cell's
-  server), ``flags.py`` maps ``--sglang-*`` onto SGLang's own flags, ``launch.py`` adds the shared
-  KV store's flags and the server's environment, ``weights.py`` pushes a cell's weights to it in
-  the order SGLang needs.
-* Shared by both engines and their callers: ``sglang_protocol.py`` (whether a server is SGLang, and
-  whether it has weight-update sessions), ``weights.py`` (weight payloads and
+* :mod:`gyre.rollout.sglang_driver` -- a real SGLang server: ``sglang_driver/engine.py`` launches
+  and stops it (and a cell's server), ``sglang_driver/flags.py`` maps ``--sglang-*`` onto SGLang's
+  own flags, ``sglang_driver/launch.py`` adds the shared KV store's flags and the server's
+  environment, ``sglang_driver/weights.py`` pushes a cell's weights in the order SGLang needs.
+* Shared by both engines and their callers: ``weights.py`` (weight payloads and
   :func:`~gyre.rollout.weights.publish_weights`), ``weight_group.py`` (weights broadcast over a
   process group), ``tensor_bucket.py`` (weight buckets shared by memory handle) and ``ports.py``
   (free ports, listening sockets).
 
-Importing this package is cheap (no torch); :func:`create_rollout_engine` picks the backend.
+The subpackages import in one direction only (``sglang_driver`` and ``embedded`` use ``client``,
+which uses ``api``; none uses a package above it).  Importing this package is cheap (no torch);
+:func:`create_rollout_engine` picks the backend.
 """
 
 from __future__ import annotations

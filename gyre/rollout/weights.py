@@ -60,12 +60,12 @@ def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None =
     ``torch.load`` runs with ``weights_only=True``.
 
     Raises:
-        gyre.rollout.embedded.sglang_api.ProtocolError: bad base64, an unreadable or foreign payload, or a
+        gyre.rollout.api.sglang_api.ProtocolError: bad base64, an unreadable or foreign payload, or a
             ``load_format`` other than ``None``/``"torch"``.
     """
     import torch
 
-    from gyre.rollout.embedded.sglang_api import ProtocolError
+    from gyre.rollout.api.sglang_api import ProtocolError
 
     from gyre.rollout.tensor_bucket import LOAD_FORMAT, load_payload
 

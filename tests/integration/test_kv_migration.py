@@ -15,10 +15,10 @@ from gyre.embedded_model import load_tokenizer
 from gyre.proxy.engines import ClientEngine
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.server import ProxyConfig, ProxyServer
-from gyre.rollout.embedded.config import EngineConfig
-from gyre.rollout.embedded.server import EngineServer
 from gyre.rollout.client.async_client import AsyncEngineClient
 from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.server import EngineServer
 from gyre.training.cell import CellRoles
 from gyre.trajectory.store import TrajectoryStore
 

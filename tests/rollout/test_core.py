@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre.rollout.api.sglang_api import ProtocolError, SamplingParams, SeqSpec
 from gyre.rollout.embedded.core import CoreConfig, EngineCore
-from gyre.rollout.embedded.sglang_api import ProtocolError, SamplingParams, SeqSpec
 from gyre.rollout.embedded.sampling import sample_next_tokens
 
 V = 16

@@ -9,10 +9,10 @@ import httpx
 import pytest
 import torch
 
+from gyre.rollout.api.sglang_api import SamplingParams
 from gyre.rollout.client.async_client import AsyncEngineClient
 from gyre.rollout.client.engine_client import EngineClient
 from gyre.rollout.client.messages import EngineConnectionError, EngineError, FinishReason, build_generate_body
-from gyre.rollout.embedded.sglang_api import SamplingParams
 from gyre.rollout.weights import deserialize_named_tensors
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gyre.rollout.embedded.sglang_api import SamplingParams
+from gyre.rollout.api.sglang_api import SamplingParams
 from gyre.rollout.embedded.sampling import sample_next_tokens, truncate_probs
 
 

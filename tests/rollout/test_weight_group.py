@@ -12,11 +12,11 @@ from gyre.rollout.ports import free_port
 
 
 def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
-    from gyre.rollout.embedded.config import EngineConfig
-    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.client.engine_client import EngineClient
     from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.embedded.config import EngineConfig
     from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.sglang_driver.engine import SGLangEngine
     from gyre.rollout.weight_group import WeightBroadcaster
 
@@ -59,10 +59,10 @@ def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
 
 
 def test_joining_a_group_nobody_hosts_fails_with_a_clear_error(tiny_model_dir):
-    from gyre.rollout.embedded.config import EngineConfig
-    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.client.engine_client import EngineClient
     from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.weight_group import open_weight_group
 
     server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
@@ -152,10 +152,10 @@ def test_a_multi_node_cells_client_broadcasts_its_buckets_to_the_engine(tmp_path
     """The client of a cell spanning nodes (no CUDA IPC across nodes): a role switch's bucketed load
     goes over a weight-update group it opens itself; the engine then serves what an engine loaded by
     value serves, and the cell's engine launcher hands this client out for ``nnodes`` > 1."""
-    from gyre.rollout.embedded.config import EngineConfig
-    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
     from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.sglang_driver.engine import SGLangCellEngine
     from gyre.rollout.sglang_driver.weights import SGLangGroupClient, SGLangTensorClient
     from gyre.rollout.weights import push_weight_buckets

@@ -5,8 +5,8 @@ import base64
 import pytest
 import torch
 
+from gyre.rollout.api.sglang_api import ProtocolError
 from gyre.rollout.embedded.model_runner import read_weights
-from gyre.rollout.embedded.sglang_api import ProtocolError
 from gyre.rollout.weights import (
     bucket_named_tensors,
     deserialize_named_tensors,
@@ -132,9 +132,9 @@ def test_the_engine_admits_nothing_between_buckets(tiny_model_dir):
     import threading
     import time
 
+    from gyre.rollout.client.engine_client import EngineClient
     from gyre.rollout.embedded.config import EngineConfig
     from gyre.rollout.embedded.server import EngineServer
-    from gyre.rollout.client.engine_client import EngineClient
 
     server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     try:

@@ -13,8 +13,8 @@ def test_weight_update_sessions_are_asked_of_the_server_and_one_left_open_is_end
     from safetensors.torch import load_file
 
     from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.client.sglang_protocol import probe_weight_update_sessions
     from gyre.rollout.sglang_driver.weights import SGLangTensorClient
-    from gyre.rollout.sglang_protocol import probe_weight_update_sessions
 
     with cell_server.client() as c:
         assert probe_weight_update_sessions(c) is True

@@ -18,7 +18,7 @@ from gyre.rollout.client.messages import (
     raise_for_status,
     sample_count,
 )
-from gyre.rollout.sglang_protocol import from_server_info
+from gyre.rollout.client.sglang_protocol import from_server_info
 from gyre.rollout.weights import serialize_named_tensors
 
 

@@ -255,7 +255,7 @@ class EngineClient(ClientBase):
 
     def begin_weight_update(self) -> dict:
         """``POST /begin_weight_update``: open a weight-update session (SGLang 0.5.23 and newer
-        load weights only inside one; :mod:`gyre.rollout.sglang_protocol`)."""
+        load weights only inside one; :mod:`gyre.rollout.client.sglang_protocol`)."""
         return self._do(op_json("POST", "/begin_weight_update", {}))
 
     def end_weight_update(self) -> dict:

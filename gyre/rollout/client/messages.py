@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 import orjson
 
-from gyre.rollout.embedded.sglang_api import SamplingParams
+from gyre.rollout.api.sglang_api import SamplingParams
 from gyre.rollout.client.token_json import dumps_with_ids
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS

@@ -2,7 +2,7 @@
 
 ``engine.py`` runs ``core.py`` (continuous batching, with ``prefix_cache.py`` and ``sampling.py``)
 over ``model_runner.py`` on one engine thread; ``server.py`` serves it over HTTP with the handlers
-of ``routes/``, which parse bodies with ``sglang_api.py`` and ``sglang_control_api.py`` (checked by
-``request_validators.py``); ``kv_transfer.py`` moves KV between engines; ``config.py`` holds the
-settings and ``serve.py`` is the command line.
+of :mod:`gyre.rollout.embedded.routes`, which parse and build bodies with :mod:`gyre.rollout.api`;
+``kv_transfer.py`` moves KV between engines; ``config.py`` holds the settings and ``serve.py`` is
+the command line.
 """

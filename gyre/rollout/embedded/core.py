@@ -25,8 +25,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from gyre.common_prefix import common_prefix_len
-from gyre.rollout.embedded.prefix_cache import RadixPrefixCache
-from gyre.rollout.embedded.sglang_api import (
+from gyre.rollout.api.sglang_api import (
     MEMORY_TAGS,
     PAUSE_MODES,
     ProtocolError,
@@ -37,6 +36,7 @@ from gyre.rollout.embedded.sglang_api import (
     finish_length,
     finish_stop,
 )
+from gyre.rollout.embedded.prefix_cache import RadixPrefixCache
 from gyre.rollout.embedded.sampling import sample_next_tokens
 
 

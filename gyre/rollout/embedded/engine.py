@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from gyre.rollout.api.sglang_api import ProtocolError, SeqOutput
+from gyre.rollout.client.sglang_protocol import EMBEDDED_ENGINE as ENGINE_NAME  # what /server_info says
 from gyre.rollout.embedded.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
 from gyre.rollout.embedded.core import CoreConfig, EngineCore, Seq
 from gyre.rollout.embedded.model_runner import HFModelRunner, load_model_dir
-from gyre.rollout.embedded.sglang_api import ProtocolError, SeqOutput
-from gyre.rollout.sglang_protocol import EMBEDDED_ENGINE as ENGINE_NAME  # what /server_info says
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :func:`build_app` serves an :class:`~gyre.rollout.embedded.engine.EmbeddedEngine` through
 SGLang's native routes (generation, abort, pause/continue, memory release/resume, cache flush,
 weight updates and versions, health and info; bodies parsed and built by
-:mod:`gyre.rollout.embedded.sglang_api`), whose handlers live in :mod:`gyre.rollout.embedded.routes`.
+:mod:`gyre.rollout.api.sglang_api`), whose handlers live in :mod:`gyre.rollout.embedded.routes`.
 :class:`EngineServer` runs it with uvicorn on a socket, from a background thread
 (:meth:`~EngineServer.start`) or the calling thread (:meth:`~EngineServer.serve_forever`, used by
 :mod:`gyre.rollout.embedded.serve`).
@@ -18,6 +18,7 @@ from typing import Callable
 
 from fastapi import FastAPI
 
+from gyre.rollout.api.sglang_api import ProtocolError
 from gyre.rollout.embedded.config import EngineConfig
 from gyre.rollout.embedded.engine import EmbeddedEngine
 from gyre.rollout.embedded.kv_transfer import MooncakeKVStage
@@ -27,7 +28,6 @@ from gyre.rollout.embedded.routes.control import ControlRoutes
 from gyre.rollout.embedded.routes.generate import GenerateRoutes
 from gyre.rollout.embedded.routes.kv import KVRoutes
 from gyre.rollout.embedded.routes.weights import WeightRoutes
-from gyre.rollout.embedded.sglang_api import ProtocolError
 from gyre.rollout.ports import bind_socket
 
 _GET, _POST, _GET_POST = ["GET"], ["POST"], ["GET", "POST"]
@@ -56,7 +56,7 @@ def build_app(engine: EmbeddedEngine, kv_stage: MooncakeKVStage | None = None):
     payloads in ``kv_stage``, by default a Mooncake stage on 127.0.0.1).
 
     Bad input answers 400 ``{"error": {"message", "code"}}``
-    (:class:`~gyre.rollout.embedded.sglang_api.ProtocolError`); a refused weight change 400 with
+    (:class:`~gyre.rollout.api.sglang_api.ProtocolError`); a refused weight change 400 with
     ``"success": false`` (:class:`~gyre.rollout.embedded.model_runner.WeightError`).
     """
     app = FastAPI(title="Gyre embedded engine", openapi_url=None)

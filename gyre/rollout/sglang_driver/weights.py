@@ -5,7 +5,7 @@ handles, or shared-memory files for host tensors); :class:`SGLangTensorClient` s
 weights that way to a server on its own node, :class:`SGLangGroupClient` broadcasts them over a
 weight-update group to a server spanning nodes.  Both order a bucketed push the same way
 (``_SGLangPushOrder``): pause, flush until idle, load inside a weight-update session where the
-server has them (:mod:`gyre.rollout.sglang_protocol`), continue; a push that fails leaves the
+server has them (:mod:`gyre.rollout.client.sglang_protocol`), continue; a push that fails leaves the
 server paused (:class:`WeightPushFailed`).
 """
 
@@ -69,7 +69,7 @@ class _SGLangPushOrder:
     #: How long a live push waits for the aborted requests to leave the engine.
     idle_timeout_s: float = 30.0
     #: Whether the server loads weights only inside a weight-update session
-    #: (:func:`gyre.rollout.sglang_protocol.probe_weight_update_sessions`, asked at the first load).
+    #: (:func:`gyre.rollout.client.sglang_protocol.probe_weight_update_sessions`, asked at the first load).
     sessions: bool | None = None
     #: Why the last live push failed (the engine is paused since), ``None`` after one that succeeded.
     failed: str | None = None
@@ -83,7 +83,7 @@ class _SGLangPushOrder:
         has sessions, which also closes one an earlier client left open; a begin refused because a
         session is open all the same ends that session and begins again."""
         if self.sessions is None:
-            from gyre.rollout.sglang_protocol import probe_weight_update_sessions
+            from gyre.rollout.client.sglang_protocol import probe_weight_update_sessions
 
             self.sessions = probe_weight_update_sessions(self.client)
         if self._session_open or not self.sessions:

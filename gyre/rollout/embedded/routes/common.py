@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from fastapi.responses import JSONResponse
 
+from gyre.rollout.api.sglang_api import ProtocolError, error_body
 from gyre.rollout.embedded.core import EngineCore
 from gyre.rollout.embedded.engine import EmbeddedEngine
-from gyre.rollout.embedded.sglang_api import ProtocolError, error_body
 
 
 def json_response(content: Any, status_code: int = 200):

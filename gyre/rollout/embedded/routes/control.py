@@ -11,10 +11,10 @@ import uuid
 
 from fastapi import Request
 
+from gyre.rollout.api.sglang_api import SamplingParams, SeqOutput, SeqSpec
+from gyre.rollout.api.sglang_control_api import parse_abort, parse_pause, parse_tags
 from gyre.rollout.embedded.core import EngineCore
 from gyre.rollout.embedded.routes.common import EngineRoutes, error, read_json
-from gyre.rollout.embedded.sglang_api import SamplingParams, SeqOutput, SeqSpec
-from gyre.rollout.embedded.sglang_control_api import parse_abort, parse_pause, parse_tags
 
 #: Seconds ``/health_generate`` waits for its one-token generation before answering 503.
 HEALTH_CHECK_TIMEOUT_S = 20.0

@@ -15,8 +15,7 @@ from typing import Any, Callable
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from gyre.rollout.embedded.routes.common import EngineRoutes, error, read_json
-from gyre.rollout.embedded.sglang_api import (
+from gyre.rollout.api.sglang_api import (
     IncrementalDetokenizer,
     SeqOutput,
     SeqSpec,
@@ -26,6 +25,7 @@ from gyre.rollout.embedded.sglang_api import (
     parse_generate,
     top_logprob_triples,
 )
+from gyre.rollout.embedded.routes.common import EngineRoutes, error, read_json
 
 
 class _Acc:

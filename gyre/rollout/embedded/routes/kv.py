@@ -16,12 +16,12 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response
 
+from gyre.rollout.api.sglang_api import ProtocolError
 from gyre.rollout.embedded.core import EngineCore
 from gyre.rollout.embedded.engine import EmbeddedEngine
 from gyre.rollout.embedded.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, check_handle,
                                                decode_kv_payload, encode_kv_payload, kv_layout)
 from gyre.rollout.embedded.routes.common import EngineRoutes, error, json_response, read_json
-from gyre.rollout.embedded.sglang_api import ProtocolError
 from gyre.transfer_engine import TransferEngineError
 
 

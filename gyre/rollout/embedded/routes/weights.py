@@ -15,12 +15,8 @@ import asyncio
 
 from fastapi import Request
 
-from gyre.rollout.embedded.core import EngineCore
-from gyre.rollout.embedded.engine import EmbeddedEngine
-from gyre.rollout.embedded.model_runner import WeightError, read_weights
-from gyre.rollout.embedded.routes.common import EngineRoutes, error, read_json
-from gyre.rollout.embedded.sglang_api import ProtocolError
-from gyre.rollout.embedded.sglang_control_api import (
+from gyre.rollout.api.sglang_api import ProtocolError
+from gyre.rollout.api.sglang_control_api import (
     parse_destroy_weights_update_group,
     parse_init_weights_update_group,
     parse_update_from_disk,
@@ -28,6 +24,10 @@ from gyre.rollout.embedded.sglang_control_api import (
     parse_update_from_tensor,
     parse_update_weight_version,
 )
+from gyre.rollout.embedded.core import EngineCore
+from gyre.rollout.embedded.engine import EmbeddedEngine
+from gyre.rollout.embedded.model_runner import WeightError, read_weights
+from gyre.rollout.embedded.routes.common import EngineRoutes, error, read_json
 from gyre.rollout.weights import deserialize_named_tensors
 
 

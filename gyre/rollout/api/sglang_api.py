@@ -32,7 +32,7 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 MAX_N = 256
 
 
-from gyre.rollout.embedded.request_validators import (  # noqa: E402
+from gyre.rollout.api.request_validators import (  # noqa: E402
     ProtocolError,
     check_keys as _check_keys,
     is_int as _is_int,
