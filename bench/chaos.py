@@ -16,7 +16,7 @@ section that did not run is 0):
 * ``fuzz`` -- seeded random malformed bodies (wrong types, missing fields, huge and deeply nested
   values, invalid UTF-8, broken or mislabelled gzip, out-of-range sampling parameters) against
   the three model APIs of a real :class:`~gyre.proxy.server.ProxyServer` in front of an embedded
-  engine (:class:`~gyre.rollout.embedded_server.EngineServer`), both on 127.0.0.1. Counts answers
+  engine (:class:`~gyre.rollout.embedded.server.EngineServer`), both on 127.0.0.1. Counts answers
   by status (``fuzz_status``), ``responses_5xx``, ``requests_over_30s`` (client timeout 35 s),
   transport errors, and checks the proxy still answers a valid call afterwards.
 * ``retries`` -- a harness-like client that gives up after a short read timeout and sends the
@@ -40,7 +40,7 @@ section that did not run is 0):
   ``hostile_hangs``, ``hostile_delivery_errors``, ``hostile_wrong_status``, the largest RSS growth
   (bytes and x the cap), the other calls' p99 / max latency and failures, and ``hostile_targets``
   (``bench/chaos_hostile.py``).
-* ``engine_kills`` -- two engines as processes (``python -m gyre.rollout.serve``) behind
+* ``engine_kills`` -- two engines as processes (``python -m gyre.rollout.embedded.serve``) behind
   ``tools/serve_rollout.py --engine-url`` twice; client threads run executions of streamed and
   non-streamed Chat calls while a killer SIGKILLs one engine mid-generation, moves that engine's
   executions to the other one (``POST /gyre/routes``) and restarts the killed engine on the same

@@ -41,7 +41,7 @@ def _valid(api: str, text: str = "hi", max_tokens: int = 8) -> dict:
 def _engine_process(model: str | None = None):
     """An embedded engine (the tiny model) in a process of its own on 127.0.0.1, started."""
     from gyre.embedded_model import ensure_tiny_model
-    from gyre.rollout.serve import EmbeddedEngineProcess
+    from gyre.rollout.embedded.serve import EmbeddedEngineProcess
 
     return EmbeddedEngineProcess(model or str(ensure_tiny_model("local")), port=0, env=ENV, extra_args=[
         "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=300)
@@ -50,7 +50,7 @@ def _engine_process(model: str | None = None):
 def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max_context: int = 4096,
                       engine_process: bool = False, **config):
     """An embedded engine and a ProxyServer in this process, both on 127.0.0.1; with
-    ``engine_process`` the engine runs in a process of its own (``python -m gyre.rollout.serve``),
+    ``engine_process`` the engine runs in a process of its own (``python -m gyre.rollout.embedded.serve``),
     so that this process's memory is the proxy's alone. ``config``: more
     :class:`~gyre.proxy.server.ProxyConfig` fields; those this version of ProxyConfig lacks are left
     out."""
@@ -60,9 +60,9 @@ def _in_process_proxy(tmp: Path, *, cap: int, retry_timeout_s: float = 30.0, max
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.trajectory.store import TrajectoryStore
 
     model = ensure_tiny_model("local")

@@ -1,6 +1,6 @@
 """``bench/chaos.py``'s ``hostile`` section: seeded hostile requests of seven classes against a real
 :class:`~gyre.proxy.server.ProxyServer` in this process in front of an embedded engine in a process
-of its own (``python -m gyre.rollout.serve``), both on 127.0.0.1, with another execution's small
+of its own (``python -m gyre.rollout.embedded.serve``), both on 127.0.0.1, with another execution's small
 calls running beside them.
 
 The cases are those of ``tests/proxy/test_hostile_bodies.py`` (``gyre/testing/hostile_cases.py``), drawn
@@ -48,7 +48,7 @@ from gyre.testing.hostile_cases import (BAD_NUMBERS, BOMB_FACTORS, COMPRESSION_V
 from gyre.testing.hostile_exchange import Others, problems, rss_growth, rss_held, rss_mark, send, wait_until
 
 from gyre.proxy.engines import ClientEngine
-from gyre.rollout.engine_client import AsyncEngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
 
 CLASSES = ("compression", "sizes", "depth", "numbers", "unencodable", "many", "retries")
 HANG_S = 30.0

@@ -20,7 +20,7 @@ from chaos_common import CLIENT_TIMEOUT_S, ENV, PATHS, ROOT, _headers, _log
 
 # -------------------------------------------------------------------------------- engine kills
 def _start_engine(model: str, port: int, timeout: float = 300.0):
-    from gyre.rollout.serve import EmbeddedEngineProcess
+    from gyre.rollout.embedded.serve import EmbeddedEngineProcess
 
     return EmbeddedEngineProcess(model, port=port, env=ENV, extra_args=[
         "--num-threads", "1", "--max-running-requests", "8"]).start(timeout=timeout)

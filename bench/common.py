@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gyre.rollout.sglang_engine import free_port
+from gyre.rollout.ports import free_port
 
 __all__ = ["ROOT", "free_port"]
 

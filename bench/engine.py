@@ -8,7 +8,7 @@ For each concurrency ``c`` the same ``max(c, 4)`` requests (random prompts, samp
 temperature 1 with EOS ignored, so every request yields exactly ``--max-new-tokens`` tokens) go
 
 * to the embedded engine over HTTP on 127.0.0.1 with ``c`` requests in flight (closed loop,
-  :class:`gyre.rollout.engine_client.AsyncEngineClient`), continuous batching on;
+  :class:`gyre.rollout.client.async_client.AsyncEngineClient`), continuous batching on;
 * through ``model.generate`` one request at a time, in waves of ``c`` requests that arrive
   together (a request's latency includes waiting for the ones before it in its wave).
 
@@ -65,7 +65,7 @@ def bench_naive(model, prompts: list[list[int]], c: int, new_tokens: int) -> dic
 
 
 def bench_engine(url: str, prompts: list[list[int]], c: int, new_tokens: int) -> dict[str, float]:
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
 
     async def main():
         sem = asyncio.Semaphore(c)
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
 
     if a.threads:
         torch.set_num_threads(a.threads)

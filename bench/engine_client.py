@@ -2,7 +2,7 @@
 
 Starts the stand-in engine of ``bench/proxy.py`` (transport only: it answers at once) in its own
 process and streams ``--calls`` generations one after another from this process, first through
-Gyre's :class:`~gyre.rollout.engine_client.AsyncEngineClient` (aiohttp), then through a plain
+Gyre's :class:`~gyre.rollout.client.async_client.AsyncEngineClient` (aiohttp), then through a plain
 ``httpx.AsyncClient`` sending the same body and reading the same SSE lines (the transport the
 client used before).  The figure is this process's CPU time (user + system) per call: what rank 0
 pays to hand one call to an engine, writing the prompt's JSON included (the same code for both).
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gyre.rollout.engine_client import AsyncEngineClient  # noqa: E402
-from gyre.rollout.engine_messages import build_generate_body, json_content  # noqa: E402
+from gyre.rollout.client.async_client import AsyncEngineClient  # noqa: E402
+from gyre.rollout.client.messages import build_generate_body, json_content  # noqa: E402
 from scale import _spawn  # noqa: E402
 
 

@@ -46,9 +46,10 @@ def one_run(model_dir: str, tokenizer, renderer, prompt: str, *, migration: bool
             split: int, max_new: int, context_limit: int) -> dict:
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.training.cell import CellRoles
     from gyre.trajectory.store import TrajectoryStore
 

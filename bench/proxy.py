@@ -97,7 +97,7 @@ def serve_gyre(port: int, upstream: str, kind: str, store_dir: str, durability: 
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.trajectory.store import TrajectoryStore
 
     _, tok = _tokenizer(kind)

@@ -29,7 +29,7 @@ def main() -> None:
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
     from gyre.proxy.serve import RolloutService, parse_args
-    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.client.engine_client import EngineClient
     from gyre.training.cell import CellRoles, TrainingState
 
     model_dir = str(ensure_tiny_model(a.tokenizer))

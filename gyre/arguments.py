@@ -203,9 +203,9 @@ def _add_rollout_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def _add_sglang_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--sglang-<flag>``: SGLang server flags passed through (slime style) when
-    ``--rollout-engine sglang``; see ``gyre/rollout/sglang_engine.py``.  Every one defaults to
+    ``--rollout-engine sglang``; see ``gyre/rollout/sglang_driver/engine.py``.  Every one defaults to
     unset (SGLang's own default); all of SGLang's ``ServerArgs`` when SGLang is importable."""
-    from gyre.rollout.sglang_engine import add_sglang_arguments
+    from gyre.rollout.sglang_driver.flags import add_sglang_arguments
 
     add_sglang_arguments(parser.add_argument_group(title="sglang (passed to sglang.launch_server)"))
     return parser

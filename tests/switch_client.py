@@ -19,7 +19,7 @@ class CallingClient:
         from gyre.proxy.engines import ClientEngine
         from gyre.proxy.render import ChatRenderer
         from gyre.proxy.server import ProxyConfig, ProxyServer
-        from gyre.rollout.engine_client import AsyncEngineClient
+        from gyre.rollout.client.async_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
 
         self.store = TrajectoryStore(records_dir, fsync_every=0)

@@ -14,7 +14,7 @@ Unavailability (connection refused or reset, a 5xx, 408/429) raises :class:`Engi
 which the router retries; a request the engine refuses as invalid (a 4xx, or an error event in
 its stream, where SGLang reports a validation error after a 200) raises
 :class:`EngineRejected`, which is never retried. :class:`ClientEngine` adapts Gyre's
-SGLang-native client (``gyre.rollout.engine_client.AsyncEngineClient``: its ``stream`` yields chunks with
+SGLang-native client (``gyre.rollout.client.async_client.AsyncEngineClient``: its ``stream`` yields chunks with
 ``delta_output_ids``/``delta_logprobs``/``finish_reason.type``/``weight_version``) -- the same for
 the embedded CPU engine and a real SGLang server. :class:`ScriptedEngine` emits scripted token
 sequences (teacher forcing, tests, ``bench/proxy.py``).
@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence, runtime_che
 import numpy as np
 import orjson
 
-from gyre.rollout.sglang_protocol import from_server_info
+from gyre.rollout.client.sglang_protocol import from_server_info
 
 __all__ = ["EngineChunk", "Engine", "EngineUnavailable", "EngineRejected", "ClientEngine", "ScriptedEngine",
            "parse_version", "engine_rid", "request_seed"]
@@ -132,7 +132,7 @@ def engine_rid(rid: str) -> str:
 
 
 class ClientEngine:
-    """Adapter for an SGLang-native async client (``gyre.rollout.engine_client.AsyncEngineClient``).
+    """Adapter for an SGLang-native async client (``gyre.rollout.client.async_client.AsyncEngineClient``).
 
     Every request id goes to the engine as :func:`engine_rid` writes it (in the request and in its
     abort), so aborting one request on SGLang never aborts another whose id it begins.

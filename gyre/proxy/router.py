@@ -13,7 +13,7 @@ the new request's input is ``input_ids ++ output so far`` and its ``max_new_toke
 ``min_new_tokens`` are reduced by the tokens already produced (the remaining minimum is
 ``max(0, min_new_tokens - produced)``; SGLang-native continuation). The destination engine
 recomputes the KV cache of that input, unless ``kv_migration`` is on and both engines move KV
-payloads (``export_kv`` / ``import_kv``, the embedded engine's :mod:`gyre.rollout.kv_transfer`):
+payloads (``export_kv`` / ``import_kv``, the embedded engine's :mod:`gyre.rollout.embedded.kv_transfer`):
 then the retry first copies the KV of the longest prefix the source still holds into the
 destination's prefix cache, and :meth:`Router.abort_engine` returns only once the aborted
 requests' copies are done (or ``migration_timeout_s`` passed), so the source may release its

@@ -10,9 +10,9 @@ execution = its trajectory tree; ``tools/inspect_tree.py`` renders it). The engi
   not given, from the ``tokenizer_path`` / ``model_path`` of the first engine's
   ``GET /model_info`` if it is a local directory; or
 * started here: ``--num-engines`` (default ``--num-cells + --standalone-engines``) embedded CPU
-  engines (``gyre.rollout.embedded_server``, in this process on their own threads), or with
+  engines (``gyre.rollout.embedded.server``, in this process on their own threads), or with
   ``--rollout-engine sglang --backend gpu`` SGLang servers
-  (:class:`gyre.rollout.sglang_engine.SGLangEngine`, ``--sglang-tp-size`` GPUs each).
+  (:class:`gyre.rollout.sglang_driver.engine.SGLangEngine`, ``--sglang-tp-size`` GPUs each).
 
 Combinations that cannot run exit 2 with one line before anything starts: ``--rollout-engine
 sglang`` without ``--backend gpu`` or without an importable SGLang, ``--backend gpu`` with the
@@ -233,7 +233,7 @@ class RolloutService:
         a = self.args
         n = a.num_engines or (a.num_cells + a.standalone_engines)
         if a.rollout_engine == "sglang":
-            from gyre.rollout.sglang_engine import SGLangEngine
+            from gyre.rollout.sglang_driver.engine import SGLangEngine
 
             tp = getattr(a, "sglang_tp_size", None) or 1
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -242,8 +242,8 @@ class RolloutService:
                 env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[i * tp:(i + 1) * tp]))
                 self.engines.append(SGLangEngine.from_args(a, env=env).start())
         else:
-            from gyre.rollout.config import EngineConfig
-            from gyre.rollout.embedded_server import EngineServer
+            from gyre.rollout.embedded.config import EngineConfig
+            from gyre.rollout.embedded.server import EngineServer
 
             for _ in range(n):
                 cfg = EngineConfig(model_dir=model_dir, max_running_requests=max(a.rollout_concurrency_per_cell, 1))
@@ -257,7 +257,7 @@ class RolloutService:
         from gyre.proxy.render import ChatRenderer
         from gyre.proxy.request_body import limits_from_args
         from gyre.proxy.server import ProxyConfig, ProxyServer
-        from gyre.rollout.engine_client import AsyncEngineClient
+        from gyre.rollout.client.async_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
 
         a = self.args

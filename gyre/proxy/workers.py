@@ -223,7 +223,7 @@ def _serve(spec_path: str, index: int, host: str, port: int) -> int:
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyServer
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.trajectory.store import TrajectoryStore
 
     spec: WorkerSpec = pickle.loads(Path(spec_path).read_bytes())

@@ -12,7 +12,7 @@ the flat tensor alive until the engine has replied (:class:`FlatBucket` is what 
 The embedded engine accepts these payloads under ``load_format="flattened_bucket"``.  SGLang
 uses the same name for a different layout (its own metadata class inside the pickle), so these
 payloads are for the embedded engine only: an SGLang server gets SGLang's default payload, a list
-of ``(name, tensor)`` pairs per TP rank (:func:`gyre.rollout.sglang_engine.serialize_named_tensors_for_sglang`).
+of ``(name, tensor)`` pairs per TP rank (:func:`gyre.rollout.sglang_driver.weights.serialize_named_tensors_for_sglang`).
 
 Opening a payload unpickles it, so :func:`load_payload` only resolves the few torch globals a
 tensor handle needs (anything else is refused); an engine endpoint taking payloads must still only

@@ -106,7 +106,7 @@ class WeightBroadcaster:
     of TP size ``t`` holds ``t`` ranks, :func:`engine_rank_offsets`).
 
     Args:
-        clients: engine clients (:class:`gyre.rollout.engine_client.EngineClient`).
+        clients: engine clients (:class:`gyre.rollout.client.engine_client.EngineClient`).
         master_address, master_port: where this process hosts the group's store (reachable by the engines).
         backend: ``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors).
         device: where the broadcast tensors are put before sending (``cpu`` for gloo).

@@ -12,7 +12,7 @@ Two transports, both SGLang-native endpoints:
 :func:`publish_weights` pushes one version to many engines and reports per-engine results;
 with ``abort_in_flight`` (SGLang ``abort_all_requests``) running requests are aborted rather
 than finished on the old weights.  SGLang GPU servers need their own tensor serializer
-(:func:`gyre.rollout.sglang_engine.serialize_named_tensors_for_sglang`) or the disk transport.
+(:func:`gyre.rollout.sglang_driver.weights.serialize_named_tensors_for_sglang`) or the disk transport.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:
     import torch
 
-    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.client.engine_client import EngineClient
 
 
 def _items(named: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -60,12 +60,12 @@ def deserialize_named_tensors(payloads: Sequence[str], load_format: str | None =
     ``torch.load`` runs with ``weights_only=True``.
 
     Raises:
-        gyre.rollout.sglang_api.ProtocolError: bad base64, an unreadable or foreign payload, or a
+        gyre.rollout.api.sglang_api.ProtocolError: bad base64, an unreadable or foreign payload, or a
             ``load_format`` other than ``None``/``"torch"``.
     """
     import torch
 
-    from gyre.rollout.sglang_api import ProtocolError
+    from gyre.rollout.api.sglang_api import ProtocolError
 
     from gyre.rollout.tensor_bucket import LOAD_FORMAT, load_payload
 
@@ -121,7 +121,7 @@ def push_weight_buckets(client, buckets: Iterable[Mapping[str, "torch.Tensor"]],
     when an update fails (a collective may be producing it).  Returns the tensors loaded.
 
     A client with a ``push_weight_buckets`` method of its own (an SGLang cell's,
-    :class:`gyre.rollout.sglang_engine.SGLangTensorClient`) orders the calls itself; ``live`` tells
+    :class:`gyre.rollout.sglang_driver.weights.SGLangTensorClient`) orders the calls itself; ``live`` tells
     it whether the engine is serving (a rollout cell's update) or paused with its KV cache released
     (a role switch).
 
@@ -192,7 +192,7 @@ def publish_weights(clients: Sequence["EngineClient"], *, weight_version: str,
 
     Raises:
         ValueError: both or neither source given.
-        gyre.rollout.engine_messages.EngineError: an engine rejected the update (later engines untouched).
+        gyre.rollout.client.messages.EngineError: an engine rejected the update (later engines untouched).
     """
     if (named_tensors is None) == (model_path is None):
         raise ValueError("give exactly one of named_tensors or model_path")

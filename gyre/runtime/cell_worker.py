@@ -93,15 +93,15 @@ class CellWorker:
             rank).  Only the leader has an engine, a control inbox and :attr:`roles`.
         device: where the leader's embedded engine runs its model (``cuda:i`` with ``--backend gpu``).
         engine: the leader's engine, not started (anything with ``start()``, ``url``, ``stop()``, e.g.
-            :class:`gyre.rollout.sglang_engine.SGLangEngine`); default: an embedded engine.
+            :class:`gyre.rollout.sglang_driver.engine.SGLangEngine`); default: an embedded engine.
     """
 
     def __init__(self, config: CellConfig, cell: int, store, groups, model_dir: str, train_step,
                  snapshot: Snapshot | None = None, *, start_version: int = 0, initial_role: str = "rollout",
                  host: str = "127.0.0.1", cell_group: CellGroup | None = None, device: str = "cpu",
                  engine=None):
-        from gyre.rollout.config import EngineConfig
-        from gyre.rollout.embedded_server import EngineServer
+        from gyre.rollout.embedded.config import EngineConfig
+        from gyre.rollout.embedded.server import EngineServer
 
         self.cfg, self.cell, self.groups, self.snapshot = config, cell, groups, snapshot
         self.cg = cell_group if cell_group is not None else CellGroup.alone(cell)

@@ -71,7 +71,7 @@ def check_main_job_args(args: argparse.Namespace) -> None:
         raise ArgumentError("argument --attention-kernel: fused attention trains on GPU only (FlexAttention has no "
                             "CPU backward); --backend cpu uses dense")
     if args.rollout_engine == "sglang" and args.backend == "cpu":
-        from gyre.rollout.sglang_engine import cpu_server_launcher
+        from gyre.rollout.sglang_driver.launch import cpu_server_launcher
 
         if cpu_server_launcher() is None:
             raise ArgumentError("argument --rollout-engine: SGLang cells on the CPU run from the SGLang environment "
@@ -290,7 +290,8 @@ def _sglang_cell_engine(args, cell_group, device, host: str, model_dir: str, ver
     every rank calls it (the leaders share the address of SGLang's multi-node rendezvous)."""
     import torch.distributed as dist
 
-    from gyre.rollout.sglang_engine import SGLangCellEngine, free_port
+    from gyre.rollout.ports import free_port
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
     from gyre.runtime.gpu_cells import GpuCellLayout, sglang_cell_argv
 
     lay = cell_group.layout
@@ -314,7 +315,8 @@ def _sglang_cpu_cell_engine(args, cell: int, host: str, model_dir: str, version:
     """The SGLang server of a cell of one rank on the CPU, not started: the SGLang environment's
     launcher (``--device cpu --dtype float32``), its scheduler sleeping when idle (it polls
     otherwise, a core's worth of CPU per server)."""
-    from gyre.rollout.sglang_engine import SGLangCellEngine, cpu_server_launcher
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
+    from gyre.rollout.sglang_driver.launch import cpu_server_launcher
 
     argv = ["--sleep-on-idle", "--random-seed", str(args.seed + 1000 * cell)]
     if getattr(args, "sglang_weight_version", None) is None:
@@ -452,7 +454,7 @@ def _run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resu
     from gyre.harness import harness_from_args
     from gyre.metrics import MetricsSink
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.runtime.config import ControllerConfig
     from gyre.runtime.controller import Controller
     from gyre.runtime.plot import plot_run
@@ -544,7 +546,7 @@ def _standalone_pool(args, connect, worker, server, model_dir, version: int, pro
     ``version``, registered with ``proxy``, reading the core's snapshot over Mooncake and replying
     on their own store client.  Without the flag: a :class:`StandaloneRoutes` of cells only."""
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.runtime.cell_worker import Snapshot
     from gyre.runtime.standalone import StandalonePool, StandaloneRoutes
     from gyre.training import control as ctl

@@ -83,7 +83,7 @@ class StandalonePool(StandaloneRoutes):
     """The pool's engines and their publication (module docstring).
 
     Args:
-        servers: started :class:`gyre.rollout.embedded_server.EngineServer` objects (engine ``i``
+        servers: started :class:`gyre.rollout.embedded.server.EngineServer` objects (engine ``i``
             is ``servers[i]``).
         snapshot: :class:`gyre.runtime.cell_worker.Snapshot` reading the core's snapshot.
         train_step: names the snapshot's tensors for the engines (``hf_named``).
@@ -109,8 +109,8 @@ class StandalonePool(StandaloneRoutes):
         """Start ``k`` embedded engines on ``model_dir`` serving ``version``: engine ``i`` seeded
         ``seed + 1000 * (num_cells + i)`` (after the cells' ``seed + 1000 * c``), with
         ``ceil(concurrency / k)`` running requests (least-loaded routing puts no more on one)."""
-        from gyre.rollout.config import EngineConfig
-        from gyre.rollout.embedded_server import EngineServer
+        from gyre.rollout.embedded.config import EngineConfig
+        from gyre.rollout.embedded.server import EngineServer
 
         per_engine = max(math.ceil(concurrency / k), 1)
         servers = [EngineServer(EngineConfig(model_dir=str(model_dir), max_running_requests=per_engine,

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 import torch
 
-from gyre.rollout.engine_client import flush_when_idle
+from gyre.rollout.client.engine_client import flush_when_idle
 from gyre.rollout.weights import push_weight_buckets
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class RouteControl(Protocol):
 
 
 class EngineControl(Protocol):
-    """What a cell needs from its engine (``gyre.rollout.engine_client.EngineClient`` satisfies it)."""
+    """What a cell needs from its engine (``gyre.rollout.client.engine_client.EngineClient`` satisfies it)."""
 
     def pause_generation(self, mode: str = "abort") -> dict: ...
 

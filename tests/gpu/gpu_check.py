@@ -249,13 +249,14 @@ def phase_d(tmp: Path) -> dict:
     import torch
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.sglang_engine import SGLangEngine, SGLangTensorClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
     from gyre.rollout.tensor_bucket import LOAD_FORMAT, FlatBucket, engine_rank_payloads
 
     model_dir = ensure_tiny_model("local")
     dev = "cpu" if EMULATE else "cuda:0"
-    engine = SGLangEngine(model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve", "--device", dev],
+    engine = SGLangEngine(model_dir, launcher=[sys.executable, "-m", "gyre.rollout.embedded.serve", "--device", dev],
                           startup_timeout=120, log_path=tmp / "engine_d.log").start()
     try:
         client = SGLangTensorClient(EngineClient(engine.url, timeout=120), dev, 1, load_format=LOAD_FORMAT,
@@ -332,7 +333,7 @@ def phase_f(tmp: Path) -> dict:
 
 #: What the phases import; a missing one fails the check at once (``preflight``).
 PREFLIGHT_IMPORTS = ("numpy", "transformers", "fastapi", "uvicorn", "httpx", "pytest", "megatron.core.models.gpt",
-                     "gyre.runtime.pretrain", "gyre.rollout.embedded_server", "gyre.transfer_engine")
+                     "gyre.runtime.pretrain", "gyre.rollout.embedded.server", "gyre.transfer_engine")
 
 
 def phase_preflight() -> dict:

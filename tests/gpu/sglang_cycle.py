@@ -1,6 +1,6 @@
 """Phase f of the GPU check: a cell's SGLang server through two rollout -> training -> rollout
 cycles, driven as the main job drives it (:class:`gyre.training.cell.CellRoles` with an
-:class:`gyre.rollout.sglang_weights.SGLangTensorClient`).
+:class:`gyre.rollout.sglang_driver.weights.SGLangTensorClient`).
 
 On a GPU the server runs in bfloat16 with SGLang's memory saver and CUDA graphs on; the trainer
 (the embedded tiny Qwen3, fp32) shares the GPU and pushes its weights by CUDA IPC.  The cycle:
@@ -94,7 +94,9 @@ def run_cycle(tmp: Path, *, emulate: bool, used_mib: Callable[[], int], deadline
     import torch
 
     from gyre.embedded_model import ensure_tiny_model, load_hf_model
-    from gyre.rollout.sglang_engine import SGLangEngine, SGLangTensorClient, cpu_server_launcher
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
+    from gyre.rollout.sglang_driver.launch import cpu_server_launcher
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
     from gyre.training.cell import CellRoles, TrainingState
 
     dev = "cpu" if emulate else "cuda:0"

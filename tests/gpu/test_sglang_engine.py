@@ -7,7 +7,7 @@ Run on a GPU box with the GPU environment (requirements-gpu.txt)::
 
 Without ``GYRE_SGLANG_TEST_MODEL`` the embedded tiny Qwen3 is built (needs dashscope) and served
 in bfloat16.  ``GYRE_SGLANG_TEST_ARGS`` adds SGLang flags (default: a small, fast config).
-The same :class:`gyre.rollout.engine_client.EngineClient` as the embedded engine is used, so this
+The same :class:`gyre.rollout.client.engine_client.EngineClient` as the embedded engine is used, so this
 checks that the protocol Gyre relies on holds on SGLang: generate with log-probs, streaming,
 abort, pause/continue, weight update from disk with a version label, memory release/resume.
 The SGLang tier (``bash tools/test_sglang.sh``) checks the same protocol on a CPU server; what only
@@ -49,7 +49,7 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from gyre.rollout.sglang_engine import SGLangEngine
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
 
     argv = shlex.split(os.environ.get("GYRE_SGLANG_TEST_ARGS", DEFAULT_ARGS))
     eng = SGLangEngine(model_dir, server_argv=argv, startup_timeout=900)

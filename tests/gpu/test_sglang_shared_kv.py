@@ -1,7 +1,7 @@
 """SGLang cells sharing KV through a Mooncake store (GPU machines with SGLang only; skipped elsewhere).
 
 Two SGLang servers on one GPU run their hierarchical cache with the same Mooncake master as the
-storage tier (:func:`gyre.rollout.sglang_engine.shared_kv_store_launch`, TCP).  A long prompt
+storage tier (:func:`gyre.rollout.sglang_driver.launch.shared_kv_store_launch`, TCP).  A long prompt
 served by the first is written through to the store; the same prompt sent to the second -- as a
 request rerouted to another cell would be -- must find most of its prefix there
 (``cached_tokens``), and produce the same greedy tokens.  Part of ``tests/gpu/gpu_check.sh`` (f).
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gyre.rollout.sglang_engine import free_port
+from gyre.rollout.ports import free_port
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -44,7 +44,8 @@ def master():
 
 def test_a_rerouted_prompt_finds_its_prefix_in_the_shared_store(master, tmp_path):
     from gyre.embedded_model import ensure_tiny_model
-    from gyre.rollout.sglang_engine import SGLangEngine, merge_server_argv, shared_kv_store_launch
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
+    from gyre.rollout.sglang_driver.launch import merge_server_argv, shared_kv_store_launch
 
     model = os.environ.get("GYRE_SGLANG_TEST_MODEL") or str(ensure_tiny_model("local"))
     engines = []

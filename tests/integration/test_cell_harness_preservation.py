@@ -41,7 +41,7 @@ def tool_loop_model(tmp_path_factory, tiny_model_dir):
 def test_harness_survives_repeated_role_changes(tmp_path, tool_loop_model):
     from gyre.embedded_model import load_hf_model
     from gyre.proxy.serve import RolloutService, parse_args
-    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.client.engine_client import EngineClient
     from gyre.trajectory.store import TrajectoryStore
     from gyre.training.cell import CellRoles
 

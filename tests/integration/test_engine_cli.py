@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre.rollout.engine_client import EngineClient
-from gyre.rollout.serve import EmbeddedEngineProcess
+from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.embedded.serve import EmbeddedEngineProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "serve_engine.py"

@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from gyre.embedded_model import load_hf_model
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
-from gyre.rollout.engine_messages import EngineError
-from gyre.rollout.model_runner import read_weights
+from gyre.rollout.client.async_client import AsyncEngineClient
+from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.client.messages import EngineError
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.model_runner import read_weights
+from gyre.rollout.embedded.server import EngineServer
 from gyre.rollout.weights import serialize_named_tensors
 
 EOS = 4098
@@ -320,7 +321,7 @@ def test_status_endpoints(client, server, tiny_model_dir):
     assert si["internal_states"][0]["num_running_reqs"] == 0
     assert client.get_weight_version() == "default"
     assert httpx.post(server.url + "/flush_cache").status_code == 200
-    from gyre.rollout.sglang_protocol import probe_weight_update_sessions
+    from gyre.rollout.client.sglang_protocol import probe_weight_update_sessions
 
     assert probe_weight_update_sessions(client) is False  # no weight-update sessions: /end_weight_update is 404
 

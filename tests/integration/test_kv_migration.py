@@ -15,9 +15,10 @@ from gyre.embedded_model import load_tokenizer
 from gyre.proxy.engines import ClientEngine
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.server import ProxyConfig, ProxyServer
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
+from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.server import EngineServer
 from gyre.training.cell import CellRoles
 from gyre.trajectory.store import TrajectoryStore
 
@@ -110,7 +111,7 @@ def test_a_failed_copy_falls_back_to_recompute(tmp_path, tiny_model_dir, engines
 
 
 def test_a_failing_mooncake_copy_falls_back_to_http(tmp_path, tiny_model_dir, engines, monkeypatch):
-    from gyre.rollout.kv_transfer import MooncakeKVStage
+    from gyre.rollout.embedded.kv_transfer import MooncakeKVStage
     from gyre.transfer_engine import TransferEngineError
 
     def refuse(self, data):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 SITECUSTOMIZE = textwrap.dedent("""
     import os
     if os.environ.get("LOCAL_RANK") == os.environ.get("FAULT_RANK"):
-        from gyre.rollout import engine_client
+        from gyre.rollout.client import engine_client
 
         _release = engine_client.EngineClient.release_memory_occupation
         _left = [int(os.environ["FAULT_RELEASES"])]

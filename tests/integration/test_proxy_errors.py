@@ -20,7 +20,7 @@ import zlib
 import httpx
 import pytest
 
-from gyre.rollout.engine_client import AsyncEngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
 from gyre.trajectory.store import TrajectoryStore
 
 PATHS = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
@@ -46,8 +46,8 @@ def setup(tiny_model_dir, tmp_path_factory):
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
 
     engines = [EngineServer(EngineConfig(model_dir=str(tiny_model_dir), max_running_requests=4,
                                          context_length=ENGINE_CONTEXT)).start() for _ in range(2)]

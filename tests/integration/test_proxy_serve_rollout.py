@@ -126,9 +126,10 @@ def test_embedded_engine_abort_mid_stream(tiny_model_dir, tmp_path, how):
     from gyre.proxy.engines import ClientEngine, engine_rid
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
 
     engines = [EngineServer(EngineConfig(model_dir=str(tiny_model_dir), max_running_requests=4)).start() for _ in range(2)]
     srv = ProxyServer(ChatRenderer(load_tokenizer(tiny_model_dir)), store=TrajectoryStore(tmp_path),

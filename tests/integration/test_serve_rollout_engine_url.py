@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from gyre.embedded_model import load_tokenizer
-from gyre.rollout.serve import EmbeddedEngineProcess
-from gyre.rollout.sglang_engine import free_port
+from gyre.rollout.embedded.serve import EmbeddedEngineProcess
+from gyre.rollout.ports import free_port
 from gyre.trajectory.store import TrajectoryStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

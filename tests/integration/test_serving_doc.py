@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre.rollout.sglang_engine import free_port
+from gyre.rollout.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "serving.md"

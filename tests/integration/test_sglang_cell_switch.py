@@ -1,5 +1,5 @@
 """A cell's role switches against an SGLang-protocol server started the way an SGLang cell starts
-one: :class:`gyre.rollout.sglang_engine.SGLangEngine` launching the embedded engine in place of
+one: :class:`gyre.rollout.sglang_driver.engine.SGLangEngine` launching the embedded engine in place of
 ``sglang.launch_server``.  Three rollout -> training -> rollout cycles while a client keeps calling
 the model through the proxy: the engine sees SGLang's call order every time, and no call is lost."""
 
@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from gyre.embedded_model import load_hf_model
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.sglang_engine import SGLangEngine
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.server import EngineServer
+from gyre.rollout.sglang_driver.engine import SGLangEngine
 from gyre.training.cell import CellRoles, TrainingState
 from tests.switch_client import CallingClient
 
@@ -35,7 +35,7 @@ class Recording:
 
 
 def test_sglang_call_order_and_no_call_lost(tmp_path, tiny_model_dir):
-    cell_engine = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
+    cell_engine = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.embedded.serve"],
                                startup_timeout=120, log_path=tmp_path / "engine.log").start()
     other = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     caller = CallingClient(tiny_model_dir, tmp_path / "records", other.url, cell_engine.url)

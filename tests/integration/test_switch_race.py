@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from gyre.embedded_model import load_hf_model
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.engine_client import EngineClient
+from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.server import EngineServer
 from gyre.training.cell import CellRoles
 from tests.processes import wait_until
 

@@ -106,7 +106,7 @@ def stand_in():
 
 def _group(url, rids, **kw):
     """The outputs of one prompt sampled once per rid through a default ``ClientEngine``."""
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
 
     async def run():
         async with AsyncEngineClient(url) as client:
@@ -144,7 +144,7 @@ def test_the_embedded_engine_and_a_seed_the_caller_chose_are_left_as_they_are(st
     handler.bodies.clear()
 
     async def run():
-        from gyre.rollout.engine_client import AsyncEngineClient
+        from gyre.rollout.client.async_client import AsyncEngineClient
 
         async with AsyncEngineClient(url) as client:
             engine = ClientEngine(client, "engine-0")

@@ -71,7 +71,7 @@ def proxy(tiny_model_dir, tmp_path_factory):
     from gyre.embedded_model import load_tokenizer
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.trajectory.store import TrajectoryStore
 
     engines = [_stand_in(0), _stand_in(SLOW_S * 1000)]

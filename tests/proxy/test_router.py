@@ -192,7 +192,7 @@ def test_client_engine_adapter_maps_chunks_and_errors():
     assert chunks == [EngineChunk([1, 2], [-0.1, -0.2], None, 2), EngineChunk([3], [-0.3], "stop", 2)]
     with pytest.raises(EngineUnavailable):
         asyncio.run(run(ClientEngine(Client(fail=True), "e")))
-    from gyre.rollout.engine_messages import EngineConnectionError, EngineError
+    from gyre.rollout.client.messages import EngineConnectionError, EngineError
 
     class Failing(Client):
         def __init__(self, exc):

@@ -6,7 +6,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gyre.rollout.token_json import MIN_IDS, dumps_with_ids
+from gyre.rollout.client.token_json import MIN_IDS, dumps_with_ids
 from gyre.testing.stand_in_engine import count_input_ids
 
 

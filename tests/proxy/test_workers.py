@@ -14,7 +14,7 @@ import pytest
 from gyre.proxy.engines import ClientEngine
 from gyre.proxy.server import ProxyConfig, ProxyServer
 from gyre.proxy.workers import ProxyWorkers, WorkerSpec, worker_index
-from gyre.rollout.engine_client import AsyncEngineClient
+from gyre.rollout.client.async_client import AsyncEngineClient
 from gyre.trajectory.store import TrajectoryStore
 
 CONFIG = dict(model_name="gyre-policy", default_max_tokens=6, max_tokens_cap=6, max_context_tokens=4096,
@@ -24,8 +24,8 @@ IDS = [f"a0-g0000-e{i:05d}" for i in range(6)]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
 
     server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     yield server

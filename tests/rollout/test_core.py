@@ -1,4 +1,4 @@
-"""Continuous-batching core (gyre/rollout/core.py) against a fake model.
+"""Continuous-batching core (gyre/rollout/embedded/core.py) against a fake model.
 
 The fake model's KV *is* the token ids, and its logits are a pseudo-random function of every
 KV entry up to the fed position.  Any KV bookkeeping error (prefix cache, slot moves, padding,
@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.rollout.core import CoreConfig, EngineCore
-from gyre.rollout.sglang_api import ProtocolError, SamplingParams, SeqSpec
-from gyre.rollout.sampling import sample_next_tokens
+from gyre.rollout.api.sglang_api import ProtocolError, SamplingParams, SeqSpec
+from gyre.rollout.embedded.core import CoreConfig, EngineCore
+from gyre.rollout.embedded.sampling import sample_next_tokens
 
 V = 16
 EOS = 15

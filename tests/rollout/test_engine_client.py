@@ -1,4 +1,4 @@
-"""The engine clients (gyre/rollout/engine_client.py, engine_messages.py): the blocking one against a scripted
+"""The engine clients (gyre/rollout/client/): the blocking one against a scripted
 httpx transport, the asyncio one (aiohttp) against scripted servers on 127.0.0.1: request bodies, typed results,
 stream normalisation (cumulative and incremental), error mapping."""
 
@@ -9,9 +9,10 @@ import httpx
 import pytest
 import torch
 
-from gyre.rollout.engine_client import AsyncEngineClient, EngineClient
-from gyre.rollout.engine_messages import EngineConnectionError, EngineError, FinishReason, build_generate_body
-from gyre.rollout.sglang_api import SamplingParams
+from gyre.rollout.api.sglang_api import SamplingParams
+from gyre.rollout.client.async_client import AsyncEngineClient
+from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.client.messages import EngineConnectionError, EngineError, FinishReason, build_generate_body
 from gyre.rollout.weights import deserialize_named_tensors
 
 

@@ -8,12 +8,12 @@ import threading
 import pytest
 import torch
 
-from gyre.rollout.config import EngineConfig
-from gyre.rollout.embedded_server import EngineServer
-from gyre.rollout.engine_client import EngineClient
-from gyre.rollout.engine_messages import EngineError
-from gyre.rollout.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, decode_kv_payload,
-                                      encode_kv_payload, kv_layout)
+from gyre.rollout.client.engine_client import EngineClient
+from gyre.rollout.client.messages import EngineError
+from gyre.rollout.embedded.config import EngineConfig
+from gyre.rollout.embedded.kv_transfer import (KVPayloadError, MooncakeKVStage, check_fits, decode_kv_payload,
+                                               encode_kv_payload, kv_layout)
+from gyre.rollout.embedded.server import EngineServer
 from gyre.transfer_engine import TransferEngineError
 from tests.processes import wait_until
 

@@ -1,10 +1,10 @@
-"""HF model behind slot KV storage (gyre/rollout/model_runner.py) vs plain full forwards."""
+"""HF model behind slot KV storage (gyre/rollout/embedded/model_runner.py) vs plain full forwards."""
 
 import pytest
 import torch
 
 from gyre.embedded_model import load_hf_model
-from gyre.rollout.model_runner import HFModelRunner, WeightError, read_weights
+from gyre.rollout.embedded.model_runner import HFModelRunner, WeightError, read_weights
 
 
 @pytest.fixture(scope="module")

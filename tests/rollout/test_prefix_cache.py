@@ -1,10 +1,10 @@
-"""Radix prefix cache (gyre/rollout/prefix_cache.py); payloads are the tokens themselves, so a
+"""Radix prefix cache (gyre/rollout/embedded/prefix_cache.py); payloads are the tokens themselves, so a
 match must return pieces that concatenate to exactly the matched prefix."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.rollout.prefix_cache import RadixPrefixCache
+from gyre.rollout.embedded.prefix_cache import RadixPrefixCache
 
 
 def flat(pieces):

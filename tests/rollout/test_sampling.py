@@ -1,12 +1,12 @@
-"""Sampling maths and behaviour log-probs (gyre/rollout/sampling.py)."""
+"""Sampling maths and behaviour log-probs (gyre/rollout/embedded/sampling.py)."""
 
 import math
 
 import pytest
 import torch
 
-from gyre.rollout.sglang_api import SamplingParams
-from gyre.rollout.sampling import sample_next_tokens, truncate_probs
+from gyre.rollout.api.sglang_api import SamplingParams
+from gyre.rollout.embedded.sampling import sample_next_tokens, truncate_probs
 
 
 def gens(n, seed=0):

@@ -1,8 +1,8 @@
-"""Parsing and checking of SGLang-native bodies (gyre/rollout/sglang_api.py)."""
+"""Parsing and checking of SGLang-native bodies (gyre/rollout/api/sglang_api.py)."""
 
 import pytest
 
-from gyre.rollout.sglang_api import (
+from gyre.rollout.api.sglang_api import (
     ProtocolError,
     SamplingParams,
     final_text,
@@ -11,7 +11,7 @@ from gyre.rollout.sglang_api import (
     logprob_triples,
     parse_generate,
 )
-from gyre.rollout.sglang_control_api import (
+from gyre.rollout.api.sglang_control_api import (
     parse_abort,
     parse_pause,
     parse_tags,
@@ -180,7 +180,7 @@ def test_incremental_detokenizer_matches_full_decode(tokenizer):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from gyre.rollout.sglang_api import IncrementalDetokenizer
+    from gyre.rollout.api.sglang_api import IncrementalDetokenizer
 
     def decode(ids, skip):
         return tokenizer.decode(ids, skip_special_tokens=skip)

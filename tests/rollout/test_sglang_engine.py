@@ -10,7 +10,9 @@ import textwrap
 import pytest
 
 from gyre.arguments import parse_args
-from gyre.rollout.sglang_engine import SGLangEngine, add_sglang_arguments, free_port, sglang_server_argv
+from gyre.rollout.ports import free_port
+from gyre.rollout.sglang_driver.engine import SGLangEngine
+from gyre.rollout.sglang_driver.flags import add_sglang_arguments, sglang_server_argv
 
 
 def test_gyre_flags_map_to_sglang_flags():
@@ -215,7 +217,7 @@ def test_from_args_uses_model_dir_and_passthrough():
 
 def test_create_rollout_engine_picks_the_backend(tiny_model_dir):
     from gyre.rollout import create_rollout_engine
-    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.embedded.server import EngineServer
 
     assert isinstance(create_rollout_engine(parse_args(["--rollout-engine", "sglang"]), port=31001), SGLangEngine)
     srv = create_rollout_engine(parse_args(["--model-dir", str(tiny_model_dir)]))
@@ -264,8 +266,8 @@ def _scripted_sglang(flush_status=200, fail_update_at=None, busy_flushes=0, sess
     import httpx
     import torch
 
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.sglang_engine import SGLangTensorClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     calls = []
     state = {"open": left_open}
@@ -324,7 +326,7 @@ def test_a_live_push_to_an_sglang_cell_aborts_flushes_until_idle_then_loads():
                              ("/update_weights_from_tensor", ["c", "c"], True, "5"),
                              ("/continue_generation",)]
     # never idle: the push gives up, the buckets are drained, the engine stays paused and marked failed
-    from gyre.rollout.sglang_weights import WeightPushFailed
+    from gyre.rollout.sglang_driver.weights import WeightPushFailed
 
     client, buckets, calls = _scripted_sglang(flush_status=400)
     client.idle_timeout_s = 0.2
@@ -390,7 +392,7 @@ def test_a_weight_update_session_left_open_on_the_server_is_ended_first():
 def test_a_failed_live_push_leaves_the_engine_paused_and_drains_the_buckets():
     """SGLang labels the engine with the new version at each bucket it loads: after a failed bucket
     the engine must not serve (no ``/continue_generation``); the next push that succeeds continues."""
-    from gyre.rollout.sglang_weights import WeightPushFailed
+    from gyre.rollout.sglang_driver.weights import WeightPushFailed
     from gyre.rollout.weights import push_weight_buckets
 
     client, buckets, calls = _scripted_sglang(fail_update_at=1)
@@ -415,7 +417,7 @@ def test_a_failed_live_push_leaves_the_engine_paused_and_drains_the_buckets():
 
 def test_a_cell_with_a_shared_kv_store_empties_it_after_each_load():
     """The shared store's keys carry no weight version: KV of the previous weights must not be served."""
-    from gyre.rollout.sglang_engine import SGLangCellEngine
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
     from gyre.rollout.weights import push_weight_buckets
 
     for live in (True, False):
@@ -438,7 +440,7 @@ def test_an_embedded_format_payload_never_reaches_an_sglang_server():
     import httpx
     import torch
 
-    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.client.engine_client import EngineClient
 
     for info, refused in (({"version": "0.5.23"}, True), ({"version": "0.1.0", "engine": "gyre-embedded"}, False),
                           (None, False)):
@@ -464,7 +466,7 @@ def test_an_embedded_format_payload_never_reaches_an_sglang_server():
 def test_a_server_is_started_with_a_health_probe_that_does_not_generate():
     """SGLang's /health generates a token by default (20 s and a 503 on a paused server); Gyre's servers
     get the switch that turns that off, unless their environment sets it."""
-    from gyre.rollout.sglang_engine import HEALTH_GENERATION_ENV, server_environment
+    from gyre.rollout.sglang_driver.launch import HEALTH_GENERATION_ENV, server_environment
 
     assert HEALTH_GENERATION_ENV == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
     assert server_environment({"RANK": "1", "A": "x"}) == {"A": "x", HEALTH_GENERATION_ENV: "false"}

@@ -79,14 +79,14 @@ def test_engine_rank_payloads_give_each_rank_its_shard_or_the_leaders():
 def test_an_engine_process_loads_a_bucket_by_handle(tmp_path, tiny_model_dir):
     """A separate engine process opens the shared-memory payloads and then generates exactly what an
     engine loaded with the same weights by value does."""
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.engine_messages import EngineError
-    from gyre.rollout.model_runner import read_weights
-    from gyre.rollout.sglang_engine import SGLangEngine
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
 
-    proc = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
+    proc = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.embedded.serve"],
                         startup_timeout=120, log_path=tmp_path / "engine.log").start()
     ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     try:
@@ -120,11 +120,11 @@ def test_an_engine_process_loads_a_bucket_by_handle(tmp_path, tiny_model_dir):
 def test_the_sglang_cell_client_sends_one_payload_per_engine_rank(tiny_model_dir):
     """The cell's client for an SGLang server: tensors moved to the cell's device, serialized once per
     engine TP rank, sent with the load format; the engine then serves the pushed weights."""
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.model_runner import read_weights
-    from gyre.rollout.sglang_engine import SGLangTensorClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     sent = []
 

@@ -6,9 +6,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gyre.rollout import token_json
-from gyre.rollout.engine_messages import json_content
-from gyre.rollout.token_json import MAX_TABLE, MIN_IDS, decimal_slots, dumps_with_ids, ids_text
+from gyre.rollout.client import token_json
+from gyre.rollout.client.messages import json_content
+from gyre.rollout.client.token_json import MAX_TABLE, MIN_IDS, decimal_slots, dumps_with_ids, ids_text
 
 OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 

@@ -8,22 +8,22 @@ import sys
 import pytest
 import torch
 
-from gyre.rollout.sglang_engine import free_port
+from gyre.rollout.ports import free_port
 
 
 def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.engine_messages import EngineError
-    from gyre.rollout.model_runner import read_weights
-    from gyre.rollout.sglang_engine import SGLangEngine
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
     from gyre.rollout.weight_group import WeightBroadcaster
 
-    proc = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
+    proc = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.embedded.serve"],
                         startup_timeout=120, log_path=tmp_path / "engine.log").start()
     # a second process, not an in-process engine: like SGLang's ranks, each group member is its own process
-    local = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.serve"],
+    local = SGLangEngine(tiny_model_dir, launcher=[sys.executable, "-m", "gyre.rollout.embedded.serve"],
                          startup_timeout=120, log_path=tmp_path / "engine2.log").start()
     ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     try:
@@ -59,10 +59,10 @@ def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
 
 
 def test_joining_a_group_nobody_hosts_fails_with_a_clear_error(tiny_model_dir):
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.engine_messages import EngineError
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.rollout.weight_group import open_weight_group
 
     server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
@@ -152,14 +152,15 @@ def test_a_multi_node_cells_client_broadcasts_its_buckets_to_the_engine(tmp_path
     """The client of a cell spanning nodes (no CUDA IPC across nodes): a role switch's bucketed load
     goes over a weight-update group it opens itself; the engine then serves what an engine loaded by
     value serves, and the cell's engine launcher hands this client out for ``nnodes`` > 1."""
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import EngineClient
-    from gyre.rollout.model_runner import read_weights
-    from gyre.rollout.sglang_engine import SGLangCellEngine, SGLangGroupClient, SGLangTensorClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
+    from gyre.rollout.sglang_driver.engine import SGLangCellEngine
+    from gyre.rollout.sglang_driver.weights import SGLangGroupClient, SGLangTensorClient
     from gyre.rollout.weights import push_weight_buckets
 
-    launcher = [sys.executable, "-m", "gyre.rollout.serve"]
+    launcher = [sys.executable, "-m", "gyre.rollout.embedded.serve"]
     cell = SGLangCellEngine(tiny_model_dir, device="cpu", tp_size=1, nnodes=2, launcher=launcher,
                             startup_timeout=120, log_path=tmp_path / "engine.log").start()
     ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()

@@ -5,8 +5,8 @@ import base64
 import pytest
 import torch
 
-from gyre.rollout.model_runner import read_weights
-from gyre.rollout.sglang_api import ProtocolError
+from gyre.rollout.api.sglang_api import ProtocolError
+from gyre.rollout.embedded.model_runner import read_weights
 from gyre.rollout.weights import (
     bucket_named_tensors,
     deserialize_named_tensors,
@@ -78,7 +78,7 @@ def test_publish_weights_calls_every_engine_once():
 def test_megatron_shards_publish_into_the_hf_runner(tiny_model_dir):
     """Training side (Megatron TP=2 shards) -> HF names -> payload -> engine runner."""
     from gyre.embedded_model import load_hf_model
-    from gyre.rollout.model_runner import HFModelRunner
+    from gyre.rollout.embedded.model_runner import HFModelRunner
     from gyre.training.checkpoint_conversion import hf_to_megatron, megatron_to_hf
 
     model = load_hf_model(tiny_model_dir)
@@ -132,9 +132,9 @@ def test_the_engine_admits_nothing_between_buckets(tiny_model_dir):
     import threading
     import time
 
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import EngineClient
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
 
     server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
     try:

@@ -48,9 +48,9 @@ BASE_ARGV = ["--max-total-tokens", "4096", "--context-length", "1024", "--mem-fr
 
 
 def start_server(model_dir, tmp_dir: Path, name: str, extra_argv=(), **kwargs):
-    """A started :class:`gyre.rollout.sglang_engine.SGLangEngine` on ``model_dir`` logging to
+    """A started :class:`gyre.rollout.sglang_driver.engine.SGLangEngine` on ``model_dir`` logging to
     ``tmp_dir/<name>.log``."""
-    from gyre.rollout.sglang_engine import SGLangEngine
+    from gyre.rollout.sglang_driver.engine import SGLangEngine
 
     eng = SGLangEngine(model_dir, launcher=[str(LAUNCHER)], server_argv=[*BASE_ARGV, *extra_argv],
                        log_path=tmp_dir / f"{name}.log", startup_timeout=300, **kwargs)

@@ -14,7 +14,7 @@ from tests.switch_client import CallingClient
 
 def test_three_switch_cycles_through_the_proxy(sglang_server, cell_server, sglang_model_dir, tmp_path):
     from gyre.embedded_model import load_hf_model
-    from gyre.rollout.sglang_engine import SGLangTensorClient
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
     from gyre.training.cell import CellRoles, TrainingState
 
     caller = CallingClient(sglang_model_dir, tmp_path / "records", sglang_server.url, cell_server.url,

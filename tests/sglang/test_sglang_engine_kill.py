@@ -21,7 +21,7 @@ def test_a_call_survives_its_server_killed_mid_stream(sglang_server, sglang_mode
     from gyre.proxy.engines import ClientEngine
     from gyre.proxy.render import ChatRenderer
     from gyre.proxy.server import ProxyConfig, ProxyServer
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
     from gyre.trajectory.store import TrajectoryStore
 
     victim = start_server(sglang_model_dir, tmp_path, "victim")

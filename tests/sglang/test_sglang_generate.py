@@ -80,7 +80,7 @@ def test_a_too_long_prompt_is_a_rejection_not_a_retry(sglang_server):
     """SGLang ends a prompt longer than its context with an abort carrying status_code 400: the proxy's
     engine adapter raises EngineRejected at once (the router would otherwise retry it until its timeout)."""
     from gyre.proxy.engines import ClientEngine, EngineRejected
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
 
     async def go():
         async with AsyncEngineClient(sglang_server.url) as ac:
@@ -121,11 +121,11 @@ def test_shutdown_with_parallel_samples_in_flight_ends_within_30s(sglang_model_d
 
 
 def test_a_prompt_written_by_the_token_table_is_read_as_the_same_prompt(sglang_server, monkeypatch):
-    """Long prompts are posted as space-padded JSON (:mod:`gyre.rollout.token_json`); SGLang reads them as
+    """Long prompts are posted as space-padded JSON (:mod:`gyre.rollout.client.token_json`); SGLang reads them as
     the same ids: greedy output and log-probs equal those of the same prompt written by orjson."""
     import numpy as np
 
-    from gyre.rollout import token_json
+    from gyre.rollout.client import token_json
 
     prompt = np.arange(300, 900, dtype=np.int32)
     params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
@@ -144,7 +144,7 @@ def test_an_abort_reaches_only_its_own_request_not_those_its_id_begins(sglang_se
     adapter, aborting ``E-1`` beside ``E-12`` and the retry ``E-1.r1`` ends ``E-1`` alone: the other
     two go on generating until they are aborted by their own ids."""
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
 
     rids = ("E-1", "E-12", "E-1.r1")
     params = {"max_new_tokens": 900, "ignore_eos": True}

@@ -12,9 +12,9 @@ def test_weight_update_sessions_are_asked_of_the_server_and_one_left_open_is_end
     open (a pusher that died between begin and end) is ended by the next client before it loads."""
     from safetensors.torch import load_file
 
-    from gyre.rollout.engine_messages import EngineError
-    from gyre.rollout.sglang_engine import SGLangTensorClient
-    from gyre.rollout.sglang_protocol import probe_weight_update_sessions
+    from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.client.sglang_protocol import probe_weight_update_sessions
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     with cell_server.client() as c:
         assert probe_weight_update_sessions(c) is True
@@ -36,7 +36,7 @@ def test_weight_update_sessions_are_asked_of_the_server_and_one_left_open_is_end
 def test_health_of_a_paused_or_released_engine_answers_at_once_without_generating(cell_server):
     """A generating ``/health`` waits for a token a paused server never makes: 20 s, then 503, and the
     server stays marked unhealthy.  Gyre's servers answer it at once, and generate afterwards."""
-    from gyre.rollout.engine_client import flush_when_idle
+    from gyre.rollout.client.engine_client import flush_when_idle
 
     with cell_server.client(timeout=60) as c:
         c.pause_generation("abort")

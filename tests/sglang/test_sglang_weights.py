@@ -67,7 +67,7 @@ def _push_while_running(cell_server, cell_client, weights: dict, version: str):
 
 @pytest.mark.parametrize("path", ["tensor", "distributed"])
 def test_a_live_push_leaves_no_old_prefix_and_serves_the_new_weights(cell_server, sglang_model_dir, path):
-    from gyre.rollout.sglang_engine import SGLangGroupClient, SGLangTensorClient
+    from gyre.rollout.sglang_driver.weights import SGLangGroupClient, SGLangTensorClient
 
     seed = {"tensor": 1, "distributed": 2}[path]
     with cell_server.client() as c:
@@ -101,8 +101,8 @@ def test_a_push_whose_second_bucket_fails_serves_nothing_until_a_push_succeeds(c
     the engine holds half-new weights under the new label.  It stays paused (a request sent now waits,
     nothing is answered under that label), the push client says it failed; the next push (here: the
     old weights again) continues it, and the waiting request is served under that push's version."""
-    from gyre.rollout.engine_messages import EngineError
-    from gyre.rollout.sglang_engine import SGLangTensorClient, WeightPushFailed
+    from gyre.rollout.client.messages import EngineError
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient, WeightPushFailed
     from gyre.rollout.weights import push_weight_buckets
 
     old = _weights(sglang_model_dir)
@@ -151,8 +151,8 @@ def test_after_a_push_without_a_flush_a_prefix_of_the_earlier_weights_is_not_reu
     import asyncio
 
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.engine_client import AsyncEngineClient
-    from gyre.rollout.sglang_engine import SGLangTensorClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
+    from gyre.rollout.sglang_driver.weights import SGLangTensorClient
 
     keyed, unkeyed = list(range(500, 660)), list(range(700, 860))
     params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}

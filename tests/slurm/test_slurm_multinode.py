@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gyre.metrics import read_metrics
-from gyre.rollout.sglang_engine import free_port
+from gyre.rollout.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "gyre_multinode.sbatch"

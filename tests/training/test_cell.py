@@ -145,7 +145,7 @@ class BusyEngine(FakeEngine):
         self.busy = busy
 
     def flush_cache(self):
-        from gyre.rollout.engine_messages import EngineError
+        from gyre.rollout.client.messages import EngineError
 
         if self.busy:
             self.busy -= 1

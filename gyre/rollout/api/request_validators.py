@@ -1,5 +1,5 @@
-"""Checks of JSON request bodies shared by the SGLang-native parsers (:mod:`gyre.rollout.sglang_api`,
-:mod:`gyre.rollout.sglang_control_api`): each raises :class:`ProtocolError` with a one-line
+"""Checks of JSON request bodies shared by the SGLang-native parsers (:mod:`gyre.rollout.api.sglang_api`,
+:mod:`gyre.rollout.api.sglang_control_api`): each raises :class:`ProtocolError` with a one-line
 message, which the embedded server answers with HTTP 400."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The embedded CPU rollout engine: a torch causal LM driven by one engine thread.
 
-:class:`EmbeddedEngine` owns the model (:class:`~gyre.rollout.model_runner.HFModelRunner`),
-the tokenizer and a :class:`~gyre.rollout.core.EngineCore` (continuous batching, prefix cache,
+:class:`EmbeddedEngine` owns the model (:class:`~gyre.rollout.embedded.model_runner.HFModelRunner`),
+the tokenizer and a :class:`~gyre.rollout.embedded.core.EngineCore` (continuous batching, prefix cache,
 stop conditions, pause / abort / weight-update policy).  A single engine thread runs core steps;
 every state change -- :meth:`EmbeddedEngine.call` with a function of the core, or
 :meth:`EmbeddedEngine.update_weights` -- is queued and executed on that thread between two
@@ -17,7 +17,7 @@ the last passes ``flush_cache=false``; from the first bucket to the last the eng
 ever runs on partly updated weights.  A model error during a step aborts every waiting and running
 request and the engine keeps serving.
 
-:mod:`gyre.rollout.embedded_server` puts this engine behind SGLang's native HTTP API.
+:mod:`gyre.rollout.embedded.server` puts this engine behind SGLang's native HTTP API.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from gyre.rollout.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
-from gyre.rollout.core import CoreConfig, EngineCore, Seq
-from gyre.rollout.model_runner import HFModelRunner, load_model_dir
-from gyre.rollout.sglang_api import ProtocolError, SeqOutput
-from gyre.rollout.sglang_protocol import EMBEDDED_ENGINE as ENGINE_NAME  # what /server_info says
+from gyre.rollout.api.sglang_api import ProtocolError, SeqOutput
+from gyre.rollout.client.sglang_protocol import EMBEDDED_ENGINE as ENGINE_NAME  # what /server_info says
+from gyre.rollout.embedded.config import PREFIX_CACHE_DEFAULT_BYTES, EngineConfig
+from gyre.rollout.embedded.core import CoreConfig, EngineCore, Seq
+from gyre.rollout.embedded.model_runner import HFModelRunner, load_model_dir
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ handles, or shared-memory files for host tensors); :class:`SGLangTensorClient` s
 weights that way to a server on its own node, :class:`SGLangGroupClient` broadcasts them over a
 weight-update group to a server spanning nodes.  Both order a bucketed push the same way
 (``_SGLangPushOrder``): pause, flush until idle, load inside a weight-update session where the
-server has them (:mod:`gyre.rollout.sglang_protocol`), continue; a push that fails leaves the
+server has them (:mod:`gyre.rollout.client.sglang_protocol`), continue; a push that fails leaves the
 server paused (:class:`WeightPushFailed`).
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 from typing import Any, Iterable, Mapping
+
+from gyre.rollout.ports import free_port
 
 
 def serialize_named_tensors_for_sglang(named: Mapping[str, Any] | Iterable[tuple[str, Any]], tp_size: int = 1
@@ -67,7 +69,7 @@ class _SGLangPushOrder:
     #: How long a live push waits for the aborted requests to leave the engine.
     idle_timeout_s: float = 30.0
     #: Whether the server loads weights only inside a weight-update session
-    #: (:func:`gyre.rollout.sglang_protocol.probe_weight_update_sessions`, asked at the first load).
+    #: (:func:`gyre.rollout.client.sglang_protocol.probe_weight_update_sessions`, asked at the first load).
     sessions: bool | None = None
     #: Why the last live push failed (the engine is paused since), ``None`` after one that succeeded.
     failed: str | None = None
@@ -81,7 +83,7 @@ class _SGLangPushOrder:
         has sessions, which also closes one an earlier client left open; a begin refused because a
         session is open all the same ends that session and begins again."""
         if self.sessions is None:
-            from gyre.rollout.sglang_protocol import probe_weight_update_sessions
+            from gyre.rollout.client.sglang_protocol import probe_weight_update_sessions
 
             self.sessions = probe_weight_update_sessions(self.client)
         if self._session_open or not self.sessions:
@@ -96,7 +98,7 @@ class _SGLangPushOrder:
             self.client.end_weight_update()
 
     def _begin(self) -> None:
-        from gyre.rollout.engine_messages import EngineError
+        from gyre.rollout.client.messages import EngineError
 
         try:
             self.client.begin_weight_update()
@@ -118,7 +120,7 @@ class _SGLangPushOrder:
 
         Live (the engine serves rollouts): pause in ``abort`` mode (every running request ends
         with an abort and its partial output, which the proxy retries; new requests wait), flush
-        the prefix cache until it succeeds (:func:`~gyre.rollout.engine_client.flush_when_idle`:
+        the prefix cache until it succeeds (:func:`~gyre.rollout.client.engine_client.flush_when_idle`:
         SGLang flushes only when idle), load every bucket, the last one flushing again, and
         continue.  So no prefix computed under the old weights survives the push, and each of a
         request's attempts ran on one version.  A live push that fails does not continue: the
@@ -135,7 +137,7 @@ class _SGLangPushOrder:
             ValueError: there was no bucket (nothing paused).
             WeightPushFailed: a call of a live push failed.
         """
-        from gyre.rollout.engine_client import flush_when_idle
+        from gyre.rollout.client.engine_client import flush_when_idle
         from gyre.rollout.weights import load_buckets_in_order
 
         if not live:
@@ -227,7 +229,6 @@ class SGLangGroupClient(_SGLangPushOrder):
             return self.client.update_weights_from_tensor(weight_version=weight_version, flush_cache=flush_cache, **kw)
         if kw:
             raise TypeError(f"a broadcast weight update takes no {sorted(kw)}")
-        from gyre.rollout.sglang_engine import free_port
         from gyre.rollout.weight_group import WeightBroadcaster
 
         if self.broadcaster is None:

@@ -75,7 +75,7 @@ def probe_weight_update_sessions(client) -> bool:
     Raises:
         EngineError: any other answer (the server cannot say).
     """
-    from gyre.rollout.engine_messages import EngineError
+    from gyre.rollout.client.messages import EngineError
 
     try:
         client.end_weight_update()

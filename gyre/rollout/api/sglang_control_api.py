@@ -1,7 +1,7 @@
 """SGLang-native control bodies as the embedded engine parses them: ``/abort_request``,
 ``/pause_generation``, memory occupation tags, weight updates (disk, tensor, distributed, version
 only) and weight-update groups.  Names and defaults follow SGLang's ``managers/io_struct.py``; bad
-input raises :class:`~gyre.rollout.body_checks.ProtocolError` (HTTP 400).
+input raises :class:`~gyre.rollout.api.request_validators.ProtocolError` (HTTP 400).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gyre.rollout.body_checks import (
+from gyre.rollout.api.request_validators import (
     ProtocolError,
     check_keys as _check_keys,
     is_int as _is_int,
@@ -18,7 +18,7 @@ from gyre.rollout.body_checks import (
     want_int as _want_int,
     want_object as _want_object,
 )
-from gyre.rollout.sglang_api import MEMORY_TAGS, PAUSE_MODES
+from gyre.rollout.api.sglang_api import MEMORY_TAGS, PAUSE_MODES
 
 
 def parse_abort(body: Any) -> tuple[str | None, bool]:

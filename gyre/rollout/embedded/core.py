@@ -3,7 +3,7 @@
 :class:`EngineCore` owns the waiting queue, the running batch (one KV *slot* per running
 sequence, slots ``0..B-1`` kept contiguous), the prefix cache, stop conditions, abort / pause /
 weight-update / memory state and the weight version.  The model is behind the small
-:class:`ModelRunner` protocol (the HF implementation is ``gyre/rollout/model_runner.py``; tests
+:class:`ModelRunner` protocol (the HF implementation is ``gyre/rollout/embedded/model_runner.py``; tests
 use a fake), randomness is per-sequence ``torch.Generator`` and time is an injected clock, so
 a script of calls always produces the same outputs.
 
@@ -25,8 +25,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from gyre.common_prefix import common_prefix_len
-from gyre.rollout.prefix_cache import RadixPrefixCache
-from gyre.rollout.sglang_api import (
+from gyre.rollout.api.sglang_api import (
     MEMORY_TAGS,
     PAUSE_MODES,
     ProtocolError,
@@ -37,7 +36,8 @@ from gyre.rollout.sglang_api import (
     finish_length,
     finish_stop,
 )
-from gyre.rollout.sampling import sample_next_tokens
+from gyre.rollout.embedded.prefix_cache import RadixPrefixCache
+from gyre.rollout.embedded.sampling import sample_next_tokens
 
 
 class ModelRunner(Protocol):

@@ -21,7 +21,7 @@ class EngineConfig:
     ``num_threads``: ``torch.set_num_threads`` for the process (``None``: leave as is).
     ``incremental_streaming_output``: stream chunks carry deltas (default; O(output) bytes per
     request) rather than SGLang's default cumulative chunks (O(output^2)); both are SGLang modes
-    and :class:`gyre.rollout.engine_client.EngineClient` normalises either.
+    and :class:`gyre.rollout.client.engine_client.EngineClient` normalises either.
     ``device``: where the model and its KV live (``"cuda:0"`` on a GPU; sampling stays on CPU).
     """
 

@@ -1,4 +1,4 @@
-"""A Hugging Face causal LM behind the :class:`gyre.rollout.core.ModelRunner` protocol, on CPU.
+"""A Hugging Face causal LM behind the :class:`gyre.rollout.embedded.core.ModelRunner` protocol, on CPU.
 
 KV storage is one preallocated fp32 tensor ``[layers, 2, slots, kv_heads, capacity, head_dim]``
 (grown by doubling); slot ``b`` holds running sequence ``b`` and position ``t`` is column

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from gyre.rollout.sglang_api import SamplingParams
+from gyre.rollout.api.sglang_api import SamplingParams
 
 @dataclass(slots=True)
 class SampleResult:

@@ -2,7 +2,7 @@
 
 Sampling parameters, request bodies and their checks, finish reasons, ``meta_info`` and
 log-prob triples, stop-string trimming and incremental detokenisation: the server
-(``gyre/rollout/embedded_server.py``) and the engine core use these, and the clients send
+(``gyre/rollout/embedded/routes/``) and the engine core use these, and the clients send
 :class:`SamplingParams`.  Names, defaults and shapes follow sgl-project/sglang:
 ``managers/io_struct.py`` (``GenerateReqInput`` and the control bodies),
 ``sampling/sampling_params.py`` (``max_new_tokens`` 128, ``temperature`` 1.0, ``top_p`` 1.0,
@@ -32,7 +32,7 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 MAX_N = 256
 
 
-from gyre.rollout.body_checks import (  # noqa: E402
+from gyre.rollout.api.request_validators import (  # noqa: E402
     ProtocolError,
     check_keys as _check_keys,
     is_int as _is_int,

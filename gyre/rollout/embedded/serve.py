@@ -1,8 +1,8 @@
 """Command line and process wrapper of the embedded engine (light: torch is imported only to serve).
 
-``python -m gyre.rollout.serve`` (or ``tools/serve_engine.py``) parses and checks its flags
+``python -m gyre.rollout.embedded.serve`` (or ``tools/serve_engine.py``) parses and checks its flags
 first -- bad input exits 2 with one line on stderr before any heavy import -- then builds an
-:class:`gyre.rollout.embedded_server.EngineServer`, prints ``{"url": "http://HOST:PORT"}`` once the
+:class:`gyre.rollout.embedded.server.EngineServer`, prints ``{"url": "http://HOST:PORT"}`` once the
 engine accepts requests and serves until SIGTERM/SIGINT (in-flight requests are aborted, exit
 status 0).  :class:`EmbeddedEngineProcess` runs that command as a child process (one engine per
 cell process, or tests).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def build_arg_parser():
-    """Flags of ``python -m gyre.rollout.serve`` / ``tools/serve_engine.py``."""
+    """Flags of ``python -m gyre.rollout.embedded.serve`` / ``tools/serve_engine.py``."""
     import argparse
     import sys
 
@@ -26,7 +26,7 @@ def build_arg_parser():
             sys.stderr.write(f"{self.prog}: error: {message}\n")
             sys.exit(2)
 
-    from gyre.rollout.config import EngineConfig
+    from gyre.rollout.embedded.config import EngineConfig
 
     d = EngineConfig()
     p = _Parser(prog="serve_engine", description="Serve one embedded Gyre rollout engine "
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
 
     hf_logging.disable_progress_bar()
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class EmbeddedEngineProcess:
-    """An embedded engine in its own process (``python -m gyre.rollout.serve``).
+    """An embedded engine in its own process (``python -m gyre.rollout.embedded.serve``).
 
     Args:
         model_dir: HF model directory (``None``: the embedded default).
@@ -135,7 +135,7 @@ class EmbeddedEngineProcess:
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None):
         import sys
 
-        self.cmd = [sys.executable, "-m", "gyre.rollout.serve", "--host", host, "--port", str(port)]
+        self.cmd = [sys.executable, "-m", "gyre.rollout.embedded.serve", "--host", host, "--port", str(port)]
         if model_dir is not None:
             self.cmd += ["--model-dir", str(model_dir)]
         self.cmd += list(extra_args or [])
@@ -194,7 +194,7 @@ class EmbeddedEngineProcess:
         return self.proc.returncode
 
     def client(self, timeout: float | None = 600.0):
-        from gyre.rollout.engine_client import EngineClient
+        from gyre.rollout.client.engine_client import EngineClient
 
         return EngineClient(self.url, timeout=timeout)
 

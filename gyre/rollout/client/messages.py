@@ -1,8 +1,8 @@
 """What Gyre sends to a rollout engine and gets back, with no I/O (SGLang's native HTTP API).
 
-Both backends -- a real SGLang server (:mod:`gyre.rollout.sglang_engine`) and the embedded CPU
-engine (:mod:`gyre.rollout.embedded_server`) -- answer the same routes, so one set of messages
-serves both, and both clients in :mod:`gyre.rollout.engine_client` build on it:
+Both backends -- a real SGLang server (:mod:`gyre.rollout.sglang_driver.engine`) and the embedded CPU
+engine (:mod:`gyre.rollout.embedded.server`) -- answer the same routes, so one set of messages
+serves both, and both clients in :mod:`gyre.rollout.client.engine_client` build on it:
 
 * typed results: :class:`GenerateResult` (one sequence), :class:`StreamChunk` (one SSE event,
   given as deltas *and* cumulative values whatever the server's ``incremental_streaming_output``,
@@ -28,8 +28,8 @@ import httpx
 import numpy as np
 import orjson
 
-from gyre.rollout.sglang_api import SamplingParams
-from gyre.rollout.token_json import dumps_with_ids
+from gyre.rollout.api.sglang_api import SamplingParams
+from gyre.rollout.client.token_json import dumps_with_ids
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 JSON_HEADERS = {"content-type": "application/json"}
@@ -38,7 +38,7 @@ JSON_HEADERS = {"content-type": "application/json"}
 def json_content(body: Any, *, buffer: bool = False) -> dict[str, Any]:
     """httpx keyword arguments posting ``body`` as JSON (none for ``None``). Serialised by
     orjson, so token ids may be numpy arrays or scalars; a long ``input_ids`` array is written by
-    table lookup (:mod:`gyre.rollout.token_json`), with ``buffer`` into a ``memoryview`` that is
+    table lookup (:mod:`gyre.rollout.client.token_json`), with ``buffer`` into a ``memoryview`` that is
     not copied into ``bytes`` (for aiohttp; httpx needs ``bytes``)."""
     if body is None:
         return {}
@@ -380,21 +380,14 @@ def op_update_weights_from_disk(model_path: str, load_format: str | None, weight
     return op_json("POST", "/update_weights_from_disk", body)
 
 
-def op_update_weights_from_tensor(named_tensors, serialized_named_tensors, load_format: str | None,
+def op_update_weights_from_tensor(serialized_named_tensors: Sequence[str], load_format: str | None,
                                   weight_version: str, abort_all_requests: bool, flush_cache: bool) -> Op:
-    """``POST /update_weights_from_tensor``; ``named_tensors`` are serialised in the embedded
-    engine's format (:func:`gyre.rollout.weights.serialize_named_tensors`).
+    """``POST /update_weights_from_tensor`` with payloads already serialised (the embedded engine's
+    format: :func:`gyre.rollout.weights.serialize_named_tensors`; SGLang's: one per TP rank).
 
     Raises:
-        ValueError: not exactly one of ``named_tensors`` / ``serialized_named_tensors``, or an
-            empty ``weight_version``.
+        ValueError: an empty ``weight_version``.
     """
-    if (named_tensors is None) == (serialized_named_tensors is None):
-        raise ValueError("give exactly one of named_tensors or serialized_named_tensors")
-    if named_tensors is not None:
-        from gyre.rollout.weights import serialize_named_tensors
-
-        serialized_named_tensors = [serialize_named_tensors(named_tensors)]
     body = {"serialized_named_tensors": list(serialized_named_tensors), "load_format": load_format,
             **_update_common(weight_version, abort_all_requests, flush_cache)}
     return op_json("POST", "/update_weights_from_tensor", body)
