@@ -270,6 +270,29 @@ def parse_generate(
             raise ProtocolError(f"{key} is not supported by the embedded engine")
     if body.get("return_hidden_states"):
         raise ProtocolError("return_hidden_states is not supported by the embedded engine")
+    inputs, single = _generate_inputs(body, vocab_size, context_len, tokenize)
+    params = _generate_params(body.get("sampling_params"), len(inputs), vocab_size)
+    rids = _generate_rids(body.get("rid"), single, len(inputs), new_rid)
+
+    rl = body.get("return_logprob")
+    return_logprob = False if rl is None else (
+        _uniform_bool(rl) if isinstance(rl, list) else _want_bool("return_logprob", rl))
+    lsl = body.get("logprob_start_len")
+    if lsl is not None and (not _is_int(lsl) or lsl != -1):
+        raise ProtocolError("logprob_start_len: only -1 (output tokens only) is supported by the embedded engine")
+    top_n = body.get("top_logprobs_num")
+    top_n = 0 if top_n is None else _want_int("top_logprobs_num", top_n, lo=0, hi=vocab_size)
+    return GenerateRequest(
+        input_ids=inputs, params=params, rids=rids, return_logprob=return_logprob,
+        top_logprobs_num=top_n,
+        return_text_in_logprobs=_opt_bool(body, "return_text_in_logprobs"),
+        stream=_opt_bool(body, "stream"),
+        single=single and params[0].n == 1)
+
+
+def _generate_inputs(body: dict, vocab_size: int, context_len: int,
+                     tokenize: Callable[[str], list[int]] | None) -> tuple[list[list[int]], bool]:
+    """The prompts of a ``/generate`` body as id lists, and whether the body held one prompt."""
     has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
     if has_ids == has_text:
         raise ProtocolError("exactly one of input_ids or text is required")
@@ -298,44 +321,33 @@ def parse_generate(
     for i, ids in enumerate(inputs):
         if len(ids) >= context_len:
             raise ProtocolError(f"input {i} has {len(ids)} tokens; the context length is {context_len}")
+    return inputs, single
 
-    sp = body.get("sampling_params")
+
+def _generate_params(sp: Any, n_inputs: int, vocab_size: int) -> list[SamplingParams]:
+    """One ``SamplingParams`` per input: a list gives one each, one object is shared by all."""
     if isinstance(sp, list):
-        if len(sp) != len(inputs):
-            raise ProtocolError(f"sampling_params has {len(sp)} entries for {len(inputs)} inputs")
-        params = [SamplingParams.from_json(s, vocab_size) for s in sp]
-    else:
-        one = SamplingParams.from_json(sp, vocab_size)
-        params = [one] * len(inputs)
+        if len(sp) != n_inputs:
+            raise ProtocolError(f"sampling_params has {len(sp)} entries for {n_inputs} inputs")
+        return [SamplingParams.from_json(s, vocab_size) for s in sp]
+    return [SamplingParams.from_json(sp, vocab_size)] * n_inputs
 
-    rid = body.get("rid")
+
+def _generate_rids(rid: Any, single: bool, n_inputs: int, new_rid: Callable[[], str]) -> list[str]:
+    """The request ids: given (a string for one prompt, a list for a batch) or drawn from ``new_rid``."""
     if rid is None:
-        rids = [new_rid() for _ in inputs]
+        rids = [new_rid() for _ in range(n_inputs)]
     elif isinstance(rid, str) and single:
         rids = [rid]
     elif isinstance(rid, list) and not single:
-        if len(rid) != len(inputs) or not all(isinstance(r, str) for r in rid):
+        if len(rid) != n_inputs or not all(isinstance(r, str) for r in rid):
             raise ProtocolError("rid must be a list of strings, one per input")
         rids = list(rid)
     else:
         raise ProtocolError("rid must be a string (one input) or a list of strings (batch)")
     if any(not r for r in rids) or len(set(rids)) != len(rids):
         raise ProtocolError("rid values must be non-empty and distinct")
-
-    rl = body.get("return_logprob")
-    return_logprob = False if rl is None else (
-        _uniform_bool(rl) if isinstance(rl, list) else _want_bool("return_logprob", rl))
-    lsl = body.get("logprob_start_len")
-    if lsl is not None and (not _is_int(lsl) or lsl != -1):
-        raise ProtocolError("logprob_start_len: only -1 (output tokens only) is supported by the embedded engine")
-    top_n = body.get("top_logprobs_num")
-    top_n = 0 if top_n is None else _want_int("top_logprobs_num", top_n, lo=0, hi=vocab_size)
-    return GenerateRequest(
-        input_ids=inputs, params=params, rids=rids, return_logprob=return_logprob,
-        top_logprobs_num=top_n,
-        return_text_in_logprobs=_opt_bool(body, "return_text_in_logprobs"),
-        stream=_opt_bool(body, "stream"),
-        single=single and params[0].n == 1)
+    return rids
 
 
 def _uniform_bool(values: list) -> bool:
