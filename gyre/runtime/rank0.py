@@ -15,6 +15,14 @@ logger = logging.getLogger(__name__)
 
 
 def run_rank0(args, store, connect, worker, server, urls, model_dir, ckpt, resume) -> dict[str, Any]:
+    """Run the job on rank 0 until the controller ends it; return the controller's summary.
+
+    ``worker`` is cell 0's (its loop runs in a thread here), ``server`` the core's snapshot
+    (:class:`~gyre.training.weight_snapshot.CoreSnapshotStamps`), ``urls`` every cell's engine,
+    ``ckpt``/``resume`` the checkpoint resumed from and its controller state (``None`` on a fresh
+    run).  The proxy, harness, standalone pool and metrics sink are stopped before it returns or
+    raises; the run's plots are drawn after a finished run.
+    """
     from gyre.harness import harness_from_args
     from gyre.metrics import MetricsSink
     from gyre.proxy.engines import ClientEngine
