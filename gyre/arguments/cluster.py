@@ -45,7 +45,8 @@ def add_weight_transfer_args(parser: argparse.ArgumentParser) -> argparse.Argume
                        help="How weight snapshots (and engine-to-engine KV copies) move between nodes: Mooncake "
                             "over TCP, or over RDMA (the CUDA build of Mooncake on InfiniBand/RoCE).")
     group.add_argument("--weight-transport-device", default="",
-                       help="RDMA NICs for --weight-transport mooncake-rdma (e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
+                       help="RDMA NICs for --weight-transport mooncake-rdma "
+                            "(e.g. mlx5_0,mlx5_1; empty: Mooncake picks).")
     group.add_argument("--update-weight-buffer-size", type=positive_int, default=512 << 20,
                        help="Bytes per bucket when a cell loads the policy into its engine (the model goes over "
                             "in buckets of about this size, gathered from the cell's shards unit by unit).")

@@ -16,7 +16,8 @@ def add_harness_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     group.add_argument("--harness", type=str, default="reference",
                        help="Black-box harness each execution runs: " + ", ".join(HARNESS_NAMES)
                             + ", or a dotted path pkg.module:Class to a gyre.harness.Harness subclass.")
-    group.add_argument("--tasks", type=str, default=None, help="Task file (JSONL/YAML) or directory; several, comma-separated.")
+    group.add_argument("--tasks", type=str, default=None,
+                       help="Task file (JSONL/YAML) or directory; several, comma-separated.")
     group.add_argument("--strict-tasks", action="store_true",
                        help="Refuse the run (exit 2) if a task file has any problem; by default each bad task "
                             "is skipped with one 'file:line: reason' warning on stderr.")

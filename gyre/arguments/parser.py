@@ -38,7 +38,7 @@ class GyreArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", GyreHelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):  # noqa: D102 - argparse API
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

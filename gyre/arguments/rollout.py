@@ -16,7 +16,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--tokenizer-kind", choices=("qwen", "local"), default="local",
                        help="Embedded tokenizer: the full offline Qwen BPE or its 4k-rank prefix (fast).")
     group.add_argument("--model-cache-dir", type=str, default=None,
-                       help="Where embedded models are cached (default $GYRE_CACHE_DIR, <venv>/share/gyre or ~/.cache/gyre).")
+                       help="Where embedded models are cached "
+                            "(default $GYRE_CACHE_DIR, <venv>/share/gyre or ~/.cache/gyre).")
     group.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
                        help="cpu: gloo, embedded engine, megatron_patches applied; gpu: each rank on its GPU "
                             "(LOCAL_RANK), NCCL for tensors, SGLang or the embedded engine on CUDA.")

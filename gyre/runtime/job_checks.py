@@ -227,7 +227,8 @@ def check_gpu_runtime(args: argparse.Namespace) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if torch.cuda.device_count() < local and args.distributed_backend == "nccl":
         raise ArgumentError(f"argument --distributed-backend: {local} ranks on this node but "
-                            f"{torch.cuda.device_count()} GPU(s); NCCL needs a GPU per rank (gloo lets ranks share one)")
+                            f"{torch.cuda.device_count()} GPU(s); NCCL needs a GPU per rank "
+                            "(gloo lets ranks share one)")
     if args.rollout_engine == "sglang":
         import importlib.util
 
