@@ -1,4 +1,4 @@
-"""Gyre command-line arguments, in the shape of Megatron-LM's ``megatron/training/arguments.py``.
+"""Gyre command-line arguments, in the shape of Megatron-LM's ``arguments`` module (``megatron.training``).
 
 One ``add_<area>_args(parser)`` per concern, each an argument group with kebab-case flags named
 after the quantities they set (``N``, ``B``, ``phi``, ``mu``, ``K``, ...), in one module per
@@ -13,7 +13,8 @@ area of the job:
 * :mod:`gyre.arguments.proxy` -- ``proxy``;
 * :mod:`gyre.arguments.run` -- ``run``.
 
-:func:`add_gyre_args` adds every Gyre group and can be handed to Megatron's
+:func:`add_gyre_args` (:mod:`gyre.arguments.parser`, with :func:`build_parser`, :func:`parse_args`
+and :func:`parse_with_config`) adds every Gyre group and can be handed to Megatron's
 ``parse_args(extra_args_provider=add_gyre_args)``.  The value types are in
 :mod:`gyre.arguments.values`, the checks of flags against flags in :mod:`gyre.arguments.checks`.
 
