@@ -73,7 +73,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _claim_run_dir(args: argparse.Namespace) -> RunDirectoryLock:
-    """Rank 0: take the run directory's lock, say where it is, write ``args.json``."""
+    """Rank 0: take the run directory's lock, say where it is, write ``args.json`` (the flags, but
+    ``--admin-token``: a secret stays out of the run directory and of W&B's copy)."""
     run_dir = Path(args.run_dir)
     try:
         lock = RunDirectoryLock(run_dir).acquire()
@@ -81,7 +82,8 @@ def _claim_run_dir(args: argparse.Namespace) -> RunDirectoryLock:
         raise ArgumentError(f"argument --run-dir: {exc}") from None
     print(f"gyre: run directory {run_dir.resolve()}", file=sys.stderr, flush=True)
     (run_dir / "args.json").write_text(json.dumps({k: v for k, v in vars(args).items()
-                                                   if isinstance(v, (str, int, float, bool, list, type(None)))},
+                                                   if isinstance(v, (str, int, float, bool, list, type(None)))
+                                                   and k != "admin_token"},
                                                   indent=1))
     return lock
 
