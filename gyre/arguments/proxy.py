@@ -1,6 +1,6 @@
 """The ``proxy`` flag group: where rank 0's proxy (or ``serve_rollout``'s) listens, how many
 processes it runs, the bearer token of its admin routes and the per-request limits of a
-model-call body.  :meth:`gyre.proxy.server.ProxyConfig.from_args` turns them, with the rollout
+model-call body.  :meth:`gyre.proxy.config.ProxyConfig.from_args` turns them, with the rollout
 group's sampling and limit flags, into the proxy's settings.  The per-request limits' defaults
 are :class:`gyre.proxy.request_body.RequestLimits`'s (``tests/test_arguments.py`` holds them
 equal; this layer does not import the proxy).

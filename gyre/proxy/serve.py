@@ -22,7 +22,7 @@ JSON line ``{"base_url": "http://127.0.0.1:P", "save_dir": ..., "engines": [...]
 until SIGINT/SIGTERM (exit 0).
 
 The proxy's settings are the main job's for the same flags
-(:meth:`gyre.proxy.server.ProxyConfig.from_args`: sampling, output cap, context limit, KV
+(:meth:`gyre.proxy.config.ProxyConfig.from_args`: sampling, output cap, context limit, KV
 migration, ``--admin-token``, request limits).  ``--help`` lists serve_rollout's own groups first,
 then Gyre's groups; the flags it uses from those are listed in its ``--help`` description
 (``--model-dir``, ``--seq-length``, the rollout group's sampling, limit and KV flags,
@@ -258,7 +258,8 @@ class RolloutService:
         from gyre.embedded_model import ensure_tiny_model, load_tokenizer
         from gyre.proxy.engines import ClientEngine
         from gyre.proxy.render import ChatRenderer
-        from gyre.proxy.server import ProxyConfig, ProxyServer
+        from gyre.proxy.config import ProxyConfig
+        from gyre.proxy.server import ProxyServer
         from gyre.rollout.engine_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
 

@@ -93,7 +93,8 @@ def rank0_proxy(args, model_dir, run_dir: Path, harness):
     processes (:class:`gyre.proxy.workers.ProxyWorkers`) with the same configuration."""
     from gyre.embedded_model import load_tokenizer
     from gyre.proxy.render import ChatRenderer
-    from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.proxy.config import ProxyConfig
+    from gyre.proxy.server import ProxyServer
     from gyre.proxy.workers import ProxyWorkers, WorkerSpec
     from gyre.trajectory.store import TrajectoryStore
 

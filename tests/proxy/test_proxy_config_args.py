@@ -13,7 +13,7 @@ import pytest
 
 from gyre.arguments import parse_args
 from gyre.proxy import serve
-from gyre.proxy.server import ProxyConfig
+from gyre.proxy.config import ProxyConfig
 from gyre.runtime.rank0 import rank0_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
