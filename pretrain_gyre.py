@@ -38,7 +38,8 @@ def extra_args_provider(parser):
 def main(argv=None) -> int:
     args = parse_args(argv, extra_args_provider=extra_args_provider, prog="pretrain_gyre.py")
     from gyre.runtime.accounting import format_summary
-    from gyre.runtime.pretrain import check_main_job_args, pretrain
+    from gyre.runtime.job_checks import check_main_job_args
+    from gyre.runtime.pretrain import pretrain
 
     try:
         check_main_job_args(args)

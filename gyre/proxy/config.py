@@ -4,10 +4,12 @@ main job and ``tools/serve_rollout.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from gyre.proxy.request_body import RequestLimits
+from gyre.proxy.request_body import RequestLimits, limits_from_args
 
 __all__ = ["ProxyConfig"]
 
@@ -93,6 +95,34 @@ class ProxyConfig:
     gc_freeze_after_ms: float | None = 20.0
     gc_unfreeze_interval_s: float = 1800.0
     heap_trim_interval_s: float | None = 60.0
+
+    @classmethod
+    def from_args(cls, args: Any, model_dir: Any) -> "ProxyConfig":
+        """The settings of Gyre's parsed flags (:mod:`gyre.arguments`) for the model in ``model_dir``;
+        the main job and ``serve_rollout`` both build their proxy's settings here.
+
+        ``--rollout-max-new-tokens`` sets ``default_max_tokens`` and ``max_tokens_cap``;
+        ``--rollout-temperature`` and ``--rollout-top-p`` the ``default_sampling``;
+        ``--rollout-kv-migration`` and ``--rollout-kv-transport`` the KV moves; ``--admin-token``
+        and the ``--proxy-max-*`` request limits their fields.  ``max_context_tokens`` is
+        ``--rollout-max-context-tokens``, else the ``max_position_embeddings`` of
+        ``model_dir/config.json`` (``--seq-length`` when the file or the key is missing), at most
+        ``--seq-length``.  ``model_name`` is ``"gyre-policy"`` (the model Gyre's harnesses ask
+        for); every other field keeps its default.
+        """
+        try:
+            positions = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+        except (OSError, ValueError):
+            positions = None
+        if not isinstance(positions, int) or positions < 1:
+            positions = args.seq_length
+        return cls(model_name="gyre-policy", default_max_tokens=args.rollout_max_new_tokens,
+                   max_tokens_cap=args.rollout_max_new_tokens,
+                   max_context_tokens=args.rollout_max_context_tokens or min(positions, args.seq_length),
+                   admin_token=args.admin_token,
+                   default_sampling={"temperature": args.rollout_temperature, "top_p": args.rollout_top_p},
+                   kv_migration=args.rollout_kv_migration, kv_transport=args.rollout_kv_transport,
+                   ).with_limits(limits_from_args(args))
 
     def request_limits(self) -> RequestLimits:
         """The per-request limits of these settings."""

@@ -21,10 +21,13 @@ not answer. Executions are registered over HTTP (``docs/serving.md``). Once read
 JSON line ``{"base_url": "http://127.0.0.1:P", "save_dir": ..., "engines": [...]}`` and serves
 until SIGINT/SIGTERM (exit 0).
 
-``--help`` lists serve_rollout's own groups first; the model, rollout and run groups follow
-(``--model-dir``, ``--rollout-temperature``, ``--rollout-top-p``, ``--rollout-max-new-tokens``,
-``--proxy-host``/``--proxy-port``, ``--run-dir``, ``--log-level`` are used), then the rest of
-Gyre's flags, accepted so that a training ``--config`` loads, and not used here.
+The proxy's settings are the main job's for the same flags
+(:meth:`gyre.proxy.config.ProxyConfig.from_args`: sampling, output cap, context limit, KV
+migration, ``--admin-token``, request limits).  ``--help`` lists serve_rollout's own groups first,
+then Gyre's groups; the flags it uses from those are listed in its ``--help`` description
+(``--model-dir``, ``--seq-length``, the rollout group's sampling, limit and KV flags,
+``--proxy-host``, ``--proxy-port``, ``--proxy-max-*``, ``--admin-token``, ``--run-dir``,
+``--log-level``, ...); the rest are accepted so that a training ``--config`` loads, and not used.
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", type=str, default=None, help="Proxy address (default: --proxy-host).")
     g.add_argument("--save-dir", type=str, default=None,
                    help="Where records/trees are stored (default: <run-dir>/records).")
-    g.add_argument("--admin-token", type=str, default=None, help="Bearer token required on /gyre/* (default: none).")
     e = parser.add_argument_group(title="serve_rollout: engines")
     e.add_argument("--engine-url", action="append", default=None, metavar="URL",
                    help="An engine you run (SGLang's native HTTP API, e.g. http://gpu-node:30000); repeat for "
@@ -74,9 +76,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
               "[--save-dir DIR] [--config FILE] [any Gyre flag]",
         description="Serve Gyre's proxy (no training) in front of engines it starts or, with --engine-url, "
                     "engines you run. Used from the groups after serve_rollout's: --model-dir, --tokenizer-kind, "
-                    "--backend, --rollout-engine, --rollout-temperature, --rollout-top-p, "
-                    "--rollout-max-new-tokens, --rollout-concurrency-per-cell, --num-cells, "
-                    "--standalone-engines, --proxy-host, --proxy-port, --run-dir, --log-level, --sglang-*. "
+                    "--seq-length, --backend, --rollout-engine, --rollout-temperature, --rollout-top-p, "
+                    "--rollout-max-new-tokens, --rollout-max-context-tokens, --rollout-kv-migration, "
+                    "--rollout-kv-transport, --rollout-concurrency-per-cell, --num-cells, --standalone-engines, "
+                    "--proxy-host, --proxy-port, --proxy-max-*, --admin-token, --run-dir, --log-level, --sglang-*. "
                     "The other flags are accepted (so a training --config loads) and not used.")
     _add_serve_args(p)
     add_gyre_args(p)
@@ -255,8 +258,8 @@ class RolloutService:
         from gyre.embedded_model import ensure_tiny_model, load_tokenizer
         from gyre.proxy.engines import ClientEngine
         from gyre.proxy.render import ChatRenderer
-        from gyre.proxy.request_body import limits_from_args
-        from gyre.proxy.server import ProxyConfig, ProxyServer
+        from gyre.proxy.config import ProxyConfig
+        from gyre.proxy.server import ProxyServer
         from gyre.rollout.client.async_client import AsyncEngineClient
         from gyre.trajectory.store import TrajectoryStore
 
@@ -267,17 +270,9 @@ class RolloutService:
         else:
             self._start_engines(model_dir)
         renderer = ChatRenderer(load_tokenizer(model_dir))
-        max_ctx = a.rollout_max_context_tokens or _max_positions(model_dir) or a.seq_length
         save = Path(a.save_dir or Path(a.run_dir) / "records")
         store = TrajectoryStore(save, fsync_every=0, max_open=1024)  # the proxy fsyncs in batches
-        config = ProxyConfig(
-            model_name=Path(model_dir).name,
-            default_max_tokens=a.rollout_max_new_tokens,
-            max_tokens_cap=a.rollout_max_new_tokens,
-            max_context_tokens=max_ctx,
-            admin_token=a.admin_token,
-            default_sampling={"temperature": a.rollout_temperature, "top_p": a.rollout_top_p},
-        ).with_limits(limits_from_args(a))
+        config = ProxyConfig.from_args(a, model_dir)
         self.proxy = ProxyServer(renderer, store=store, config=config)
         for i, url in enumerate(self.engine_urls):
             self.proxy.add_engine(ClientEngine(AsyncEngineClient(url), f"engine-{i}"))
@@ -293,15 +288,6 @@ class RolloutService:
             self.proxy.stop()
         for eng in self.engines:
             eng.stop()
-
-
-def _max_positions(model_dir: str) -> int | None:
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    v = cfg.get("max_position_embeddings")
-    return int(v) if isinstance(v, int) and v > 0 else None
 
 
 def _fail(message: str) -> int:

@@ -1,6 +1,9 @@
 """The main job's runtime: every rank's cell loop, rank 0's controller, start-up and resume.
 
-* :mod:`gyre.runtime.pretrain` -- ``pretrain(args)``, called by ``pretrain_gyre.py``;
+* :mod:`gyre.runtime.pretrain` -- ``pretrain(args)``, called by ``pretrain_gyre.py``; its parts
+  :mod:`gyre.runtime.job_checks` (the checks before start-up), :mod:`gyre.runtime.rank_setup`
+  (a rank's process group, the TCPStore, SGLang cell servers), :mod:`gyre.runtime.rank0` (rank 0's
+  proxy, standalone pool and controller) and :mod:`gyre.runtime.progress` (the console bar);
   :mod:`gyre.runtime.config` -- the typed configuration of the two shells below;
 * :mod:`gyre.runtime.pipeline` -- one function per arrow of the pipeline (docs/architecture.md);
 * :mod:`gyre.runtime.controller` -- the scheduler's shell on rank 0, with
