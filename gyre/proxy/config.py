@@ -11,6 +11,8 @@ from typing import Any
 
 from gyre.proxy.request_body import RequestLimits, limits_from_args
 
+_LIMITS = RequestLimits()  # the request limits' defaults, stated once (in RequestLimits)
+
 __all__ = ["ProxyConfig"]
 
 
@@ -86,11 +88,11 @@ class ProxyConfig:
     forced_sampling: dict[str, Any] = field(default_factory=dict)
     durability: str = "flush"
     fsync_interval_s: float = 1.0
-    max_body_bytes: int = 32 << 20
-    max_json_depth: int = 128
-    max_messages: int = 20_000
-    max_tools: int = 1_024
-    max_tool_results: int = 2_048
+    max_body_bytes: int = _LIMITS.max_body_bytes
+    max_json_depth: int = _LIMITS.max_json_depth
+    max_messages: int = _LIMITS.max_messages
+    max_tools: int = _LIMITS.max_tools
+    max_tool_results: int = _LIMITS.max_tool_results
     body_check_bytes: int = 8 << 20
     gc_freeze_after_ms: float | None = 20.0
     gc_unfreeze_interval_s: float = 1800.0
