@@ -19,6 +19,7 @@ evaluator or reward function (a task's ``scoring``, :mod:`gyre.evaluation`) and 
 the environment) and exits 0 or 2.
 """
 
+import gc
 import json
 import logging
 import os
@@ -69,6 +70,9 @@ def main(argv=None) -> int:
         print(format_summary(summary), file=sys.stderr)
         print(f"gyre: run directory {os.path.abspath(args.run_dir)}", file=sys.stderr)
         print(json.dumps(summary))
+    # the objects alive now live until the process ends: the interpreter's collections at exit skip
+    # them (they traversed Torch's and Megatron's objects for seconds on each rank); nothing is unfinished
+    gc.freeze()
     return 0
 
 
