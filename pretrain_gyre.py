@@ -40,7 +40,6 @@ def main(argv=None) -> int:
     args = parse_args(argv, extra_args_provider=extra_args_provider, prog="pretrain_gyre.py")
     from gyre.runtime.accounting import format_summary
     from gyre.runtime.job_checks import check_main_job_args
-    from gyre.runtime.pretrain import pretrain
 
     try:
         check_main_job_args(args)
@@ -50,6 +49,7 @@ def main(argv=None) -> int:
         return 2
     if args.check_config:
         return 0
+    from gyre.runtime.pretrain import pretrain  # Torch and the job, once the checks (which import what they need) pass
     if "LOCAL_RANK" in os.environ:  # a torchrun rank: end with the launcher, even if it is SIGKILLed
         die_with_parent()
     exit_on_termination()  # SIGTERM/SIGHUP: harnesses and engines die with the rank, nothing more is written
