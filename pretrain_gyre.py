@@ -19,6 +19,7 @@ evaluator or reward function (a task's ``scoring``, :mod:`gyre.evaluation`) and 
 the environment) and exits 0 or 2.
 """
 
+import gc
 import json
 import logging
 import os
@@ -39,7 +40,6 @@ def main(argv=None) -> int:
     args = parse_args(argv, extra_args_provider=extra_args_provider, prog="pretrain_gyre.py")
     from gyre.runtime.accounting import format_summary
     from gyre.runtime.job_checks import check_main_job_args
-    from gyre.runtime.pretrain import pretrain
 
     try:
         check_main_job_args(args)
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
         return 2
     if args.check_config:
         return 0
+    from gyre.runtime.pretrain import pretrain  # Torch and the job, once the checks (which import what they need) pass
     if "LOCAL_RANK" in os.environ:  # a torchrun rank: end with the launcher, even if it is SIGKILLed
         die_with_parent()
     exit_on_termination()  # SIGTERM/SIGHUP: harnesses and engines die with the rank, nothing more is written
@@ -69,6 +70,9 @@ def main(argv=None) -> int:
         print(format_summary(summary), file=sys.stderr)
         print(f"gyre: run directory {os.path.abspath(args.run_dir)}", file=sys.stderr)
         print(json.dumps(summary))
+    # the objects alive now live until the process ends: the interpreter's collections at exit skip
+    # them (they traversed Torch's and Megatron's objects for seconds on each rank); nothing is unfinished
+    gc.freeze()
     return 0
 
 

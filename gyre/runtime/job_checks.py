@@ -15,8 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from gyre.arguments import ArgumentError, check_main_job_flags
 from gyre.process_guard import RunDirectoryLock
 from gyre.runtime.checkpointing import ControllerState, find_checkpoint
@@ -221,6 +219,8 @@ def check_gpu_runtime(args: argparse.Namespace) -> None:
     Raises:
         ArgumentError: one line naming the flag.
     """
+    import torch  # here, not at the top: --check-config and the flag checks run without Torch
+
     if not torch.cuda.is_available():
         raise ArgumentError("argument --backend: gpu needs CUDA, and torch.cuda.is_available() is False here "
                             "(--check-config checks a GPU config without one)")

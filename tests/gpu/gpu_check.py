@@ -410,8 +410,13 @@ def main() -> int:
     report = {"emulated_on_cpu": a.emulate_on_cpu, "torch": torch.__version__, "cuda": torch.version.cuda,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "phases": {}}
     started = time.monotonic()
-    report["preflight"] = _run_phase_process("preflight", tmp, 120)
-    if not report["preflight"].get("ok"):  # every phase would fail the same way: stop before spending GPU time
+    no_device = not torch.cuda.is_available() and not a.emulate_on_cpu
+    if no_device:  # every phase is skipped: nothing would use what the preflight imports
+        report["preflight"] = {"status": "skip", "reason": "no CUDA device"}
+    else:
+        report["preflight"] = _run_phase_process("preflight", tmp, 120)
+    if not no_device and not report["preflight"].get("ok"):
+        # every phase would fail the same way: stop before spending GPU time
         report["phases"] = {f"{n}_{PHASES[n][0]}": {"status": "fail", "error": "preflight failed"}
                             for n in a.phases.split(",")}
         a.phases = ""
@@ -420,7 +425,7 @@ def main() -> int:
         if name == "f":  # the last phase: what the others left, if that is more
             limit = max(limit, int(_limit("f") / PHASES["f"][1] * TOTAL_S - (time.monotonic() - started)))
         t0 = time.monotonic()
-        if not torch.cuda.is_available() and not a.emulate_on_cpu:
+        if no_device:
             result = {"status": "skip", "reason": "no CUDA device"}
         else:
             result = _run_phase_process(name, tmp, limit)

@@ -1,5 +1,5 @@
-"""The GPU check script on a machine without a GPU: every phase reports ``skip``; emulated on CPU,
-the phases' code runs and passes (the GPU measurements are left out), so the script that waits
+"""The GPU check script on a machine without a GPU: every phase, and the preflight, reports
+``skip``; emulated on CPU, the phases' code runs and passes (the GPU measurements are left out), so the script that waits
 for a GPU machine is itself exercised here."""
 
 import json
@@ -28,6 +28,7 @@ def test_without_a_gpu_every_phase_is_skipped(tmp_path):
                                         "c_training_state_offload", "d_cuda_ipc_weight_push",
                                         "e_main_job_backend_gpu", "f_sglang"]
     assert {p["status"] for p in report["phases"].values()} == {"skip"} and report["passed"] is False
+    assert report["preflight"] == {"status": "skip", "reason": "no CUDA device"}  # nothing to import for
     assert json.loads(r.stdout) == report
 
 
