@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Does SmolLM2-135M-Instruct learn small sums through the main job?  Held-out pass rate before and after.
 
-    python bench/real_learning.py --seeds 0 [--minutes 75 | --steps N] [--temperature 0.7] [--out runs/real-learning]
+    python bench/real_learning.py --seeds 0 [--minutes 65 | --steps N] [--temperature 0.7] [--out runs/real-learning]
     python bench/real_learning.py --seeds 0 --resume          # continue each seed's run from its last checkpoint
     python bench/real_learning.py --seeds 0 --eval-only       # only the "before" evaluation
 
@@ -237,11 +237,11 @@ def run_seed(seed: int, model_dir: str, a: argparse.Namespace) -> dict[str, Any]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--minutes", type=float, default=75.0, help="Training wall time when --steps is not given.")
+    p.add_argument("--minutes", type=float, default=65.0, help="Training wall time when --steps is not given.")
     p.add_argument("--steps", type=int, default=None, help="Optimizer steps (instead of --minutes).")
     p.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature of training and of the "
                    "sampled evaluation.")
-    p.add_argument("--sampled-attempts", type=int, default=2, help="Sampled attempts per held-out task.")
+    p.add_argument("--sampled-attempts", type=int, default=4, help="Sampled attempts per held-out task.")
     p.add_argument("--heldout-size", type=int, default=64)
     p.add_argument("--eval-concurrency", type=int, default=4)
     p.add_argument("--eval-seed", type=int, default=0, help="The evaluation engine's sampling seed.")

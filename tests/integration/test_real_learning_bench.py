@@ -59,8 +59,8 @@ def test_arguments():
     a = rl.parse(["--seeds", "0", "3", "--steps", "2", "--temperature", "0.5", "--resume", "--", "--lr", "1e-6"])
     assert a.seeds == [0, 3] and a.steps == 2 and a.temperature == 0.5 and a.resume and a.extra == ["--lr", "1e-6"]
     d = rl.parse([])
-    assert (d.seeds, d.steps, d.minutes, d.temperature, d.sampled_attempts, d.heldout_size) == ([0], None, 75.0, 0.7,
-                                                                                                  2, 64)
+    assert (d.seeds, d.steps, d.minutes, d.temperature, d.sampled_attempts, d.heldout_size) == ([0], None, 65.0, 0.7,
+                                                                                                  4, 64)
     for bad in (["--steps", "0"], ["--temperature", "0"], ["--minutes", "-1"], ["--sampled-attempts", "0"]):
         with pytest.raises(SystemExit) as e:
             rl.parse(bad)
