@@ -50,11 +50,17 @@ def _proxy(args: argparse.Namespace, model_dir: str, out: Path, temperature: flo
 def evaluate(model_dir: str, tasks_path: str, *, temperature: float, attempts: int, out: Path,
              job_flags: Sequence[str] = (), concurrency: int = 4, seed: int = 0) -> dict[str, Any]:
     """Run every task of ``tasks_path`` ``attempts`` times against ``model_dir``; returns
-    ``{"passed", "n", "pass_rate", "excluded", "temperature", "wall_s", "per_task": {id: [reward, ...]}}``.
+    ``{"passed", "n", "pass_rate", "not_assessed", "temperature", "wall_s", "per_task": {id: [reward, ...]}}``.
 
     ``job_flags`` are main-job flags (e.g. ``--config FILE``) that set the harness and the proxy's
-    limits; an attempt the evaluator could not assess (``EXCLUDED``) counts as a failure and in
-    ``excluded``.  Every attempt's final reply is kept in ``out/replies.jsonl``.
+    limits.  An attempt that was not assessed counts as a failure and in ``not_assessed`` (by
+    status: ``excluded``, the evaluator could not assess it; ``placeholder``, the harness closed
+    without assessable work, e.g. its workspace could not be set up).  Every attempt's final reply
+    is kept in ``out/replies.jsonl``.
+
+    Raises:
+        FileExistsError: ``out`` exists and is not empty (execution ids repeat between evaluations).
+        ValueError: the task file has bad tasks or none.
     """
     from gyre.arguments import parse_args
     from gyre.evaluation import AssessmentLog, RewardManager
@@ -67,6 +73,8 @@ def evaluate(model_dir: str, tasks_path: str, *, temperature: float, attempts: i
     from gyre.runtime.pipeline import ExecutionKey, run_execution
     from gyre.tasks import load_tasks
 
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty")
     out.mkdir(parents=True, exist_ok=True)
     args = parse_args([*job_flags, "--model-dir", str(model_dir), "--tasks", str(tasks_path), "--run-dir", str(out),
                        "--seed", str(seed)], prog="heldout_eval")
@@ -110,8 +118,12 @@ def evaluate(model_dir: str, tasks_path: str, *, temperature: float, attempts: i
             per_task.setdefault(tid, []).append(reward)
             f.write(json.dumps({"task": tid, "reward": reward, "status": status, "reply": reply}) + "\n")
     passed = sum(1 for _, r, _, _ in results if r >= 1.0)
+    not_assessed: dict[str, int] = {}
+    for _, _, status, _ in results:
+        if status != "valid":
+            not_assessed[status] = not_assessed.get(status, 0) + 1
     return {"passed": passed, "n": len(results), "pass_rate": passed / len(results),
-            "excluded": sum(1 for _, _, s, _ in results if s == "excluded"), "temperature": temperature,
+            "not_assessed": not_assessed, "temperature": temperature,
             "wall_s": round(time.monotonic() - t0, 1), "per_task": per_task}
 
 

@@ -4,6 +4,7 @@
     python bench/real_learning.py --seeds 0 [--minutes 65 | --steps N] [--temperature 0.7] [--out runs/real-learning]
     python bench/real_learning.py --seeds 0 --resume          # continue each seed's run from its last checkpoint
     python bench/real_learning.py --seeds 0 --eval-only       # only the "before" evaluation
+    python bench/real_learning.py --seeds 0 --smoke --steps 2 # a quick end-to-end check (8 held-out tasks)
 
 Per seed, in ``OUT/seed-S/``:
 
@@ -31,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +47,8 @@ CONFIG = ROOT / "examples" / "cpu_smollm2_learning.yaml"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minloglevel="2",
            TRANSFORMERS_VERBOSITY="error")
 Z95 = 1.959963984540054
+#: Main-job flags of ``--smoke``: small steps, a checkpoint after each.
+SMOKE_JOB_FLAGS = ("--global-batch-groups", "2", "--n-samples-per-prompt", "4", "--save-interval", "1")
 
 
 # --------------------------------------------------------------------------- statistics (pure)
@@ -153,19 +157,22 @@ def plot(path: Path, steps: list[int], rewards: list[float], summary: dict[str, 
 
 
 def evaluate_both(model_dir: str, heldout: Path, out: Path, a: argparse.Namespace) -> dict[str, dict]:
-    """Greedy and sampled evaluations of ``model_dir`` on ``heldout`` (``bench/heldout_eval.py``)."""
+    """Greedy and sampled evaluations of ``model_dir`` on ``heldout`` (``bench/heldout_eval.py``) into
+    ``out/greedy`` and ``out/sampled`` (an earlier evaluation's files there are removed first)."""
     from bench.heldout_eval import evaluate
 
     res = {}
     for mode, temperature, attempts in (("greedy", 0.0, 1), ("sampled", a.temperature, a.sampled_attempts)):
+        shutil.rmtree(out / mode, ignore_errors=True)
         r = evaluate(model_dir, str(heldout), temperature=temperature, attempts=attempts, out=out / mode,
                      job_flags=["--config", str(CONFIG)], concurrency=a.eval_concurrency, seed=a.eval_seed)
-        res[mode] = {k: r[k] for k in ("passed", "n", "pass_rate", "excluded", "temperature", "wall_s")}
+        res[mode] = {k: r[k] for k in ("passed", "n", "pass_rate", "not_assessed", "temperature", "wall_s")}
     return res
 
 
-def train(seed: int, model_dir: str, train_tasks: Path, job: Path, a: argparse.Namespace) -> int:
-    """Run the main job; returns its exit status (SIGTERM at the ``--minutes`` deadline counts as done)."""
+def train(seed: int, model_dir: str, train_tasks: Path, job: Path, a: argparse.Namespace) -> int | str:
+    """Run the main job; returns its exit status, or ``"deadline"`` when it was stopped with SIGTERM
+    at the ``--minutes`` deadline (its last checkpoint is the result)."""
     steps = a.steps if a.steps is not None else 10_000
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(a.nproc),
            str(ROOT / "pretrain_gyre.py"), "--config", str(CONFIG), "--model-dir", model_dir, "--seed", str(seed),
@@ -185,7 +192,7 @@ def train(seed: int, model_dir: str, train_tasks: Path, job: Path, a: argparse.N
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            return 0
+            return "deadline"
     return rc
 
 
@@ -219,7 +226,7 @@ def run_seed(seed: int, model_dir: str, a: argparse.Namespace) -> dict[str, Any]
     train_minutes = (time.monotonic() - t_train) / 60
     ckpt = last_checkpoint(job)
     if ckpt is None:
-        return {**result, "error": f"main job exit {rc}, no checkpoint (see {root / 'job.log'})"}
+        return {**result, "error": f"main job ended ({rc}) without a checkpoint (see {root / 'job.log'})"}
     after = evaluate_both(str(ckpt), heldout, root / "eval_after", a)
     (root / "eval_after.json").write_text(json.dumps({**after, "checkpoint": str(ckpt)}, indent=1))
     summary = summarise(before, after)
@@ -250,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(ROOT / "runs" / "real-learning"))
     p.add_argument("--resume", action="store_true", help="Continue each seed's job from its last checkpoint.")
     p.add_argument("--eval-only", action="store_true", help="Only the evaluation of the starting model.")
+    p.add_argument("--smoke", action="store_true", help="A quick end-to-end check, not a measurement: "
+                   f"--heldout-size 8, --sampled-attempts 1 and main-job flags {' '.join(SMOKE_JOB_FLAGS)}.")
     p.add_argument("--min-rise", type=float, default=0.10)
     p.add_argument("--max-minutes", type=float, default=90.0)
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra pretrain_gyre.py flags")
@@ -260,6 +269,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     a = p.parse_args(argv)
     a.extra = [x for x in a.extra if x != "--"]
+    if a.smoke:
+        a.heldout_size, a.sampled_attempts, a.extra = 8, 1, [*SMOKE_JOB_FLAGS, *a.extra]
     if a.steps is not None and a.steps < 1:
         p.error("--steps must be >= 1")
     if a.minutes <= 0 or a.sampled_attempts < 1 or a.heldout_size < 1:

@@ -61,6 +61,9 @@ def test_arguments():
     d = rl.parse([])
     assert (d.seeds, d.steps, d.minutes, d.temperature, d.sampled_attempts, d.heldout_size) == ([0], None, 65.0, 0.7,
                                                                                                   4, 64)
+    s = rl.parse(["--smoke", "--steps", "2", "--", "--lr", "1e-6"])
+    assert (s.heldout_size, s.sampled_attempts) == (8, 1)
+    assert s.extra == ["--global-batch-groups", "2", "--n-samples-per-prompt", "4", "--save-interval", "1", "--lr", "1e-6"]
     for bad in (["--steps", "0"], ["--temperature", "0"], ["--minutes", "-1"], ["--sampled-attempts", "0"]):
         with pytest.raises(SystemExit) as e:
             rl.parse(bad)
