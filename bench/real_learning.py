@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--minutes", type=float, default=65.0, help="Training wall time when --steps is not given.")
-    p.add_argument("--steps", type=int, default=None, help="Optimizer steps (instead of --minutes).")
+    p.add_argument("--steps", type=int, default=None, help="The run's total optimizer steps, counted from its start "
+                   "with --resume too (instead of --minutes).")
     p.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature of training and of the "
                    "sampled evaluation.")
     p.add_argument("--sampled-attempts", type=int, default=4, help="Sampled attempts per held-out task.")
