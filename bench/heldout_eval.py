@@ -1,6 +1,6 @@
 """Held-out evaluation of a model directory through the main job's execution path.
 
-One embedded engine (:class:`gyre.rollout.embedded_server.EngineServer`) serves ``model_dir``; a
+One embedded engine (:class:`gyre.rollout.embedded.server.EngineServer`) serves ``model_dir``; a
 :class:`gyre.proxy.server.ProxyServer` with the main job's proxy settings (default sampling
 temperature = the evaluation's) fronts it; the run's harness (:func:`gyre.harness.harness_from_args`
 of the same flags the main job parses, e.g. the reference agent as its own process) runs each task
@@ -16,6 +16,7 @@ prints one JSON object: ``passed``, ``n``, ``pass_rate``, ``temperature`` and ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -30,19 +31,16 @@ __all__ = ["evaluate", "main"]
 
 
 def _proxy(args: argparse.Namespace, model_dir: str, out: Path, temperature: float):
+    """The main job's proxy settings (:meth:`ProxyConfig.from_args`) with ``temperature`` as the
+    default sampling temperature (0: greedy, which the main job's flags do not allow)."""
     from gyre.embedded_model import load_tokenizer
+    from gyre.proxy.config import ProxyConfig
     from gyre.proxy.render import ChatRenderer
-    from gyre.proxy.request_body import limits_from_args
-    from gyre.proxy.server import ProxyConfig, ProxyServer
+    from gyre.proxy.server import ProxyServer
     from gyre.trajectory.store import TrajectoryStore
 
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    config = ProxyConfig(model_name="gyre-policy", default_max_tokens=args.rollout_max_new_tokens,
-                         max_tokens_cap=args.rollout_max_new_tokens,
-                         max_context_tokens=args.rollout_max_context_tokens
-                         or min(int(cfg.get("max_position_embeddings", args.seq_length)), args.seq_length),
-                         default_sampling={"temperature": temperature, "top_p": args.rollout_top_p},
-                         ).with_limits(limits_from_args(args))
+    config = ProxyConfig.from_args(args, model_dir)
+    config = dataclasses.replace(config, default_sampling={**config.default_sampling, "temperature": temperature})
     return ProxyServer(ChatRenderer(load_tokenizer(model_dir)),
                        store=TrajectoryStore(out / "records", fsync_every=0, max_open=1024), config=config)
 
@@ -66,9 +64,9 @@ def evaluate(model_dir: str, tasks_path: str, *, temperature: float, attempts: i
     from gyre.evaluation import AssessmentLog, RewardManager
     from gyre.harness import ProxyEndpoint, harness_from_args
     from gyre.proxy.engines import ClientEngine
-    from gyre.rollout.config import EngineConfig
-    from gyre.rollout.embedded_server import EngineServer
-    from gyre.rollout.engine_client import AsyncEngineClient
+    from gyre.rollout.client.async_client import AsyncEngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.server import EngineServer
     from gyre.runtime.config import ControllerConfig
     from gyre.runtime.pipeline import ExecutionKey, run_execution
     from gyre.tasks import load_tasks
