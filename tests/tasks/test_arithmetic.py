@@ -85,3 +85,18 @@ def test_rule_scores_known_replies(tmp_path):
     assert score(task, tmp_path, "3 is wrong, it is 4") == 0.0
     assert score(task, tmp_path, "three") == 0.0
     assert score(task, tmp_path, None) == 0.0  # the harness said nothing
+
+
+def test_rule_without_an_integer_answer_is_unresolved():
+    from types import SimpleNamespace
+
+    from gyre.evaluation import Unresolved
+    from gyre.tasks.rules import final_message_last_number
+
+    def result(meta):
+        return SimpleNamespace(target=SimpleNamespace(metadata=meta))
+
+    assert final_message_last_number(result({"answer": "12", "final_message": "7 + 5 = 12"}))[0] == 1.0
+    for meta in ({"final_message": "12"}, {"answer": "twelve", "final_message": "12"}):
+        with pytest.raises(Unresolved):
+            final_message_last_number(result(meta))
