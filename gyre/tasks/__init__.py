@@ -9,7 +9,8 @@ Usage by the main job::
 
 ``python -m gyre.tasks PATH...`` checks task files and prints one line per problem.
 Spec format: :mod:`gyre.tasks.spec`; file shapes: :mod:`gyre.tasks.loader`; workspaces:
-:mod:`gyre.tasks.workspace`; the scoring rules of the example task sets: :mod:`gyre.tasks.rules`.
+:mod:`gyre.tasks.workspace`; the scoring rules of the example task sets: :mod:`gyre.tasks.rules`; a
+generated task family with a seeded held-out split (small sums): :mod:`gyre.tasks.arithmetic`.
 """
 
 from gyre.tasks.loader import TASK_FILE_SUFFIXES, TaskLoadError, TaskLoadResult, find_task_files, load_tasks

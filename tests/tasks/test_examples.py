@@ -38,7 +38,8 @@ def test_sets_and_counts(tasks):
     sets = {}
     for t in tasks.values():
         sets.setdefault(t.metadata["set"], []).append(t.id)
-    assert {k: len(v) for k, v in sets.items()} == {"bugfix": 4, "nl2repo": 1, "terminal": 4, "toy": 20, "judge": 2}
+    assert {k: len(v) for k, v in sets.items()} == {"bugfix": 4, "nl2repo": 1, "terminal": 4, "toy": 20, "judge": 2,
+                                                        "arith": 200}
     for t in tasks.values():
         if t.metadata["set"] == "judge":  # a model reads the workspace: no evaluator-only file to hide
             assert t.evaluator["type"] == "judge" and t.evaluator["rubric"].startswith("10: ")
