@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from filelock import FileLock
 
@@ -263,12 +263,23 @@ def ensure_tiny_model(kind: TokenizerKind = "local", cache_dir: str | os.PathLik
     target = root / f"tiny-qwen3-{kind}-v{_FORMAT_VERSION}"
     if (target / "gyre_model.json").exists():
         return target
+    return build_cached_dir(target, "gyre_model.json", lambda tmp: build_tiny_model(tmp, kind))
+
+
+def build_cached_dir(target: Path, marker: str, build: Callable[[Path], object]) -> Path:
+    """Return ``target`` once it holds ``marker``, building it with ``build(tmp)`` if it does not.
+
+    Concurrent callers (torchrun ranks, test workers) serialise on a lock file beside ``target``;
+    ``build`` writes into a temporary sibling that is renamed into place, so a half-written
+    directory is never visible and a failed build leaves nothing behind."""
+    root = target.parent
+    root.mkdir(parents=True, exist_ok=True)
     with FileLock(root / f".{target.name}.lock"):
-        if (target / "gyre_model.json").exists():
+        if (target / marker).exists():
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
         try:
-            build_tiny_model(tmp, kind)
+            build(tmp)
             if target.exists():
                 shutil.rmtree(target)
             tmp.rename(target)

