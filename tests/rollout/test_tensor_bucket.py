@@ -153,3 +153,47 @@ def test_the_sglang_cell_client_sends_one_payload_per_engine_rank(tiny_model_dir
     finally:
         server.stop()
         ref.stop()
+
+
+def test_an_embedded_servers_own_client_pushes_weights_by_shared_memory(tiny_model_dir):
+    """``EngineServer.client()`` sends ``named_tensors`` as one shared-memory bucket (a few KB of
+    request for the whole model) and the engine then generates exactly what an engine loaded by value
+    does; a client without the option sends the bytes."""
+    import httpx
+
+    from gyre.rollout.client.engine_client import EngineClient
+    from gyre.rollout.embedded.config import EngineConfig
+    from gyre.rollout.embedded.model_runner import read_weights
+    from gyre.rollout.embedded.server import EngineServer
+
+    bodies: list[tuple[str, int]] = []
+
+    class Recording(httpx.HTTPTransport):
+        def handle_request(self, request):
+            if request.url.path == "/update_weights_from_tensor":
+                request.read()
+                bodies.append((request.url.path, len(request.content)))
+            return super().handle_request(request)
+
+    server = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    ref = EngineServer(EngineConfig(model_dir=str(tiny_model_dir))).start()
+    try:
+        assert server.client().shared_memory_weights
+        client = EngineClient(server.url, timeout=120, transport=Recording(), shared_memory_weights=True)
+        by_value = EngineClient(ref.url, timeout=120, transport=Recording())
+        g = torch.Generator().manual_seed(3)
+        new = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in read_weights(tiny_model_dir).items()}
+        model_bytes = sum(t.numel() * t.element_size() for t in new.values())
+        greedy = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+        prompt = [17, 23, 99, 512, 7]
+        before = client.generate(prompt, greedy).output_ids
+        client.update_weights_from_tensor(new, weight_version="v2")
+        by_value.update_weights_from_tensor(new, weight_version="v2")
+        after, expected = client.generate(prompt, greedy), by_value.generate(prompt, greedy)
+        assert after.weight_version == "v2"
+        assert after.output_ids == expected.output_ids != before
+        (_, shm_body), (_, value_body) = bodies
+        assert shm_body < 64 << 10 < model_bytes < value_body
+    finally:
+        server.stop()
+        ref.stop()

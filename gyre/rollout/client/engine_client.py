@@ -80,11 +80,15 @@ class EngineClient(ClientBase):
         base_url: engine address.
         timeout: seconds per HTTP operation (``None``: no limit); connect timeout is 10 s.
         transport: optional ``httpx`` transport (tests).
+        shared_memory_weights: send ``named_tensors`` of :meth:`update_weights_from_tensor` as a
+            shared-memory bucket (:mod:`gyre.rollout.tensor_bucket`) instead of their bytes: for an
+            embedded engine on this host only (its own process or another one here).
     """
 
     def __init__(self, base_url: str, *, timeout: float | None = 600.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, shared_memory_weights: bool = False):
         super().__init__(base_url, timeout)
+        self.shared_memory_weights = shared_memory_weights
         self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, transport=transport, limits=HTTP_LIMITS)
 
     def close(self) -> None:
@@ -222,8 +226,10 @@ class EngineClient(ClientBase):
         """Update weights from tensors.
 
         ``named_tensors`` is serialised in the embedded engine's CPU format
-        (:func:`gyre.rollout.weights.serialize_named_tensors`); for a real SGLang server pass
-        ``serialized_named_tensors`` built by SGLang's own serializer (one per TP rank).
+        (:func:`gyre.rollout.weights.serialize_named_tensors`), or, with ``shared_memory_weights``,
+        copied to the host into one shared-memory bucket whose handle is sent (``load_format
+        "flattened_bucket"``; the bucket is kept until the engine has answered); for a real SGLang
+        server pass ``serialized_named_tensors`` built by SGLang's own serializer (one per TP rank).
 
         Raises:
             ValueError: ``named_tensors`` for a server that reports an SGLang version (that payload
@@ -231,6 +237,13 @@ class EngineClient(ClientBase):
         """
         if named_tensors is not None:
             self._refuse_sglang(self.get_server_info)
+            if self.shared_memory_weights and serialized_named_tensors is None:
+                from gyre.rollout.tensor_bucket import LOAD_FORMAT as FLAT_BUCKET, FlatBucket
+
+                items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+                bucket = FlatBucket.pack([(n, t.detach().cpu()) for n, t in items])  # kept until the engine answers
+                return self._do(op_update_weights_from_tensor([bucket.serialize()], FLAT_BUCKET, weight_version,
+                                                              abort_all_requests, flush_cache))
         payloads = tensor_payloads(named_tensors, serialized_named_tensors)
         return self._do(op_update_weights_from_tensor(payloads, load_format, weight_version, abort_all_requests,
                                                       flush_cache))

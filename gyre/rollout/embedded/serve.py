@@ -194,9 +194,11 @@ class EmbeddedEngineProcess:
         return self.proc.returncode
 
     def client(self, timeout: float | None = 600.0):
+        """An :class:`~gyre.rollout.client.engine_client.EngineClient` for this engine, pushing tensor
+        weights by shared memory (the engine runs on this host)."""
         from gyre.rollout.client.engine_client import EngineClient
 
-        return EngineClient(self.url, timeout=timeout)
+        return EngineClient(self.url, timeout=timeout, shared_memory_weights=True)
 
     def __enter__(self) -> "EmbeddedEngineProcess":
         return self.start()

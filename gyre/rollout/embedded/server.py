@@ -176,10 +176,11 @@ class EngineServer:
         self.sock.close()
 
     def client(self, timeout: float | None = 600.0):
-        """An :class:`~gyre.rollout.client.engine_client.EngineClient` for this server."""
+        """An :class:`~gyre.rollout.client.engine_client.EngineClient` for this server, pushing tensor
+        weights by shared memory (the server is in this process)."""
         from gyre.rollout.client.engine_client import EngineClient
 
-        return EngineClient(self.url, timeout=timeout)
+        return EngineClient(self.url, timeout=timeout, shared_memory_weights=True)
 
     def __enter__(self) -> "EngineServer":
         return self.start()
