@@ -296,7 +296,9 @@ class ProxyServer(ExecutionAdmin):
             body, req, parse_s, normalize_s = await self.intake.decode(api, raw, encoding)
             del raw
             headers = {k.lower(): v for k, v in request.headers.items()}
-            role, meta, prep = await self.intake.prepare(ex, req, headers, body)
+            role, meta = self.intake.classify(ex, req, headers, body)
+            del body  # not held while the input is prepared and generated (req keeps what is needed)
+            prep = await self.intake.prepare(ex, req)
             prep.timings["parse_s"] = parse_s
             prep.timings["normalize_s"] = normalize_s
             n_in = int(prep.input_ids.shape[0])
@@ -379,7 +381,7 @@ class ProxyServer(ExecutionAdmin):
             return Response(status_code=499)
         _, req, _, _ = await self.intake.decode("anthropic", raw, request.headers.get("content-encoding", ""),
                                                 count_tokens=True)
-        _, _, prep = await self.intake.prepare(ex, req, {k.lower(): v for k, v in request.headers.items()})
+        prep = await self.intake.prepare(ex, req)
         return JSONResponse({"input_tokens": int(prep.input_ids.shape[0])})
 
     def _models_body(self) -> dict[str, Any]:
