@@ -51,8 +51,8 @@ def send(url: str, case: Case, key: str, *, timeout: float = 10.0, retry: int | 
     s = socket.create_connection((host, int(port)), timeout=timeout)
     got = bytearray()
     try:
-        sender = threading.Thread(target=_send_all, args=(s, _parts(head.encode(), case), case.send == "declared_closed"),
-                                  daemon=True)
+        parts = _parts(head.encode(), case)
+        sender = threading.Thread(target=_send_all, args=(s, parts, case.send == "declared_closed"), daemon=True)
         sender.start()
         limit = t0 + (drop_after if drop_after is not None else timeout)
         while True:
