@@ -66,8 +66,10 @@ class ProxyConfig:
       objects that survived it are frozen (:mod:`gyre.proxy.gc_policy`; ``None``: never);
       ``gc_unfreeze_interval_s`` -- how often they are handed back to the collector;
       ``heap_trim_interval_s`` -- how often the C heap's free pages go back to the operating
-      system (:class:`~gyre.proxy.gc_policy.HeapTrimmer`; ``None``: never). The first server of
-      a process sets them for the whole process.
+      system (:class:`~gyre.proxy.gc_policy.HeapTrimmer`; ``None``: never);
+      ``malloc_arena_max`` -- the most C heap arenas of the threads started afterwards
+      (:func:`~gyre.proxy.gc_policy.limit_malloc_arenas`, glibc only; ``None``: glibc's default,
+      eight per core). The first server of a process sets them for the whole process.
     """
 
     model_name: str = "gyre"
@@ -97,6 +99,7 @@ class ProxyConfig:
     gc_freeze_after_ms: float | None = 20.0
     gc_unfreeze_interval_s: float = 1800.0
     heap_trim_interval_s: float | None = 60.0
+    malloc_arena_max: int | None = 1
 
     @classmethod
     def from_args(cls, args: Any, model_dir: Any) -> "ProxyConfig":

@@ -26,6 +26,13 @@ trimmer hands those pages back to the operating system (glibc's ``malloc_trim``;
 C library is not glibc), off the event loop. Not much more often: pages handed back and soon
 reused are faulted in again (docs/proxy.md gives ``bench/scale.py``'s CPU per call at both
 intervals).
+
+:func:`limit_malloc_arenas`: glibc gives each thread that allocates its own heap (an *arena*), up to
+eight per core, and memory freed in one arena serves only that arena's threads. A request rendered
+and encoded on a worker thread whose arena is new grows the resident memory by the request's whole
+working memory even when the process holds that much freed memory elsewhere. Capping the arenas
+(``mallopt(M_ARENA_MAX)``) makes threads started afterwards share the existing ones; threads whose
+arena already exists keep it. Nothing where the C library is not glibc.
 """
 
 from __future__ import annotations
@@ -35,9 +42,9 @@ import ctypes.util
 import gc
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
-__all__ = ["CollectorPolicy", "HeapTrimmer"]
+__all__ = ["CollectorPolicy", "HeapTrimmer", "limit_malloc_arenas", "install_arena_limit"]
 
 
 class CollectorPolicy:
@@ -106,15 +113,51 @@ class CollectorPolicy:
                 "unfreezes": self.unfreezes, "frozen_objects": self.frozen_objects}
 
 
-def _glibc_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or ``None`` (another C library, or no C library found)."""
+def _glibc(name: str) -> Any:
+    """glibc's function ``name`` (ctypes), or ``None`` (another C library, or no C library found).
+    ``malloc_trim`` and ``mallopt`` exist only in glibc, so finding them is the test for it."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+
+
+def _glibc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` (another C library, or no C library found)."""
+    fn = _glibc("malloc_trim")
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
     return fn
+
+
+#: glibc's ``mallopt`` parameter for the most arenas (malloc.h)
+M_ARENA_MAX = -8
+
+
+def limit_malloc_arenas(n: int | None, *, mallopt: Callable[[int, int], int] | None = None) -> bool:
+    """Cap glibc's malloc arenas at ``n`` for the threads that start allocating from now on (module
+    docstring); ``None`` leaves them. Returns whether the cap was set: ``False`` for ``None``, where
+    the C library is not glibc, or where ``mallopt`` refused. ``mallopt``: injected for tests."""
+    if n is None:
+        return False
+    if n < 1:
+        raise ValueError(f"malloc arenas must be at least 1, got {n}")
+    if mallopt is None:
+        mallopt = _glibc("mallopt")
+        if mallopt is None:
+            return False
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_ARENA_MAX, int(n)) == 1
+
+
+_arena_limit: list[bool] = []  # the first install's result
+
+
+def install_arena_limit(n: int | None) -> bool:
+    """:func:`limit_malloc_arenas` once per process (the first call sets it); whether it was set."""
+    if not _arena_limit:
+        _arena_limit.append(limit_malloc_arenas(n))
+    return _arena_limit[0]
 
 
 def _rss_bytes() -> int:

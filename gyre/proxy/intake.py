@@ -31,6 +31,7 @@ from gyre.proxy.roles import classify_role, harness_metadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from gyre.proxy.admin import Execution
+    from gyre.proxy.tito_input import PreparedInput
 
 __all__ = ["RequestIntake", "choose_role", "capped_metadata", "ROLES"]
 
@@ -134,23 +135,28 @@ class RequestIntake:
         check_prompt_size(req, self.config.max_context_tokens, self.renderer.tokenizer, kept=self.renderer.kept_parts)
         return body, req, t1 - t0, time.perf_counter() - t1
 
-    async def prepare(self, ex: "Execution", req: ChatRequest, headers: dict[str, str], body: Any = None):
-        """``(role, metadata, prepared input)`` of a decoded request (headers lower-cased);
-        a conversation the chat template cannot render is a 400, and so is a prompt longer than
-        the context, found while its new text is encoded (which then stops)."""
+    def classify(self, ex: "Execution", req: ChatRequest, headers: dict[str, str],
+                 body: Any = None) -> tuple[str, dict[str, Any]]:
+        """``(role, metadata)`` of a decoded request (headers lower-cased): the only step that reads
+        the parsed body, so the caller can let it go before :meth:`prepare`."""
         harness = ex.harness if ex.harness in ("claude-code", "codex") else None
         role = choose_role(ex, req, headers, body)
         meta = harness_metadata(headers, harness)
         meta["api"] = req.api
         if ex.task_id is not None:
             meta["task_id"] = ex.task_id
+        return role, meta
+
+    async def prepare(self, ex: "Execution", req: ChatRequest) -> PreparedInput:
+        """The prepared input of a decoded request; a conversation the chat template cannot render
+        is a 400, and so is a prompt longer than the context, found while its new text is encoded
+        (which then stops)."""
         try:
-            prep = await ex.session.prepare_async(req, self.encoders, self.config.max_context_tokens - 1)
+            return await ex.session.prepare_async(req, self.encoders, self.config.max_context_tokens - 1)
         except ProxyError:  # the prompt is too long
             raise
         except Exception as exc:  # RenderError, or jinja errors (e.g. raise_exception in the template)
             raise ProxyError(400, f"cannot render the conversation with the model's chat template: {exc}") from None
-        return role, meta, prep
 
     def sampling(self, req: ChatRequest, n_in: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(engine sampling parameters, cap metadata)`` for a request whose input is ``n_in``

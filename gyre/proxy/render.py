@@ -280,11 +280,12 @@ class ChatRenderer:
             if t_prev is not None and t.startswith(t_prev):
                 # the boundary between new[j-1] and new[j] is cuttable: close new[gs..j-1]
                 segments.append(Segment(gs, j - 1, enc(t_prev[len(base):])))
+                del t  # neither rendering is held while the new window renders (a long message is in both)
+                t_prev = None
                 win = [dicts[j - 1]]
                 use_tools = None
                 base = self.render(win, None, template_kwargs=kw)
                 gs = j
-                t_prev = None
                 continue  # re-render new[j] in the new window
             t_prev = t
             j += 1

@@ -9,7 +9,8 @@ body as hostile until it has passed these checks, in this order:
 2. :func:`inflate` -- a ``gzip`` / ``deflate`` body is inflated in a streaming way with an
    output limit of ``max_body_bytes`` (413 at the first byte over it), so a small compressed body
    cannot become gigabytes; the server runs it off the event loop (zlib releases the GIL).
-3. :func:`decode_json` -- JSON by orjson where it reads as the standard library does, else by the
+3. :func:`decode_json` -- JSON by orjson where it reads as the standard library does and the body
+   is small beside the cap (orjson's working memory is 13-18 times the body), else by the
    standard library; then one pass over the value refuses (400) nesting deeper than
    ``max_json_depth`` and values that cannot be represented on the way out: strings holding a
    lone surrogate (they cannot be encoded as UTF-8, so nothing could echo or forward them) and
@@ -35,7 +36,7 @@ from gyre.proxy.errors import ProxyError
 from gyre.proxy.messages import ROLE_TOOL, ChatRequest
 
 __all__ = ["RequestLimits", "limits_from_args", "read_body", "read_json", "inflate", "decode_json", "check_json_value",
-           "check_body_counts", "check_request_counts"]
+           "check_body_counts", "check_request_counts", "parses_with_orjson", "ORJSON_MAX_SHARE"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +150,27 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 #: orjson reads an integer literal beyond 64 bits as a float; a float this large sends the body to
 #: the standard library's parser, which keeps such integers exact.
 _FLOAT_FROM_BIG_INT = 2.0 ** 63
+#: orjson parses a body at most ``max_body_bytes / ORJSON_MAX_SHARE`` long: its working memory (the
+#: yyjson document it builds, sized by the body's length) peaks at 13-18 times the body, the standard
+#: library's at 2-8 times, so a body orjson parses costs at most about the cap at its peak
+#: (docs/proxy.md, "Hostile bodies").
+ORJSON_MAX_SHARE = 16
+
+
+def parses_with_orjson(n: int, max_body_bytes: int) -> bool:
+    """Whether :func:`decode_json` first tries orjson on a body of ``n`` bytes (:data:`ORJSON_MAX_SHARE`)."""
+    return n * ORJSON_MAX_SHARE <= max_body_bytes
 
 
 def decode_json(raw: bytes | bytearray, encoding: str = "", limits: RequestLimits | None = None) -> Any:
     """The JSON value of a body sent with ``Content-Encoding: encoding``, checked by
-    :func:`check_json_value` (module docstring, steps 2-3). orjson reads it (faster than the
-    standard library: docs/proxy.md, "Parsing the request") unless orjson's reading could differ from
-    ``json.loads`` -- orjson refuses what the standard library accepts (``NaN``, ``1e400``, a lone
-    surrogate escape) and reads integer literals beyond 64 bits as floats -- and every body orjson
-    refuses goes to the standard library, whose errors are the ones reported.
+    :func:`check_json_value` (module docstring, steps 2-3). orjson reads a body of at most
+    ``max_body_bytes / ORJSON_MAX_SHARE`` bytes (faster than the standard library: docs/proxy.md,
+    "Parsing the request"), unless orjson's reading could differ from ``json.loads`` -- orjson
+    refuses what the standard library accepts (``NaN``, ``1e400``, a lone surrogate escape) and reads
+    integer literals beyond 64 bits as floats; a longer body, and every body orjson refuses, goes to
+    the standard library (a lower peak of working memory), whose errors are the ones reported. The
+    value is the same whichever parser read it.
 
     Raises:
         ProxyError: as :func:`inflate`; 400 for bytes that are not UTF-8, text that is not JSON,
@@ -167,12 +180,14 @@ def decode_json(raw: bytes | bytearray, encoding: str = "", limits: RequestLimit
     raw = inflate(raw, encoding, limits.max_body_bytes)
     if len(raw) > limits.max_body_bytes:
         raise _too_large(len(raw), limits.max_body_bytes, "")
-    try:
-        value = orjson.loads(raw[3:] if raw.startswith(_UTF8_BOM) else raw)
-    except orjson.JSONDecodeError:
-        value = _NOT_PARSED
-    if value is not _NOT_PARSED and check_json_value(value, limits.max_json_depth, strict=False):
-        return value
+    if parses_with_orjson(len(raw), limits.max_body_bytes):
+        try:
+            value = orjson.loads(raw[3:] if raw.startswith(_UTF8_BOM) else raw)
+        except orjson.JSONDecodeError:
+            value = _NOT_PARSED
+        if value is not _NOT_PARSED and check_json_value(value, limits.max_json_depth, strict=False):
+            return value
+        value = None  # not held while the standard library parses
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

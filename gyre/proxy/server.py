@@ -40,7 +40,7 @@ from gyre.proxy.body_check import BodyChecker
 from gyre.proxy.commits import CallCommitter
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.errors import ProxyError, error_body
-from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer
+from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer, install_arena_limit
 from gyre.proxy.intake import RequestIntake
 from gyre.proxy.model_call import ModelCall
 from gyre.proxy.recorder import RecordSink
@@ -48,6 +48,7 @@ from gyre.proxy.render import ChatRenderer
 from gyre.proxy.request_body import read_body
 from gyre.proxy.retries import Preparing, RetryMemory, retry_count
 from gyre.proxy.router import Attempt, Router
+from gyre.rollout.client.token_json import prepare_table
 from gyre.trajectory.store import TrajectoryStore
 
 __all__ = ["ProxyConfig", "ProxyServer"]
@@ -120,6 +121,11 @@ class ProxyServer(ExecutionAdmin):
         self.retry_memory = RetryMemory(self.config.retry_memory_bytes)
         self.stop_ids = renderer.stop_ids
         self._rid = 0
+        # before the server's threads start: they share the C heap's arenas (gyre.proxy.gc_policy)
+        install_arena_limit(self.config.malloc_arena_max)
+        # the table that writes long prompts for the engine, built now rather than by the first long
+        # prompt's call (it takes several MB for a moment; gyre.rollout.client.token_json)
+        prepare_table(len(renderer.tokenizer))
         # tokenisation of new content runs off the event loop (the tokenizer releases the GIL)
         self._encoders = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-encode")
         # very large bodies are checked by a helper process first; one thread waits on it
@@ -290,7 +296,9 @@ class ProxyServer(ExecutionAdmin):
             body, req, parse_s, normalize_s = await self.intake.decode(api, raw, encoding)
             del raw
             headers = {k.lower(): v for k, v in request.headers.items()}
-            role, meta, prep = await self.intake.prepare(ex, req, headers, body)
+            role, meta = self.intake.classify(ex, req, headers, body)
+            del body  # not held while the input is prepared and generated (req keeps what is needed)
+            prep = await self.intake.prepare(ex, req)
             prep.timings["parse_s"] = parse_s
             prep.timings["normalize_s"] = normalize_s
             n_in = int(prep.input_ids.shape[0])
@@ -373,7 +381,7 @@ class ProxyServer(ExecutionAdmin):
             return Response(status_code=499)
         _, req, _, _ = await self.intake.decode("anthropic", raw, request.headers.get("content-encoding", ""),
                                                 count_tokens=True)
-        _, _, prep = await self.intake.prepare(ex, req, {k.lower(): v for k, v in request.headers.items()})
+        prep = await self.intake.prepare(ex, req)
         return JSONResponse({"input_tokens": int(prep.input_ids.shape[0])})
 
     def _models_body(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The proxy process's memory policy (gyre/proxy/gc_policy.py): pause accounting, the freeze
 after a long full collection, the periodic unfreeze (clock injected); the heap trimmer, with a
-fake clock and on glibc for real."""
+fake clock and on glibc for real; the cap on the C heap's arenas (mallopt injected, and on glibc
+for real)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import time
 
 import pytest
 
-from gyre.proxy.gc_policy import CollectorPolicy, HeapTrimmer, _glibc_malloc_trim
+from gyre.proxy import gc_policy
+from gyre.proxy.gc_policy import (M_ARENA_MAX, CollectorPolicy, HeapTrimmer, _glibc_malloc_trim, install_arena_limit,
+                                  limit_malloc_arenas)
 
 
 def _collection(policy: CollectorPolicy, generation: int, seconds: float) -> None:
@@ -83,3 +86,31 @@ def test_malloc_trim_gives_freed_heap_pages_back():
     t.trim()
     assert t.released_bytes > 20 << 20, (before, t.released_bytes)
     assert len(keep) == 100_000
+
+
+def test_the_arena_cap_is_set_through_mallopt_and_only_when_asked():
+    calls = []
+
+    def mallopt(param, value):
+        calls.append((param, value))
+        return 1
+
+    assert limit_malloc_arenas(2, mallopt=mallopt) and calls == [(M_ARENA_MAX, 2)]
+    assert not limit_malloc_arenas(None, mallopt=mallopt) and calls == [(M_ARENA_MAX, 2)]
+    assert not limit_malloc_arenas(1, mallopt=lambda p, v: 0)  # mallopt refused it
+    with pytest.raises(ValueError):
+        limit_malloc_arenas(0, mallopt=mallopt)
+
+
+def test_the_arena_cap_is_set_by_the_first_install_of_a_process(monkeypatch):
+    monkeypatch.setattr(gc_policy, "_arena_limit", [])
+    calls = []
+    monkeypatch.setattr(gc_policy, "limit_malloc_arenas", lambda n: calls.append(n) or n is not None)
+    assert install_arena_limit(1) and install_arena_limit(None) and calls == [1]
+
+
+def test_the_arena_cap_takes_on_glibc_and_is_a_no_op_elsewhere(monkeypatch):
+    # mallopt exists only in glibc: there the call succeeds, elsewhere nothing is called
+    assert limit_malloc_arenas(8) == (gc_policy._glibc("mallopt") is not None)
+    monkeypatch.setattr(gc_policy, "_glibc", lambda name: None)  # another C library
+    assert not limit_malloc_arenas(8)

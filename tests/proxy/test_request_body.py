@@ -1,6 +1,7 @@
 """Request bodies under limits (gyre/proxy/request_body.py): read, inflated and parsed with caps
-that hold before the cost is paid; orjson where it reads as the standard library does, else the
-standard library; values that cannot be represented on the way out refused."""
+that hold before the cost is paid; orjson where it reads as the standard library does and the body
+is at most 1/16 of the cap, else the standard library (the same value either way); values that
+cannot be represented on the way out refused."""
 
 import asyncio
 import gzip
@@ -13,7 +14,7 @@ import pytest
 from gyre.proxy import request_body
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.messages import ChatRequest, Message
-from gyre.proxy.request_body import (RequestLimits, check_body_counts, check_request_counts, decode_json, inflate,
+from gyre.proxy.request_body import (ORJSON_MAX_SHARE, RequestLimits, check_body_counts, check_request_counts, decode_json, inflate,
                                      read_body)
 
 BIG = 2**64 + 12345
@@ -29,7 +30,10 @@ def _parsers(monkeypatch):
         return real_orjson(raw)
 
     def spy_json(text):
-        seen[-1] = "stdlib"
+        if seen and seen[-1] == "orjson":
+            seen[-1] = "stdlib"  # orjson's reading was set aside
+        else:
+            seen.append("stdlib")  # a body too long for orjson
         return real_json(text)
 
     monkeypatch.setattr(request_body.orjson, "loads", spy_orjson)
@@ -239,3 +243,49 @@ def test_body_counts_are_refused_before_normalisation():
         with pytest.raises(ProxyError) as ei:
             check_body_counts(body, lim)
         assert ei.value.status == 400 and what in ei.value.message
+
+
+def _json_value(rnd: random.Random, depth: int = 0):
+    """A random JSON value: nested containers, unicode and escaped text, ints of every size, floats."""
+    kind = rnd.randrange(9 if depth < 4 else 5)
+    if kind == 0:
+        return rnd.choice([None, True, False])
+    if kind == 1:
+        return rnd.choice([0, -1, 2**63 - 1, -2**63, 2**64 - 1, BIG, -BIG, rnd.randint(-10**30, 10**30)])
+    if kind == 2:
+        return rnd.choice([0.0, -0.0, 1e19, 2.0**63, 1e-300, rnd.uniform(-1, 1) * 10 ** rnd.randint(-300, 300)])
+    if kind in (3, 4):
+        return "".join(rnd.choice(["a", " ", "\n", '"', "\\", "\u00e9", "\U0001f600", "\x00", "\u2028"])
+                       for _ in range(rnd.randrange(12)))
+    if kind in (5, 6):
+        return [_json_value(rnd, depth + 1) for _ in range(rnd.randrange(5))]
+    return {f"k{rnd.randrange(6)}": _json_value(rnd, depth + 1) for _ in range(rnd.randrange(5))}
+
+
+def _decoded(raw: bytes, max_body_bytes: int):
+    """``decode_json``'s value (as text that tells ints from floats) or its refusal."""
+    try:
+        return json.dumps(decode_json(raw, "", RequestLimits(max_body_bytes=max_body_bytes)), sort_keys=True)
+    except ProxyError as exc:
+        return (exc.status, exc.message)
+
+
+def test_orjson_parses_only_bodies_of_at_most_a_sixteenth_of_the_cap(monkeypatch):
+    raw = b'{"a": [1, 2.5, "x"]}'
+    seen = _parsers(monkeypatch)
+    for cap, parser in ((len(raw) * ORJSON_MAX_SHARE, "orjson"), (len(raw) * ORJSON_MAX_SHARE - 1, "stdlib"),
+                        (len(raw), "stdlib")):
+        seen.clear()
+        assert decode_json(raw, "", RequestLimits(max_body_bytes=cap)) == {"a": [1, 2.5, "x"]}
+        assert seen == [parser], cap
+
+
+def test_both_parsers_give_the_same_value_or_the_same_refusal():
+    rnd = random.Random(11)
+    bodies = [json.dumps({"v": _json_value(rnd)}, ensure_ascii=rnd.random() < 0.5).encode() for _ in range(400)]
+    bodies += [b'\xef\xbb\xbf{"a": 1}', b'{"t": NaN}', b'{"t": 1e400}', b'{"s": "\\ud800"}', b'{"a": 1, "a": 2}',
+               b'{"a": "\xff"}', b'{"a": [1, 2', b"[" * 200 + b"]" * 200, b'{"x": -0.0, "y": 1E+2}', b"  7  "]
+    for raw in bodies:
+        by_orjson = _decoded(raw, len(raw) * ORJSON_MAX_SHARE)
+        assert by_orjson == _decoded(raw, len(raw)), raw[:200]
+    assert sum(isinstance(_decoded(raw, len(raw)), str) for raw in bodies) > 400  # most were read, not refused

@@ -70,3 +70,27 @@ def test_bodies_the_table_cannot_write_are_orjson_exactly(ids):
 def test_other_bodies_are_orjson_exactly():
     for body in [{"rid": "a"}, [1, 2, 3], {"input_ids": list(range(MIN_IDS))}, {}]:
         assert dumps_with_ids(body, OPTS) == orjson.dumps(body, option=OPTS)
+
+
+def test_prepare_table_builds_the_table_for_a_vocabulary_ahead_once(monkeypatch):
+    monkeypatch.setattr(token_json, "_table", np.zeros(0, np.uint64))
+    assert token_json.prepare_table(151_936)                  # Qwen's vocabulary: ids up to 151,935
+    table = token_json._table
+    assert len(table) == 1 << 18
+    ids = np.full(MIN_IDS, 151_935, dtype=np.int64)
+    assert json.loads(b"[" + bytes(ids_text(ids)) + b"]") == [151_935] * MIN_IDS
+    assert token_json._table is table                         # the call used the table built ahead
+    assert token_json.prepare_table(1000) and token_json._table is table  # a narrower one is covered
+    assert not token_json.prepare_table(MAX_TABLE + 1)        # wider than the widest table: orjson writes it
+    assert token_json._table is table
+
+
+def test_the_proxy_builds_the_table_for_its_tokenizer_at_its_start(monkeypatch, tiny_model_dir):
+    from gyre.embedded_model import load_tokenizer
+    from gyre.proxy.render import ChatRenderer
+    from gyre.proxy.server import ProxyServer
+
+    monkeypatch.setattr(token_json, "_table", np.zeros(0, np.uint64))
+    tok = load_tokenizer(tiny_model_dir)
+    ProxyServer(ChatRenderer(tok))
+    assert len(token_json._table) >= len(tok) and len(token_json._table) == 1 << max(17, (len(tok) - 1).bit_length())

@@ -12,6 +12,10 @@ are in docs/proxy.md, "The prompt sent to the engine").
 this way, into one buffer (optionally handed out as it is, without a copy into ``bytes``), and
 everything else with orjson; bodies it cannot help (short, negative or very large ids, batched
 prompts) go to orjson whole.
+
+The table is built once per process, for the largest id seen so far (at least 2**17 slots, 1 MiB);
+building it takes several times its size for a moment. :func:`prepare_table` builds it ahead for a
+vocabulary, so that no call pays for it (the proxy does at its start).
 """
 
 from __future__ import annotations
@@ -59,6 +63,12 @@ def _table_for(max_id: int) -> np.ndarray | None:
         if len(_table) < size:
             _table = decimal_slots(size)
         return _table
+
+
+def prepare_table(vocab_size: int) -> bool:
+    """Build the table for the ids of a ``vocab_size``-token vocabulary now, unless it is built;
+    whether the table covers them (``False`` for a vocabulary wider than ``MAX_TABLE``)."""
+    return vocab_size <= 0 or _table_for(vocab_size - 1) is not None
 
 
 def ids_text(ids: np.ndarray, out: np.ndarray | None = None) -> memoryview | None:
