@@ -21,13 +21,14 @@ INTEGRATION = ROOT / "tests" / "integration"
 
 def pytest_collection_modifyitems(config, items):
     """The tests under ``tests/integration`` start servers, processes and whole jobs: they are marked
-    ``slow`` (``-m "not slow"`` is the smoke tier) and run first, so that two workers
-    (``tools/test.sh`` runs ``-n 2 --dist loadfile``) start on the long files and end together on the
-    short ones."""
+    ``slow`` (``-m "not slow"`` is the smoke tier).  The slow tests (those and the others marked so)
+    run first, so that two workers (``tools/test.sh`` runs ``-n 2 --dist loadfile
+    --no-loadscope-reorder``, which keeps this order) start on the long files and end together on
+    the short ones."""
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: INTEGRATION not in item.path.parents)  # stable: file order kept within
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order kept within
 
 
 def trace_sources() -> list[str]:

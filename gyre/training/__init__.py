@@ -7,7 +7,8 @@ the supervised format warm-start.
   :mod:`gyre.training.hf_step` (``transformers``) or :mod:`gyre.training.megatron_step` (a
   megatron-core ``GPTModel`` of :mod:`gyre.training.megatron_model`, core attention of
   :mod:`gyre.training.attention`, run as a policy by :mod:`gyre.training.megatron_policy`, its
-  weights gathered in HF layout by :mod:`gyre.training.megatron_export`);
+  weights gathered in HF layout by :mod:`gyre.training.megatron_export`; megatron-core itself
+  imported by :mod:`gyre.training.megatron_import`, its import-time ``torch.compile`` deferred);
   :mod:`gyre.training.logprobs` -- target-token log-probs in chunks;
 * :mod:`gyre.training.checkpoint_conversion` -- Qwen3 weights between HF and Megatron;
 * :mod:`gyre.training.control` -- the typed control messages between rank 0 and the cells;

@@ -25,7 +25,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from megatron.core.transformer.module import MegatronModule
+
+from gyre.training.megatron_import import import_megatron_core
+
+import_megatron_core()  # before megatron's own modules: its import-time torch.compile deferred
+from megatron.core.transformer.module import MegatronModule  # noqa: E402
 
 
 def tree_block_mask(enter: torch.Tensor, exit_: torch.Tensor):

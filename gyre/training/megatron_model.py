@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gyre.training.megatron_import import import_megatron_core
+
 
 def init_process_group_from_env(backend: str = "gloo", timeout_s: float = 300.0) -> None:
     """``torch.distributed.init_process_group`` from torchrun's env vars, or a 1-rank group.
@@ -58,6 +60,7 @@ def initialize_megatron_cpu(tensor_model_parallel_size: int = 1, pipeline_model_
         RuntimeError: world size not divisible by ``TP * PP``.
     """
     import torch.distributed as dist
+    import_megatron_core()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -88,6 +91,7 @@ def transformer_config_from_hf(hf_config: Any, **overrides):
     ``overrides`` set further TransformerConfig fields (e.g. ``tensor_model_parallel_size``,
     ``pipeline_model_parallel_size``, ``bf16``).
     """
+    import_megatron_core()
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -175,6 +179,7 @@ def build_gpt_model(hf_config: Any, config=None, pre_process: bool | None = None
         labels=None)`` returns logits ``[b, s, vocab/TP]`` fp32 (or per-token loss with labels).
     """
     hide_unloadable_kernel_packages()
+    import_megatron_core()
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -218,6 +223,7 @@ def wrap_ddp(model, config, overlap_grad_reduce: bool = False):
     ``config.finalize_model_grads_func = finalize_model_grads`` and ``config.no_sync_func =
     model.no_sync`` (``megatron/core/pipeline_parallel/schedules.py`` reads both).
     """
+    import_megatron_core()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed import finalize_model_grads
 
@@ -245,6 +251,7 @@ def build_optimizer(ddp_model, lr: float = 1e-6, weight_decay: float = 0.01, ada
 
     Norms and biases get no weight decay (:func:`apply_wd_mult`), as in Megatron-LM.
     """
+    import_megatron_core()
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     cfg = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=adam_beta1,
