@@ -181,7 +181,8 @@ class SandboxCgroup:
         return limit_hit_in(self._pids, self._memory, self.limits)
 
     def remove(self) -> None:
-        """Kill what is left and remove the group(s). Idempotent; never raises."""
+        """Kill what is left and remove the group(s), killing again while a group is busy (a process
+        that joined after the first kill: a sandbox being started). Idempotent; never raises."""
         self.kill_all()
         for d in self.dirs:
             for _ in range(50):
@@ -191,6 +192,7 @@ class SandboxCgroup:
                 except FileNotFoundError:
                     break
                 except OSError:
+                    self.kill_all(wait_s=0.02)
                     time.sleep(0.02)
             else:
                 logger.warning("cgroup %s could not be removed", d)
