@@ -102,22 +102,32 @@ async def read_json(request: Any, limits: RequestLimits | None = None) -> Any:
     return decode_json(raw, request.headers.get("content-encoding", ""), limits)
 
 
+#: Bytes of compressed input fed per step, and most bytes inflated per step: the decoded body grows
+#: by at most one step's output beside itself, and zlib's copy of the input it has not read yet
+#: (``unconsumed_tail``) is at most one input step.
+INFLATE_STEP_BYTES = 64 << 10
+
+
 def _inflate_stream(raw: bytes | bytearray, wbits: int, limit: int, multi_member: bool) -> bytearray:
     out = bytearray()
-    data: Any = memoryview(raw)
-    d = zlib.decompressobj(wbits)
+    view = memoryview(raw)
+    d, pos, data = zlib.decompressobj(wbits), 0, b""
     while True:
-        out += d.decompress(data, limit + 1 - len(out))
+        if not len(data):
+            data = view[pos:pos + INFLATE_STEP_BYTES]
+            pos += len(data)
+        step = d.decompress(data, min(INFLATE_STEP_BYTES, limit + 1 - len(out)))
+        out += step
         if len(out) > limit:
             raise _too_large(len(out), limit, "decoded to more than")
         data = d.unconsumed_tail
         if d.eof:
-            rest = d.unused_data
-            if multi_member and rest.strip(b"\0"):  # another gzip member follows
-                d, data = zlib.decompressobj(wbits), rest
+            end = pos - len(data) - len(d.unused_data)  # where this stream's end marker ended
+            if multi_member and raw.count(b"\0", end) < len(raw) - end:  # another gzip member follows
+                d, pos, data = zlib.decompressobj(wbits), end, b""
                 continue
             return out
-        if not data:
+        if not len(data) and not step and pos >= len(view):  # all read, nothing more out, no end marker
             raise EOFError("compressed data ended before the end-of-stream marker")
 
 

@@ -151,7 +151,26 @@ def test_inflation_of_a_bomb_allocates_about_the_limit_only():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 3 * (4 << 20)                           # not the 256 MB the body holds
+    # not the 256 MB the body holds; about the limit, plus one step's output and one input step
+    assert peak < 2 * (4 << 20)
+
+
+def test_inflation_reads_members_and_streams_longer_than_a_step():
+    """Incompressible members of several input steps each, back to back, and the same cut short at
+    every step boundary and within a step: read whole, or refused as truncated (400)."""
+    import os
+
+    from gyre.proxy.request_body import INFLATE_STEP_BYTES
+
+    parts = [os.urandom(3 * INFLATE_STEP_BYTES + 17), os.urandom(INFLATE_STEP_BYTES), b"x" * 5]
+    raw = b"".join(gzip.compress(p) for p in parts) + b"\0" * 3
+    assert inflate(raw, "gzip", 1 << 20) == b"".join(parts)
+    one = zlib.compress(parts[0])
+    assert inflate(one, "deflate", 1 << 20) == parts[0]
+    for cut in (INFLATE_STEP_BYTES, 2 * INFLATE_STEP_BYTES, 2 * INFLATE_STEP_BYTES + 5, len(one) - 1):
+        with pytest.raises(ProxyError) as ei:
+            inflate(one[:cut], "deflate", 1 << 20)
+        assert ei.value.status == 400
 
 
 def test_gzip_with_two_members_and_padding_reads_whole():
