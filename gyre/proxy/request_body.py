@@ -105,7 +105,7 @@ async def read_json(request: Any, limits: RequestLimits | None = None) -> Any:
 #: Bytes of compressed input fed per step, and most bytes inflated per step: the decoded body grows
 #: by at most one step's output beside itself, and zlib's copy of the input it has not read yet
 #: (``unconsumed_tail``) is at most one input step.
-INFLATE_STEP_BYTES = 64 << 10
+INFLATE_STEP_BYTES = 16 << 10
 
 
 def _inflate_stream(raw: bytes | bytearray, wbits: int, limit: int, multi_member: bool) -> bytearray:
