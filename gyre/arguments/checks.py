@@ -46,6 +46,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
     _need(args.train_steps >= 1, "train-steps", "must be >= 1")
     _need(args.max_switch_failures >= 1, "max-switch-failures", "must be >= 1")
     _need(args.save_interval >= 0, "save-interval", "must be >= 0")
+    _need(args.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0")
     _need(args.token_is_cap > 0, "token-is-cap", "C must be > 0")
     _need(0 <= args.seq_clip_low < 1, "seq-clip-low", "eps_low must be in [0, 1)")
     _need(args.seq_clip_high >= 0, "seq-clip-high", "eps_high must be >= 0")

@@ -11,6 +11,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--train-steps", type=int, default=2, help="Optimizer steps to run.")
     group.add_argument("--run-dir", type=str, default=None, help="Output directory (default runs/<timestamp>).")
     group.add_argument("--save-interval", type=int, default=0, help="Checkpoint every this many steps (0: end only).")
+    group.add_argument("--keep-checkpoints", type=int, default=0,
+                       help="Keep only this many newest complete checkpoints, deleting older ones once a "
+                            "newer one is complete (0: keep all).")
     group.add_argument("--load", type=str, default=None, help="Resume from this run directory or checkpoint.")
     group.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
                        help="Logging level of the run's log lines.")

@@ -5,13 +5,16 @@ the core cell's optimizer state (:func:`optimizer_file`: ``optimizer.pt``, and o
 ``optimizer_shard{s}.pt`` per further rank of a cell that spans ranks), ``parallel_layout.json``
 (the cell's TP and PP sizes) and ``controller.json`` (:class:`ControllerState`,
 written by rank 0 once the core reported the save).  ``latest_checkpointed_iteration.txt`` beside
-them names the newest complete one; it is replaced atomically, last.
+them names the newest complete one; it is replaced atomically, last.  With ``--keep-checkpoints N``
+the writer then deletes what :func:`checkpoints_to_delete` names.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,13 +80,42 @@ def should_save(iteration: int, *, save_interval: int, train_steps: int) -> bool
     return iteration >= train_steps or (save_interval > 0 and iteration % save_interval == 0)
 
 
+_ITER_DIR = re.compile(r"iter_(\d{7,})")
+
+
+def checkpoints_to_delete(complete: list[int], incomplete: list[int], *, newest: int, keep: int) -> list[int]:
+    """The iterations whose directories go once ``newest`` is complete, keeping ``keep`` (``0``: all):
+    the complete ones older than the ``keep`` newest, and every incomplete one older than ``newest``
+    (a save that failed or was cut short).  Nothing newer than ``newest`` (a save being written) and
+    never ``newest`` itself."""
+    if keep <= 0:
+        return []
+    kept = {*sorted({*(i for i in complete if i < newest)})[-(keep - 1):]} if keep > 1 else set()
+    return sorted(i for i in {*complete, *incomplete} if i < newest and i not in kept)
+
+
 class CheckpointWriter:
     """Rank 0's half of saving: remember the controller state of a requested save and complete
-    the checkpoint once the core has written the policy and optimizer state."""
+    the checkpoint once the core has written the policy and optimizer state; with ``keep`` > 0,
+    delete older checkpoints of this run (:func:`checkpoints_to_delete`) once one is complete."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, keep: int = 0):
         self.run_dir = Path(run_dir)
+        self.keep = keep
         self.pending: dict[int, tuple[str, ControllerState]] = {}
+
+    def prune(self, newest: int) -> list[int]:
+        """Delete what :func:`checkpoints_to_delete` names under ``checkpoints/``; returns those iterations."""
+        root = self.run_dir / "checkpoints"
+        complete, incomplete = [], []
+        for d in root.iterdir() if root.is_dir() else ():
+            m = _ITER_DIR.fullmatch(d.name)
+            if m and d.is_dir() and int(m.group(1)) not in self.pending:
+                (complete if (d / "controller.json").exists() else incomplete).append(int(m.group(1)))
+        gone = checkpoints_to_delete(complete, incomplete, newest=newest, keep=self.keep)
+        for it in gone:
+            shutil.rmtree(root / f"iter_{it:07d}", ignore_errors=True)
+        return gone
 
     def request(self, iteration: int, state: ControllerState) -> str:
         """Register the save of ``iteration``; returns the directory the core is to write."""
@@ -98,8 +130,8 @@ class CheckpointWriter:
             self.pending[iteration][1].summary = summary
 
     def complete(self, directory: str) -> list[int]:
-        """The core wrote ``directory``: add ``controller.json``, move the tracker; returns the
-        iterations completed."""
+        """The core wrote ``directory``: add ``controller.json``, move the tracker, then delete older
+        checkpoints (:meth:`prune`); returns the iterations completed."""
         done = []
         for it, (d, state) in list(self.pending.items()):
             if d == directory:
@@ -110,5 +142,6 @@ class CheckpointWriter:
                 tmp.replace(tracker)
                 del self.pending[it]
                 done.append(it)
+                self.prune(it)
         return done
 

@@ -24,6 +24,7 @@ class ControllerConfig:
     num_cells: int
     train_steps: int
     save_interval: int
+    keep_checkpoints: int
     placement: str
     training_backend: str
     execution_timeout_s: float
@@ -40,6 +41,7 @@ class ControllerConfig:
     def from_args(cls, args: argparse.Namespace) -> "ControllerConfig":
         return cls(run_dir=Path(args.run_dir), seed=int(args.seed), num_cells=int(args.num_cells),
                    train_steps=int(args.train_steps), save_interval=int(args.save_interval),
+                   keep_checkpoints=int(args.keep_checkpoints),
                    placement=str(args.placement), training_backend=str(args.training_backend),
                    execution_timeout_s=float(args.execution_timeout_s),
                    n_samples_per_prompt=int(args.n_samples_per_prompt),

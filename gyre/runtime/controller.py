@@ -56,7 +56,7 @@ class Controller:
         self.rng = resume.rng(config.seed)
         self.acct = RunAccounting(resume.history, before=resume.summary, before_timeline=resume.timeline,
                                   before_elapsed_s=resume.elapsed_s)
-        self.checkpoints = CheckpointWriter(self.run_dir)
+        self.checkpoints = CheckpointWriter(self.run_dir, keep=config.keep_checkpoints)
         self.finished: queue.Queue[FinishedExecution] = queue.Queue()
         self.pool = ThreadPoolExecutor(max_workers=config.max_executions_in_flight + 2,
                                        thread_name_prefix="gyre-execution")
