@@ -60,6 +60,11 @@ class ControllerState:
         return cls(**known)
 
 
+def checkpoint_dir(root: str | os.PathLike, iteration: int) -> Path:
+    """``root/iter_N`` (Megatron's naming, seven digits at least)."""
+    return Path(root) / f"iter_{iteration:07d}"
+
+
 def find_checkpoint(path: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint under ``path`` (a run dir, its ``checkpoints/`` or an
     ``iter_N`` dir), or ``None``."""
@@ -69,7 +74,7 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
     for root in (p / "checkpoints", p):
         tracker = root / "latest_checkpointed_iteration.txt"
         if tracker.exists():
-            d = root / f"iter_{int(tracker.read_text().strip()):07d}"
+            d = checkpoint_dir(root, int(tracker.read_text().strip()))
             if (d / "controller.json").exists():
                 return d
     return None
@@ -90,7 +95,8 @@ def checkpoints_to_delete(complete: list[int], incomplete: list[int], *, newest:
     never ``newest`` itself."""
     if keep <= 0:
         return []
-    kept = {*sorted({*(i for i in complete if i < newest)})[-(keep - 1):]} if keep > 1 else set()
+    older = sorted({i for i in complete if i < newest})
+    kept = set(older[max(0, len(older) - (keep - 1)):])
     return sorted(i for i in {*complete, *incomplete} if i < newest and i not in kept)
 
 
@@ -114,12 +120,12 @@ class CheckpointWriter:
                 (complete if (d / "controller.json").exists() else incomplete).append(int(m.group(1)))
         gone = checkpoints_to_delete(complete, incomplete, newest=newest, keep=self.keep)
         for it in gone:
-            shutil.rmtree(root / f"iter_{it:07d}", ignore_errors=True)
+            shutil.rmtree(checkpoint_dir(root, it), ignore_errors=True)
         return gone
 
     def request(self, iteration: int, state: ControllerState) -> str:
         """Register the save of ``iteration``; returns the directory the core is to write."""
-        directory = str(self.run_dir / "checkpoints" / f"iter_{iteration:07d}")
+        directory = str(checkpoint_dir(self.run_dir / "checkpoints", iteration))
         state.saved_at = time.time()
         self.pending[iteration] = (directory, state)
         return directory
