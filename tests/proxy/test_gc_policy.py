@@ -33,7 +33,9 @@ def test_a_long_full_collection_freezes_survivors_until_the_unfreeze_interval():
         _collection(policy, 2, 0.03)
         policy.tick()
         assert gc.get_freeze_count() > 0 and policy.freezes == 1
-        assert policy.snapshot()["frozen_objects"] == gc.get_freeze_count()
+        # counted at the freeze; frozen objects freed since (other threads' too) leave it, none join it
+        recorded = policy.snapshot()["frozen_objects"]
+        assert recorded - 1000 <= gc.get_freeze_count() <= recorded
         now[0] = 59.0
         policy.tick()
         assert gc.get_freeze_count() > 0 and policy.unfreezes == 0
