@@ -66,7 +66,7 @@ PIECE_CHARS = 2048
 BATCH_CHARS = 4096
 _LOW = (1 << 64) - 1
 #: Characters :meth:`PieceEncoder.lower_bound` reads at a time.
-_CHUNK = 16384
+_CHUNK = 4096
 #: Runs of one byte this long or shorter are left out of the run count (a weaker bound, still one).
 _SHORT_RUN = 256
 
@@ -148,14 +148,16 @@ class PieceEncoder:
     def _cut_ok(self, text: str, p: int) -> bool:
         return text[p - 1:p + 1] not in self._pairs
 
-    def spans(self, text: str) -> Iterator[tuple[int, int]]:
-        """``(start, end)`` of each piece of ``text``, in order, covering it."""
-        n = len(text)
-        if not self.exact_cuts or n <= self.piece_chars:
-            if n:
-                yield 0, n
+    def spans(self, text: str, begin: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
+        """``(start, end)`` of each piece of ``text[begin:stop]``, in order, covering it: the pieces
+        of that slice, shifted by ``begin``, found without copying it (a cut is decided by the two
+        characters around it and ``re``'s search bounds stop every look-around at them)."""
+        n = len(text) if stop is None else stop
+        if not self.exact_cuts or n - begin <= self.piece_chars:
+            if n > begin:
+                yield begin, n
             return
-        start = 0
+        start = begin
         while start < n:
             limit = start + self.piece_chars
             if limit >= n:
@@ -171,7 +173,7 @@ class PieceEncoder:
                 lo, hi = max(start + 1, lo - 4 * (hi + 1 - lo)), lo - 1
             if not end:  # none: the first one after limit, or the end of the text
                 end = n
-                for m in _CUT.finditer(text, limit + 1):
+                for m in _CUT.finditer(text, limit + 1, n):
                     if self._cut_ok(text, m.start()):
                         end = m.start()
                         break
@@ -179,10 +181,11 @@ class PieceEncoder:
             start = end
 
     # ------------------------------------------------------------------ lower bound
-    def _ascii_tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(low mask, high mask, bytes)`` of every token whose text is ASCII: the set of its bytes
-        as a 128-bit mask in two ``uint64`` words, and its length.  Built on first use (~0.5 s for
-        Qwen's 151,643 tokens, one token text at a time) and cached on the tokenizer."""
+    def _ascii_tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(low mask, high mask, bytes, pure)`` of every token whose text is ASCII: the set of its
+        bytes as a 128-bit mask in two ``uint64`` words, and its length; ``pure[c]``: the longest
+        such token made of byte ``c`` alone (at least 1).  Built on first use (~0.5 s for Qwen's
+        151,643 tokens, one token text at a time) and cached on the tokenizer."""
         cached = getattr(self.tokenizer, "_gyre_ascii_tokens", None)
         if cached is not None:
             return cached
@@ -196,45 +199,36 @@ class PieceEncoder:
         lo = np.zeros(len(texts), np.uint64)
         hi = np.zeros(len(texts), np.uint64)
         lens = np.zeros(len(texts), np.int64)
+        pure = np.ones(128, np.int64)
         for i, t in enumerate(texts):
             m = 0
             for c in set(t):
                 m |= 1 << c
             lo[i], hi[i], lens[i] = m & _LOW, m >> 64, len(t)
-        table = (lo, hi, lens)
+            if len(set(t)) == 1:
+                pure[t[0]] = max(int(pure[t[0]]), len(t))
+        table = (lo, hi, lens, pure)
         try:
             self.tokenizer._gyre_ascii_tokens = table
         except AttributeError:  # a tokenizer that takes no attributes: built again next time
             pass
         return table
 
-    def lower_bound(self, text: str, start: int = 0, end: int | None = None) -> int:
-        """Fewest tokens ``text[start:end]`` can encode to (0 when it is not ASCII or the tokenizer has
-        no cut rule), read 16,384 characters at a time.  A token covers a substring of an ASCII
-        text, so it is one of the vocabulary's (or an added) tokens made of the text's bytes only
-        (*fitting* tokens); the larger of two counts:
-
-        * with ``M(c)`` the longest fitting token holding byte ``c``: a token ``t`` is
-          ``sum(1 / len(t))`` over its bytes, at least ``sum(1 / M(c))``, so the count is at least
-          the sum of ``1 / M(c)`` over the text's bytes;
-        * with ``L`` the longest fitting token and ``P(c)`` the longest token made of ``c`` alone:
-          in a run of ``k > 2 * L`` bytes ``c`` at most ``L - 1`` bytes at either end share a token
-          with bytes outside the run, and the others need tokens of ``c`` alone, at least
-          ``(k - 2 * L) / P(c)`` of them, which no other run shares (runs of 256 bytes or fewer
-          are left out: the bound is then weaker, and still one).
-        """
-        end = len(text) if end is None else end
-        if not self.exact_cuts or start >= end:
-            return 0
+    @staticmethod
+    def _scan(text: str, start: int, end: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        """``(count of each byte, (byte, length) of each run of one byte longer than 256)`` of
+        ``text[start:end]``, read 4,096 characters at a time (transient memory at most ~12 bytes per
+        chunk byte); ``None`` when it is not ASCII."""
         counts = np.zeros(128, np.int64)
         runs: list[tuple[int, int]] = []  # (byte, length) of the runs longer than _SHORT_RUN
         run_byte, run_len = -1, 0  # the run open at the end of the chunks read so far
-        for at in range(start, end, _CHUNK):  # a chunk at a time: transient memory ~10 bytes per chunk byte
+        for at in range(start, end, _CHUNK):
             chunk = text[at:min(at + _CHUNK, end)]
             if not chunk.isascii():
-                return 0
+                return None
+            for ch in set(chunk):  # (np.bincount would take 8 bytes a character)
+                counts[ord(ch)] += chunk.count(ch)
             b = np.frombuffer(chunk.encode("ascii"), np.uint8)
-            counts += np.bincount(b, minlength=128)
             edges = np.concatenate(([0], np.flatnonzero(b[1:] != b[:-1]) + 1, [b.size]))
             lengths = np.diff(edges)
             if int(b[0]) == run_byte:
@@ -251,23 +245,76 @@ class PieceEncoder:
                 run_byte, run_len = int(b[edges[-2]]), int(lengths[-1])
         if run_len > _SHORT_RUN:
             runs.append((run_byte, run_len))
+        return counts, runs
+
+    @staticmethod
+    def _run_bound(runs: list[tuple[int, int]], longest: int, pure: np.ndarray) -> Fraction:
+        """Tokens the runs need when no token is longer than ``longest`` bytes (:meth:`lower_bound`'s
+        second count)."""
+        return sum((Fraction(n - 2 * longest, int(pure[c])) for c, n in runs if n > 2 * longest), Fraction(0))
+
+    def lower_bound(self, text: str, start: int = 0, end: int | None = None) -> int:
+        """Fewest tokens ``text[start:end]`` can encode to (0 when it is not ASCII or the tokenizer has
+        no cut rule), read 4,096 characters at a time.  A token covers a substring of an ASCII
+        text, so it is one of the vocabulary's (or an added) tokens made of the text's bytes only
+        (*fitting* tokens); the larger of two counts:
+
+        * with ``M(c)`` the longest fitting token holding byte ``c``: a token ``t`` is
+          ``sum(1 / len(t))`` over its bytes, at least ``sum(1 / M(c))``, so the count is at least
+          the sum of ``1 / M(c)`` over the text's bytes;
+        * with ``L`` the longest fitting token and ``P(c)`` the longest token made of ``c`` alone:
+          in a run of ``k > 2 * L`` bytes ``c`` at most ``L - 1`` bytes at either end share a token
+          with bytes outside the run, and the others need tokens of ``c`` alone, at least
+          ``(k - 2 * L) / P(c)`` of them, which no other run shares (runs of 256 bytes or fewer
+          are left out: the bound is then weaker, and still one).
+        """
+        end = len(text) if end is None else end
+        if not self.exact_cuts or start >= end:
+            return 0
+        scanned = self._scan(text, start, end)
+        if scanned is None:
+            return 0
+        counts, runs = scanned
         present = [int(c) for c in np.nonzero(counts)[0]]
         q = sum(1 << c for c in present)
-        lo, hi, lens = self._ascii_tokens()
+        lo, hi, lens, pure = self._ascii_tokens()
         ok = ((lo & np.uint64(~q & _LOW)) == 0) & ((hi & np.uint64(~(q >> 64) & _LOW)) == 0)
         lo, hi, lens = lo[ok], hi[ok], lens[ok]
         longest = int(lens.max()) if lens.size else 1
         per_byte = Fraction(0)
-        pure: dict[int, int] = {}
         for c in present:
             word, bit = (lo, c) if c < 64 else (hi, c - 64)
             holds = ((word >> np.uint64(bit)) & np.uint64(1)).astype(bool)
             per_byte += Fraction(int(counts[c]), max(1, int(lens[holds].max()) if holds.any() else 1))
-            alone = holds & (lo == np.uint64((1 << c) & _LOW)) & (hi == np.uint64((1 << c) >> 64))
-            pure[c] = max(1, int(lens[alone].max()) if alone.any() else 1)
-        in_runs = sum((Fraction(n - 2 * longest, pure[c]) for c, n in runs if n > 2 * longest), Fraction(0))
-        bound = max(per_byte, in_runs)
+        bound = max(per_byte, self._run_bound(runs, longest, pure))
         return -(-bound.numerator // bound.denominator)
+
+    def over_by_bound(self, text: str, budget: int, begin: int = 0, stop: int | None = None) -> int:
+        """A lower bound of the tokens of the first piece of ``text[begin:stop]`` that :meth:`encode`
+        would bound before encoding (longer than ``2 * piece_chars``) whose bound exceeds
+        ``budget``, or 0 when none does; reads the slice in place.  :meth:`encode` of a prompt
+        holding this text, with ``max_tokens - fixed <= budget``, raises :class:`PromptTooLong`:
+        the bound returned is at most that piece's :meth:`lower_bound`.  A piece's runs are first
+        bounded with the longest ASCII token for ``L`` (a weaker count, never above its
+        :meth:`lower_bound`, that needs no pass over the vocabulary's table), then by
+        :meth:`lower_bound` where that is not enough."""
+        stop = len(text) if stop is None else stop
+        if not self.exact_cuts or stop - begin <= 2 * self.piece_chars:
+            return 0
+        for s, e in self.spans(text, begin, stop):
+            if e - s <= 2 * self.piece_chars:
+                continue
+            scanned = self._scan(text, s, e)
+            if scanned is None:
+                continue
+            _, lens, pure = self._ascii_tokens()[1:]
+            weak = self._run_bound(scanned[1], int(lens.max()) if lens.size else 1, pure)
+            bound = -(-weak.numerator // weak.denominator)
+            if bound <= budget:
+                bound = self.lower_bound(text, s, e)
+            if bound > budget:
+                return bound
+        return 0
 
     # ------------------------------------------------------------------ encoding
     def _encode(self, pieces: list[str]) -> list[list[int]]:

@@ -30,6 +30,7 @@ boundary gets the whole-window test.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -47,6 +48,39 @@ _EMPTY_THINK = re.escape(THINK_OPEN) + r"\s*" + re.escape(THINK_CLOSE) + r"\s*"
 #: Messages of a group tested in the group's whole window; later boundaries of a longer group are
 #: tested in a sliding window of this many messages first (see the module docstring).
 GROUP_WINDOW = 2
+#: A rendering kept for later prefix tests is kept as its text up to this many characters, as its
+#: length and digest when longer (:class:`_Kept`).
+KEEP_TEXT_CHARS = 1 << 15
+_DIGEST_CHUNK = 1 << 14
+
+
+def _digest(text: str, n: int) -> bytes:
+    """BLAKE2b-128 of ``text[:n]`` (UTF-8, lone surrogates passed through), read a chunk at a time."""
+    h = hashlib.blake2b(digest_size=16)
+    for at in range(0, n, _DIGEST_CHUNK):
+        h.update(text[at:min(at + _DIGEST_CHUNK, n)].encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+class _Kept:
+    """A rendering kept only to test whether a later one starts with it: its length ``n``, and its
+    text while it is at most :data:`KEEP_TEXT_CHARS` long, else its digest (a long message is then
+    not held once more for each rendering that was made of it; equal digests of unequal texts
+    have a probability of about 2**-128)."""
+
+    __slots__ = ("n", "text", "digest")
+
+    def __init__(self, text: str) -> None:
+        self.n = len(text)
+        long = self.n > KEEP_TEXT_CHARS
+        self.text: str | None = None if long else text
+        self.digest = _digest(text, self.n) if long else b""
+
+    def prefix_of(self, t: str) -> bool:
+        """Whether ``t`` starts with the kept rendering."""
+        if self.text is not None:
+            return t.startswith(self.text)
+        return len(t) >= self.n and _digest(t, self.n) == self.digest
 
 
 class RenderError(ValueError):
@@ -243,13 +277,19 @@ class ChatRenderer:
         add_generation_prompt: bool,
         template_kwargs: dict[str, Any] | None = None,
         encode: Callable[[str], Any] | None = None,
+        encode_span: Callable[[str, int, int], Any] | None = None,
     ) -> DeltaRender:
         """Encode ``new`` messages following ``prev`` (``None``: start of the conversation).
 
         ``tools`` are only rendered when ``prev is None`` (they belong to the first block).
         Cost: O(tokens of ``prev`` + ``new``) -- independent of the history before ``prev``.
         ``encode`` replaces :meth:`encode` for each segment's text (a caller that encodes later,
-        e.g. off the event loop, passes a function returning a placeholder).
+        e.g. off the event loop, passes a function returning a placeholder); ``encode_span``, when
+        given, is called as ``encode_span(rendering, start, end)`` instead of
+        ``encode(rendering[start:end])`` for each segment's text, so that the caller may read a
+        text before copying it out. Memory: one rendering of a window is held at a time (besides
+        the texts the callbacks keep); a rendering a later one is tested against is kept as
+        :class:`_Kept`.
 
         Raises:
             RenderError: the boundary after ``prev`` is not cuttable for this continuation (the
@@ -257,14 +297,16 @@ class ChatRenderer:
         """
         kw = template_kwargs or {}
         enc = encode or self.encode
+        take = encode_span or (lambda text, start, end: enc(text[start:end]))
         segments: list[Segment] = []
         win: list[dict[str, Any]] = [prev.template_dict()] if prev is not None else []
         use_tools = tools if prev is None else None
-        base = self.render(win, None, template_kwargs=kw) if win else ""
+        base = _Kept(self.render(win, None, template_kwargs=kw) if win else "")
         dicts = [m.template_dict() for m in new]
         n = len(dicts)
         gs = 0  # first message of the open group
-        t_prev: str | None = None  # rendering of win + dicts[gs:j]; None while the group is empty
+        t_prev: _Kept | None = None  # rendering of win + dicts[gs:j]; None while the group is empty
+        last: str | None = None  # without a generation prompt: the open group's whole rendering
         stale = False  # t_prev was not rendered for the current j (a long group, see the module docstring)
         j = 0
         while j < n:
@@ -274,37 +316,44 @@ class ChatRenderer:
                     j += 1
                     continue
                 if stale:  # a cut in the sliding window: test it in the group's window
-                    t_prev = self._render_after(base, win + dicts[gs:j], use_tools, kw)
+                    t_prev = _Kept(self._render_after(base, win + dicts[gs:j], use_tools, kw))
                     stale = False
             t = self._render_after(base, win + dicts[gs:j + 1], use_tools, kw)
-            if t_prev is not None and t.startswith(t_prev):
-                # the boundary between new[j-1] and new[j] is cuttable: close new[gs..j-1]
-                segments.append(Segment(gs, j - 1, enc(t_prev[len(base):])))
-                del t  # neither rendering is held while the new window renders (a long message is in both)
+            if t_prev is not None and t_prev.prefix_of(t):
+                # the boundary between new[j-1] and new[j] is cuttable: close new[gs..j-1], whose
+                # text is t_prev's after base, the same characters in t
+                segments.append(Segment(gs, j - 1, take(t, base.n, t_prev.n)))
+                del t  # not held while the new window renders (a long message is in both)
                 t_prev = None
                 win = [dicts[j - 1]]
                 use_tools = None
-                base = self.render(win, None, template_kwargs=kw)
+                base = _Kept(self.render(win, None, template_kwargs=kw))
                 gs = j
                 continue  # re-render new[j] in the new window
-            t_prev = t
+            if add_generation_prompt or j + 1 < n:
+                t_prev = _Kept(t)
+            else:
+                last = t
+            del t
             j += 1
         if stale:  # the open long group's rendering
-            t_prev = self._render_after(base, win + dicts[gs:], use_tools, kw)
+            t = self._render_after(base, win + dicts[gs:], use_tools, kw)
+            t_prev, last = (_Kept(t), None) if add_generation_prompt else (None, t)
+            del t
         if not add_generation_prompt:
             if gs < n:
-                assert t_prev is not None
-                segments.append(Segment(gs, n - 1, enc(t_prev[len(base):])))
+                assert last is not None
+                segments.append(Segment(gs, n - 1, take(last, base.n, len(last))))
             return DeltaRender(segments, [], False)
         gen_ids, gen_in_last = self._close_with_generation_prompt(segments, win, dicts, gs, base, t_prev, use_tools,
-                                                                  kw, enc)
+                                                                  kw, enc, take)
         return DeltaRender(segments, gen_ids, gen_in_last)
 
-    def _render_after(self, base: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def _render_after(self, base: _Kept, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                       kw: dict[str, Any]) -> str:
         """The rendering of ``messages``; ``RenderError`` unless it starts with ``base``."""
         t = self.render(messages, tools, template_kwargs=kw)
-        if not t.startswith(base):
+        if not base.prefix_of(t):
             raise RenderError("rendering is not prefix-stable after the previous message")
         return t
 
@@ -314,28 +363,30 @@ class ChatRenderer:
         group's window decides)."""
         ctx = dicts[j - GROUP_WINDOW:j]
         try:
-            return self.render(ctx + [dicts[j]], None, template_kwargs=kw).startswith(
-                self.render(ctx, None, template_kwargs=kw))
+            before = _Kept(self.render(ctx, None, template_kwargs=kw))
+            return before.prefix_of(self.render(ctx + [dicts[j]], None, template_kwargs=kw))
         except Exception:  # the template refuses the sliding window: test in the group's window
             return True
 
     def _close_with_generation_prompt(self, segments: list[Segment], win: list[dict[str, Any]],
-                                      dicts: list[dict[str, Any]], gs: int, base: str, t_prev: str | None,
+                                      dicts: list[dict[str, Any]], gs: int, base: _Kept, t_prev: _Kept | None,
                                       use_tools: list[dict[str, Any]] | None, kw: dict[str, Any],
-                                      enc: Callable[[str], Any]) -> tuple[Any, bool]:
+                                      enc: Callable[[str], Any], take: Callable[[str, int, int], Any]
+                                      ) -> tuple[Any, bool]:
         """Close the open group ``dicts[gs:]`` (rendered ``t_prev`` after ``base``) and add the
         generation prompt: ``(generation prompt ids, whether they are inside the last segment)``.
-        The prompt is in the last segment when it is not a cuttable continuation of the group."""
+        The prompt is in the last segment when it is not a cuttable continuation of the group.
+        Every text is cut out of the rendering with the prompt (the one rendering held)."""
         n = len(dicts)
-        cur = t_prev if t_prev is not None else (base if win else self.render([], use_tools, template_kwargs=kw))
+        cur = t_prev if t_prev is not None else (base if win else _Kept(self.render([], use_tools, template_kwargs=kw)))
         tg = self.render(win + dicts[gs:], use_tools, add_generation_prompt=True, template_kwargs=kw)
-        if tg.startswith(cur):
+        if cur.prefix_of(tg):
             if gs < n:
-                segments.append(Segment(gs, n - 1, enc(cur[len(base):])))
-            elif not win and cur:  # no messages at all: the tools-only block
-                segments.append(Segment(0, -1, enc(cur)))
-            return enc(tg[len(cur):]), False
-        if gs < n and tg.startswith(base):
-            segments.append(Segment(gs, n - 1, enc(tg[len(base):])))
+                segments.append(Segment(gs, n - 1, take(tg, base.n, cur.n)))
+            elif not win and cur.n:  # no messages at all: the tools-only block
+                segments.append(Segment(0, -1, take(tg, 0, cur.n)))
+            return enc(tg[cur.n:]), False
+        if gs < n and base.prefix_of(tg):
+            segments.append(Segment(gs, n - 1, take(tg, base.n, len(tg))))
             return [], True
         raise RenderError("generation prompt is not prefix-stable after the previous message")

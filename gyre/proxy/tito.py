@@ -34,6 +34,7 @@ import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import ChatRequest, Message
+from gyre.proxy.piece_encode import PromptTooLong
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.tito_input import (InputPlan, MatchedRequest, OutputEntry, PreparedInput, TrieNode, draft_input,
                                    trie_key)
@@ -199,6 +200,8 @@ class TitoSession:
         """The tokens of ``plan``'s texts (:meth:`~gyre.proxy.render.ChatRenderer.encode_prompt`),
         stopping with :class:`~gyre.proxy.piece_encode.PromptTooLong` once the input is over
         ``max_prompt_tokens``."""
+        if plan.over and max_prompt_tokens is not None:  # a text of the plan proved it too long
+            raise PromptTooLong(plan.over, max_prompt_tokens)
         fixed = plan.fixed_tokens() if max_prompt_tokens is not None else 0
         return self.renderer.encode_prompt(plan.texts, max_prompt_tokens, fixed)
 
@@ -216,7 +219,7 @@ class TitoSession:
         t0 = time.perf_counter()
         matched = self._match(request)
         t1 = time.perf_counter()
-        plan = draft_input(self.renderer, matched)
+        plan = draft_input(self.renderer, matched, max_prompt_tokens)
         plan.join(self._encode(plan, max_prompt_tokens))
         prep = self._complete(plan, matched)
         prep.timings = {"match_s": t1 - t0, "render_s": time.perf_counter() - t1}
@@ -242,7 +245,7 @@ class TitoSession:
             plan, encode_s = await loop.run_in_executor(executor, self._draft_and_encode, matched,
                                                         max_prompt_tokens)
         else:
-            plan = draft_input(self.renderer, matched)
+            plan = draft_input(self.renderer, matched, max_prompt_tokens)
             t2 = time.perf_counter()
             if plan.texts and sum(len(t) for t in plan.texts) > INLINE_ENCODE_MAX_CHARS:
                 enc = await loop.run_in_executor(executor, self._encode, plan, max_prompt_tokens)
@@ -259,7 +262,7 @@ class TitoSession:
         """:func:`~gyre.proxy.tito_input.draft_input`, the encoding of its texts and
         :meth:`~gyre.proxy.tito_input.InputPlan.join` (in a worker thread: reads only ``matched``
         and the renderer): ``(plan, encoding seconds)``."""
-        plan = draft_input(self.renderer, matched)
+        plan = draft_input(self.renderer, matched, max_prompt_tokens)
         t = time.perf_counter()
         enc = self._encode(plan, max_prompt_tokens)
         encode_s = time.perf_counter() - t

@@ -30,6 +30,7 @@ import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import ChatRequest, Message
+from gyre.proxy.piece_encode import PieceEncoder
 from gyre.proxy.render import ChatRenderer, RenderError
 from gyre.trajectory.records import Provenance
 
@@ -145,7 +146,8 @@ class InputPlan:
     counts. ``path`` is the matched trie path down to the anchor (the boundary the new messages
     render after), ``anchor_end`` the anchor's token offset when it was matched."""
 
-    def __init__(self, request, messages, ident, restored, starts_in_reasoning, path, anchor_end: int = 0) -> None:
+    def __init__(self, request, messages, ident, restored, starts_in_reasoning, path, anchor_end: int = 0,
+                 pieces: PieceEncoder | None = None, max_tokens: int | None = None) -> None:
         self.request, self.messages, self.ident = request, messages, ident
         self.restored, self.starts_in_reasoning, self.path = restored, starts_in_reasoning, path
         self.anchor_end = anchor_end
@@ -156,6 +158,12 @@ class InputPlan:
         self.pending: list[list[Any]] = []  # [key, is_output, close, cuttable, after_parts]
         self.reused = 0
         self.gen_start = -1
+        #: with both, :meth:`text_span` looks for a text that alone makes the input longer than
+        #: ``max_tokens`` (:meth:`~gyre.proxy.piece_encode.PieceEncoder.over_by_bound`)
+        self.pieces, self.max_tokens = pieces, max_tokens
+        #: tokens the input certainly has, more than ``max_tokens``, once :meth:`text_span` found
+        #: them (0: not found)
+        self.over = 0
         # set by ``join``
         self.rendered = 0
         self.new_ids, self.new_prov = np.zeros(0, np.int32), np.zeros(0, np.int8)
@@ -181,6 +189,19 @@ class InputPlan:
     def text(self, text: str) -> TextRef:
         self.texts.append(text)
         return TextRef(len(self.texts) - 1)
+
+    def text_span(self, text: str, start: int, end: int) -> TextRef:
+        """:meth:`text` of ``text[start:end]``, read in place first when the plan has ``pieces`` and
+        ``max_tokens``: where a piece of it has more tokens than ``max_tokens`` less the fixed
+        tokens so far, by the bound the encoder checks before encoding that piece, encoding the
+        complete plan raises :class:`~gyre.proxy.piece_encode.PromptTooLong` there or before; then
+        :attr:`over` is set, and this text and every later one are kept as ``""``, never encoded."""
+        if self.pieces is not None and self.max_tokens is not None and not self.over:
+            fixed = self.fixed_tokens()
+            found = self.pieces.over_by_bound(text, self.max_tokens - fixed, start, end)
+            if found:
+                self.over = fixed + found
+        return self.text("" if self.over else text[start:end])
 
     def add(self, ids: np.ndarray, prov: np.ndarray) -> None:
         self.parts.append((ids, prov))
@@ -289,10 +310,12 @@ class MatchedRequest:
         return depth
 
 
-def draft_input(renderer: ChatRenderer, m: MatchedRequest) -> InputPlan:
+def draft_input(renderer: ChatRenderer, m: MatchedRequest, max_tokens: int | None = None) -> InputPlan:
     """Plan the input of a matched request after its deepest cuttable boundary that the new
     messages render after, backing off one boundary at a time where they do not. The plan's
     texts are not encoded and its stored prefix is not set (:meth:`InputPlan.set_prefix`).
+    With ``max_tokens`` (the limit its encoding will be given), a plan whose text alone proves
+    the input longer has :attr:`InputPlan.over` set instead of that text (:meth:`InputPlan.text_span`).
 
     Pure: reads only ``m`` and ``renderer``, so it may run in a worker thread.
 
@@ -304,14 +327,14 @@ def draft_input(renderer: ChatRenderer, m: MatchedRequest) -> InputPlan:
         while depth > 0 and m.ends[depth - 1] < 0:
             depth -= 1
         try:
-            return _draft_at(renderer, m, depth)
+            return _draft_at(renderer, m, depth, max_tokens)
         except RenderError:
             if depth == 0:
                 raise
             depth -= 1
 
 
-def _draft_at(renderer: ChatRenderer, m: MatchedRequest, depth: int) -> InputPlan:
+def _draft_at(renderer: ChatRenderer, m: MatchedRequest, depth: int, max_tokens: int | None = None) -> InputPlan:
     """The plan for ``m`` with the new messages rendered after ``m.path[depth - 1]``.
 
     Raises:
@@ -319,7 +342,7 @@ def _draft_at(renderer: ChatRenderer, m: MatchedRequest, depth: int) -> InputPla
     """
     messages, ident, keys, request = m.messages, m.ident, m.keys, m.request
     plan = InputPlan(request, messages, ident, m.restored, m.starts_in_reasoning, m.path[:depth],
-                     m.ends[depth - 1] if depth > 0 else 0)
+                     m.ends[depth - 1] if depth > 0 else 0, renderer.pieces, max_tokens)
     # path[0] is the header node, path[k] the node of messages[k - 1]: with depth d >= 1
     # messages[d - 1:] are new; depth 0 (no header either) renders everything.
     first_new = max(0, depth - 1)
@@ -341,7 +364,7 @@ def _draft_at(renderer: ChatRenderer, m: MatchedRequest, depth: int) -> InputPla
         last = j >= n
         if run or last:
             d = renderer.render_delta(prev, run, request.tools if prev is None else None, add_generation_prompt=last,
-                                      template_kwargs=kw, encode=plan.text)
+                                      template_kwargs=kw, encode=plan.text, encode_span=plan.text_span)
             for seg in d.segments:
                 plan.add_part(seg.ids)
                 for mi in range(seg.first, seg.last + 1):
