@@ -26,6 +26,13 @@ that decide a boundary from its neighbours (as Gyre's and Qwen's decide a tool r
 ``<|im_end|>`` from the next message's role) this finds the same cuts as testing every boundary in
 the whole window. A sliding window the template refuses to render is treated as cuttable, so that
 boundary gets the whole-window test.
+
+Memory. A rendering of a window holds every long message in it once more, so at most one is held
+at a time: a rendering that a later one is only tested against (the window's base, the group so
+far) is kept as its length and digest once it is longer than :data:`KEEP_TEXT_CHARS`, and a
+segment's text is cut out of the later rendering that starts with it. A request holding a
+200 KB text then peaks at that text, one rendering and the segment's text (the caller may decline
+to copy it out: ``encode_span``), not at five copies.
 """
 
 from __future__ import annotations

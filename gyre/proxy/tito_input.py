@@ -12,7 +12,9 @@ requests and what it hands to the server for one request.
   messages, the matched trie path, the identified outputs): all :func:`draft_input` needs.
 * :func:`draft_input` -- the pure part of assembly: backs off to the deepest cuttable boundary the
   new messages render after and renders them (:mod:`gyre.proxy.render`). It reads nothing but its
-  :class:`MatchedRequest` and the renderer, so it may run off the event loop.
+  :class:`MatchedRequest` and the renderer, so it may run off the event loop. Given the prompt's
+  token limit, it does not copy out a text whose piece bound alone proves the input too long
+  (:meth:`InputPlan.text_span`); encoding that plan then refuses it at once.
 * :class:`InputPlan` -- one request's input before encoding: the new messages' texts still to
   encode and the spliced outputs' token arrays (with their provenance), in order, plus the trie
   nodes to create at commit (:class:`PendingNode`). :meth:`InputPlan.join` joins the new tokens

@@ -119,10 +119,48 @@ def test_an_uncut_run_over_the_limit_is_refused_by_its_bound_without_encoding(to
 @given(runs=st.lists(st.tuples(st.sampled_from(list("[]{}\"': ,a1\n.=-_x")), st.integers(1, 3000)), max_size=12),
        cut=st.integers(0, 5))
 def test_the_lower_bound_never_exceeds_the_tokens(tokenizer, runs, cut):
-    text = "".join(c * k for c, k in runs)  # runs longer than 256 count, and cross 16,384-byte chunks
+    text = "".join(c * k for c, k in runs)  # runs longer than 256 count, and cross 4,096-byte chunks
     pe = PieceEncoder(tokenizer)
     assert pe.lower_bound(text) <= len(one_call(tokenizer, text))
     assert pe.lower_bound("ab" + text + "é", 2 + cut, 2 + len(text)) <= len(one_call(tokenizer, text[cut:]))
+
+
+@settings(max_examples=hypothesis_examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=texts, piece=st.integers(1, 40), begin=st.integers(0, 400), length=st.integers(0, 400))
+def test_the_pieces_of_a_range_are_the_pieces_of_its_slice(tokenizer, text, piece, begin, length):
+    pe = PieceEncoder(tokenizer, piece_chars=piece)
+    begin = min(begin, len(text))
+    stop = min(len(text), begin + length)
+    want = [(s + begin, e + begin) for s, e in pe.spans(text[begin:stop])]
+    assert list(pe.spans(text, begin, stop)) == want
+
+
+@settings(max_examples=hypothesis_examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(runs=st.lists(st.tuples(st.sampled_from(list("[]{}\"': ,a1.=")), st.integers(1, 1500)), max_size=8),
+       head=st.sampled_from(["", "x", "é ", "call(1, "]), budget=st.integers(0, 3000))
+def test_a_range_over_its_budget_by_the_bound_is_refused_by_the_encoder(tokenizer, runs, head, budget):
+    text = "".join(c * k for c, k in runs)
+    pe = PieceEncoder(tokenizer, piece_chars=64, batch_chars=256)
+    found = pe.over_by_bound(head + text + "é", budget, len(head), len(head) + len(text))
+    n = len(one_call(tokenizer, text))
+    if found:
+        assert budget < found <= n  # a bound of the tokens, never above them
+        with pytest.raises(PromptTooLong):
+            pe.encode([text], max_tokens=budget)
+    # the bound of a piece that exceeds the budget, or none: the first such piece's lower bound, at most
+    assert found <= max([pe.lower_bound(text, s, e) for s, e in pe.spans(text) if e - s > 128] + [0])
+    assert pe.over_by_bound(text, n) == 0  # a text within the budget is never found over it
+
+
+def test_a_bracket_run_over_the_budget_is_found_without_the_vocabulary_table(tokenizer):
+    text = '{"x": "' + "[" * 100_000 + "1" + "]" * 100_000 + '"}'
+    pe = PieceEncoder(tokenizer)
+    pe.lower_bound = lambda *a: pytest.fail("the vocabulary table was read")  # the runs alone suffice
+    found = pe.over_by_bound(text, 32767)
+    del pe.lower_bound
+    assert 32767 < found <= pe.lower_bound(text, 6, text.index("1"))
+    assert pe.over_by_bound(text, 32767, 0, 6) == 0
+    assert pe.over_by_bound(text, len(one_call(tokenizer, text))) == 0
 
 
 def test_lower_bound_of_a_bracket_run_is_tight(tokenizer):

@@ -8,9 +8,11 @@ import concurrent.futures
 import json
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gyre.proxy import render
 from gyre.proxy.messages import ChatRequest, Message, ToolCall
 from gyre.proxy.render import GROUP_WINDOW, ChatRenderer
 from gyre.proxy.tito import INLINE_RENDER_MAX_MESSAGES, TitoSession
@@ -122,10 +124,19 @@ def _reference(r, prev, new, tools):
 _roles = st.lists(st.sampled_from(["user", "assistant", "tool", "tool", "tool", "tool"]), min_size=1, max_size=40)
 
 
+@pytest.fixture(params=["texts", "digests"])
+def kept(request, monkeypatch):
+    """Renderings kept for prefix tests as their texts (the default for short ones), or as their
+    lengths and digests (what long ones get), for every rendering."""
+    if request.param == "digests":
+        monkeypatch.setattr(render, "KEEP_TEXT_CHARS", 0)
+    return request.param
+
+
 @settings(max_examples=hypothesis_examples(25), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(roles=_roles, system=st.booleans(), cut=st.integers(0, 39))
-def test_delta_equals_the_brute_force_reference(local_renderer, roles, system, cut):
+def test_delta_equals_the_brute_force_reference(local_renderer, kept, roles, system, cut):
     r = local_renderer
     msgs = ([Message("system", "S")] if system else []) + [
         Message(role, f"{role} {i}", "why" if role == "assistant" and i % 3 == 0 else None) for i, role in
@@ -134,6 +145,8 @@ def test_delta_equals_the_brute_force_reference(local_renderer, roles, system, c
     d = r.render_delta(None, msgs, TOOLS, add_generation_prompt=True)
     assert [(s.first, s.last, s.ids) for s in d.segments] == want and d.gen_ids == gen
     assert sum((s.ids for s in d.segments), []) + d.gen_ids == _full_ids(r, msgs)
+    d = r.render_delta(None, msgs, TOOLS, add_generation_prompt=False)  # a run before a spliced output
+    assert [(s.first, s.last, s.ids) for s in d.segments] == want and d.gen_ids == []
     # from a cuttable boundary inside the conversation, as a later call renders its new messages
     ends = [s[1] for s in want[:-1]]
     if ends:
@@ -143,7 +156,7 @@ def test_delta_equals_the_brute_force_reference(local_renderer, roles, system, c
         assert [(s.first, s.last, s.ids) for s in d.segments] == want and d.gen_ids == gen
 
 
-def test_a_long_tool_group_after_an_assistant_turn_on_qwen3_s_own_template(qwen3_renderer, local_renderer):
+def test_a_long_tool_group_after_an_assistant_turn_on_qwen3_s_own_template(qwen3_renderer, local_renderer, kept):
     calls = tuple(ToolCall(f"c{i}", "f", "{}") for i in range(12))
     prev = Message("assistant", "", None, calls)
     new = [Message("tool", f"r{i}", tool_call_id=f"c{i}") for i in range(12)] + [Message("user", "next")]
@@ -152,6 +165,8 @@ def test_a_long_tool_group_after_an_assistant_turn_on_qwen3_s_own_template(qwen3
         d = r.render_delta(prev, new, None, add_generation_prompt=True)
         assert [(s.first, s.last) for s in d.segments] == [(0, 11), (12, 12)]
         assert [(s.first, s.last, s.ids) for s in d.segments] == want and d.gen_ids == gen
+        d = r.render_delta(prev, new[:12], None, add_generation_prompt=False)  # the open long group's rendering
+        assert [(s.first, s.last, s.ids) for s in d.segments] == [(0, 11, want[0][2])]
 
 
 def test_a_sliding_window_the_template_refuses_gets_the_whole_window_test(tiny_model_dir, local_renderer):
