@@ -137,6 +137,24 @@ def test_max_token_bytes_is_the_longest_decoded_token(local_renderer, qwen_rende
     assert max_token_bytes(qwen_renderer.tokenizer) == 128          # a run of 128 spaces
 
 
+def test_max_token_bytes_decodes_a_bounded_number_of_ids_at_a_time(tiny_model_dir):
+    """Built by the first request that needs it: its working memory does not grow with the
+    vocabulary (all 4,122 ids of the embedded tokenizer in one call took 1.04 MB)."""
+    import tracemalloc
+
+    from gyre.embedded_model import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)  # a fresh object: nothing cached on it
+    tracemalloc.start()
+    try:
+        got = max_token_bytes(tok)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == 64 and len(tok) == 4122
+    assert peak < 200_000, peak
+
+
 def test_the_bound_never_exceeds_the_real_token_count(qwen_renderer):
     """Brute force on random texts: tokens of the rendered prompt >= characters / L."""
     r = qwen_renderer
