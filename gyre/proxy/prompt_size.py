@@ -39,7 +39,7 @@ PARTS = ("system", "system_later", "user", "tool_results", "assistant", "think_m
          "tool_calls", "tools")
 
 
-#: Ids :func:`max_token_bytes` decodes in one call (its working memory: ~250 bytes an id).
+#: Ids :func:`max_token_bytes` decodes in one call (its working memory: ~330 bytes an id).
 DECODE_IDS = 256
 
 
@@ -47,7 +47,7 @@ def max_token_bytes(tokenizer: Any) -> int:
     """Bytes of text the longest token of ``tokenizer`` decodes to (at least 1).
 
     Decodes every id once, :data:`DECODE_IDS` of them a call (the first request that needs it
-    pays this, so its working memory stays under 0.1 MB for any vocabulary; all ids in one call took
+    pays this, so its working memory is about 0.1 MB whatever the vocabulary; all ids in one call took
     ~1 MB for the 4,122 of the embedded tokenizer, ~40 MB for Qwen's 151,669); cached on the
     tokenizer object.
     """

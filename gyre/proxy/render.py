@@ -32,7 +32,7 @@ at a time: a rendering that a later one is only tested against (the window's bas
 far) is kept as its length and digest once it is longer than :data:`KEEP_TEXT_CHARS`, and a
 segment's text is cut out of the later rendering that starts with it. A request holding a
 200 KB text then peaks at that text, one rendering and the segment's text (the caller may decline
-to copy it out: ``encode_span``), not at five copies.
+to copy it out: ``encode_span``).
 """
 
 from __future__ import annotations

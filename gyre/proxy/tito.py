@@ -34,7 +34,6 @@ import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import ChatRequest, Message
-from gyre.proxy.piece_encode import PromptTooLong
 from gyre.proxy.render import ChatRenderer
 from gyre.proxy.tito_input import (InputPlan, MatchedRequest, OutputEntry, PreparedInput, TrieNode, draft_input,
                                    trie_key)
@@ -200,8 +199,7 @@ class TitoSession:
         """The tokens of ``plan``'s texts (:meth:`~gyre.proxy.render.ChatRenderer.encode_prompt`),
         stopping with :class:`~gyre.proxy.piece_encode.PromptTooLong` once the input is over
         ``max_prompt_tokens``."""
-        if plan.over and max_prompt_tokens is not None:  # a text of the plan proved it too long
-            raise PromptTooLong(plan.over, max_prompt_tokens)
+        plan.raise_if_over()
         fixed = plan.fixed_tokens() if max_prompt_tokens is not None else 0
         return self.renderer.encode_prompt(plan.texts, max_prompt_tokens, fixed)
 

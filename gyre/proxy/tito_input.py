@@ -32,7 +32,7 @@ import numpy as np
 
 from gyre.proxy.context_buffer import ContextBuffer, write_input
 from gyre.proxy.messages import ChatRequest, Message
-from gyre.proxy.piece_encode import PieceEncoder
+from gyre.proxy.piece_encode import PieceEncoder, PromptTooLong
 from gyre.proxy.render import ChatRenderer, RenderError
 from gyre.trajectory.records import Provenance
 
@@ -198,12 +198,19 @@ class InputPlan:
         tokens so far, by the bound the encoder checks before encoding that piece, encoding the
         complete plan raises :class:`~gyre.proxy.piece_encode.PromptTooLong` there or before; then
         :attr:`over` is set, and this text and every later one are kept as ``""``, never encoded."""
-        if self.pieces is not None and self.max_tokens is not None and not self.over:
+        if (self.pieces is not None and self.max_tokens is not None and not self.over
+                and end - start > 2 * self.pieces.piece_chars):  # a shorter text has no piece to bound
             fixed = self.fixed_tokens()
             found = self.pieces.over_by_bound(text, self.max_tokens - fixed, start, end)
             if found:
                 self.over = fixed + found
         return self.text("" if self.over else text[start:end])
+
+    def raise_if_over(self) -> None:
+        """Raise :class:`~gyre.proxy.piece_encode.PromptTooLong` (a 400) when :meth:`text_span` found
+        the input longer than ``max_tokens``: the verdict encoding the plan would reach."""
+        if self.over:
+            raise PromptTooLong(self.over, self.max_tokens)
 
     def add(self, ids: np.ndarray, prov: np.ndarray) -> None:
         self.parts.append((ids, prov))
