@@ -117,7 +117,8 @@ class RequestIntake:
         """``(body, request, parse_s, normalize_s)`` of a received body, under the request limits
         (:mod:`gyre.proxy.request_body`): a compressed body is inflated off the event loop with
         an output limit, a very large one is checked by the helper process first, then it is
-        parsed, normalised and its counts and size bounded. Raises :class:`ProxyError`."""
+        parsed, normalised and its counts and size bounded; a ``bytearray`` body is emptied once
+        its text is decoded (the caller gives ``raw`` up). Raises :class:`ProxyError`."""
         limits = self.limits
         if encoding.strip().lower() not in ("", "identity"):
             raw = await asyncio.get_running_loop().run_in_executor(None, inflate, raw, encoding,
@@ -125,7 +126,7 @@ class RequestIntake:
         if 0 < self.config.body_check_bytes <= len(raw):
             await self.check_large_body(api, raw)
         t0 = time.perf_counter()
-        body = decode_json(raw, "", limits)
+        body = decode_json(raw, "", limits, consume=True)
         t1 = time.perf_counter()
         check_body_counts(body, limits)
         if count_tokens and isinstance(body, dict) and "max_tokens" not in body:

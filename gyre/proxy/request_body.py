@@ -172,7 +172,8 @@ def parses_with_orjson(n: int, max_body_bytes: int) -> bool:
     return n * ORJSON_MAX_SHARE <= max_body_bytes
 
 
-def decode_json(raw: bytes | bytearray, encoding: str = "", limits: RequestLimits | None = None) -> Any:
+def decode_json(raw: bytes | bytearray, encoding: str = "", limits: RequestLimits | None = None, *,
+                consume: bool = False) -> Any:
     """The JSON value of a body sent with ``Content-Encoding: encoding``, checked by
     :func:`check_json_value` (module docstring, steps 2-3). orjson reads a body of at most
     ``max_body_bytes / ORJSON_MAX_SHARE`` bytes (faster than the standard library: docs/proxy.md,
@@ -180,7 +181,9 @@ def decode_json(raw: bytes | bytearray, encoding: str = "", limits: RequestLimit
     refuses what the standard library accepts (``NaN``, ``1e400``, a lone surrogate escape) and reads
     integer literals beyond 64 bits as floats; a longer body, and every body orjson refuses, goes to
     the standard library (a lower peak of working memory), whose errors are the ones reported. The
-    value is the same whichever parser read it.
+    value is the same whichever parser read it. With ``consume`` (the caller gives ``raw`` up), a
+    ``bytearray`` body is emptied once the standard library has its text, so that the body is not
+    held beside the text and the value parsed from it.
 
     Raises:
         ProxyError: as :func:`inflate`; 400 for bytes that are not UTF-8, text that is not JSON,
@@ -202,6 +205,11 @@ def decode_json(raw: bytes | bytearray, encoding: str = "", limits: RequestLimit
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ProxyError(400, f"request body is not valid UTF-8: {exc}") from None
+    if consume and isinstance(raw, bytearray):
+        try:
+            raw.clear()
+        except BufferError:  # a view of it is still alive: it stays as it is
+            pass
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:

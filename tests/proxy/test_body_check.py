@@ -19,9 +19,9 @@ def parsed(monkeypatch):
     sizes: list[int] = []
     real = intake_module.decode_json
 
-    def counting(raw, encoding, limits=None):
+    def counting(raw, encoding, limits=None, **kw):
         sizes.append(len(raw))
-        return real(raw, encoding, limits)
+        return real(raw, encoding, limits, **kw)
 
     monkeypatch.setattr(intake_module, "decode_json", counting)
     return sizes

@@ -308,3 +308,31 @@ def test_both_parsers_give_the_same_value_or_the_same_refusal():
         by_orjson = _decoded(raw, len(raw) * ORJSON_MAX_SHARE)
         assert by_orjson == _decoded(raw, len(raw)), raw[:200]
     assert sum(isinstance(_decoded(raw, len(raw)), str) for raw in bodies) > 400  # most were read, not refused
+
+
+def test_a_consumed_body_is_emptied_once_decoded_and_not_held_beside_its_value():
+    import tracemalloc
+
+    text = "[" * 100_000 + "1" + "]" * 100_000
+    body = json.dumps({"messages": [{"role": "user", "content": text}]}).encode()
+    limits = RequestLimits(max_body_bytes=256 << 10)
+    assert len(body) > (256 << 10) // ORJSON_MAX_SHARE  # read by the standard library
+
+    def peak(consume: bool) -> tuple[int, bytearray, object]:
+        tracemalloc.start()
+        raw = bytearray(body)  # traced, as a body read by the server is
+        try:
+            value = decode_json(raw, "", limits, consume=consume)
+            return tracemalloc.get_traced_memory()[1], raw, value
+        finally:
+            tracemalloc.stop()
+
+    kept_peak, kept, value = peak(False)
+    assert kept == body and value["messages"][0]["content"] == text
+    freed_peak, emptied, value = peak(True)
+    assert emptied == bytearray() and value["messages"][0]["content"] == text
+    assert freed_peak < kept_peak - len(body) // 2, (freed_peak, kept_peak)  # the body's text went with it
+    raw = bytearray(body)
+    view = memoryview(raw)  # a body still viewed elsewhere is left as it is
+    assert decode_json(raw, "", limits, consume=True)["messages"][0]["content"] == text and raw == body
+    view.release()
