@@ -41,9 +41,30 @@ def executions_log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "executions.jsonl").read_text().splitlines()]
 
 
+def off_loopback(cmd: list[str]) -> tuple[list[str], str | None]:
+    """``cmd`` (a torchrun command) launched with a non-loopback MASTER_ADDR, as on a multi-node
+    job, and that address; unchanged and ``None`` where this machine has no route off loopback."""
+    from gyre.network import node_address
+
+    try:
+        addr = node_address("192.0.2.123")
+    except OSError:
+        return cmd, None
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        port = s.getsockname()[1]
+    i = cmd.index("--standalone")
+    return [*cmd[:i], "--master-addr", addr, "--master-port", str(port), *cmd[i + 1:]], addr
+
+
 def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
+    """Launched off loopback where the machine can (as on a multi-node job): the control store, the
+    cells' engines and the weight snapshot then use this machine's address on that route."""
     run = tmp_path / "run"
-    summary, r = run_job(run, "--tensorboard-dir", str(tmp_path / "tb"), "--rollout-kv-migration")
+    cmd, addr = off_loopback(torchrun(run, "--tensorboard-dir", str(tmp_path / "tb"), "--rollout-kv-migration"))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-5000:]
+    summary = json.loads((run / "summary.json").read_text())
     assert json.loads(r.stdout.strip().splitlines()[-1]) == summary
     assert "gyre: reward by step [" in r.stderr and "gyre: time per phase: rollout" in r.stderr
     assert summary["placement"] == "elastic" and summary["steps"] == 3
@@ -84,6 +105,9 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
     # metrics: one row per step with the reward and training statistics; role changes as events
     rows, events = read_metrics(run / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2, 3]
+    (start,) = [e for e in events if e["event"] == "run_start"]
+    assert sorted(start["engines"]) == ["engine-0", "engine-1", "engine-2"]
+    assert {url.split("//")[1].rsplit(":", 1)[0] for url in start["engines"].values()} == {addr or "127.0.0.1"}
     for key in ("reward_mean", "loss", "grad_norm", "staleness_mean", "waterlevel", "cells_training",
                 "train_inference_mismatch", "tokens_per_s"):
         assert key in rows[0], key
@@ -295,27 +319,3 @@ def test_placements_compare_table_needs_run_dirs(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, env=ENV)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"compare_runs: error: {tmp_path}: no summary.json (not a finished Gyre run)"]
-
-
-def test_servers_listen_where_the_other_nodes_reach_them(tmp_path):
-    """Launched with a non-loopback MASTER_ADDR (as on a multi-node job), the control store, the
-    cells' engines and the weight snapshot use this machine's address on that route."""
-    from gyre.network import node_address
-
-    try:
-        addr = node_address("192.0.2.123")
-    except OSError:
-        pytest.skip("this machine has no route off loopback")
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        port = s.getsockname()[1]
-    run = tmp_path / "run"
-    cmd = torchrun(run, "--train-steps", "1")
-    cmd[cmd.index("--standalone"):cmd.index("--standalone") + 1] = ["--master-addr", addr, "--master-port", str(port)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-5000:]
-    _, events = read_metrics(run / "metrics.jsonl")
-    (start,) = [e for e in events if e["event"] == "run_start"]
-    assert sorted(start["engines"]) == ["engine-0", "engine-1", "engine-2"]
-    assert {url.split("//")[1].rsplit(":", 1)[0] for url in start["engines"].values()} == {addr}
-    assert json.loads((run / "summary.json").read_text())["steps"] == 1
