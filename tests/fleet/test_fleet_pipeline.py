@@ -80,8 +80,12 @@ def test_executions_run_and_are_assessed_on_the_nodes(cluster, proxy, tmp_path):
         launcher.close()
 
 
-# one model call, result.txt, then a long sleep (so that a node can be lost while it runs)
-CALL_AND_SLEEP = CALL_AND_EXIT.replace("sys.exit(int(sys.argv[1]))", "import time; time.sleep(float(sys.argv[1]))")
+# one model call, result.txt, then a wait until the test creates the file named by argv[1] (at most
+# 120 s), so that a node can be lost, or another join, while it runs
+CALL_AND_WAIT = CALL_AND_EXIT.replace(
+    "sys.exit(int(sys.argv[1]))",
+    "import time\nend = time.monotonic() + 120\n"
+    "while not os.path.exists(sys.argv[1]) and time.monotonic() < end:\n    time.sleep(0.05)")
 
 
 def fleet_processes() -> list[int]:
@@ -106,7 +110,8 @@ def test_a_lost_node_fails_its_executions_unresolved_and_the_rest_finish(cluster
     ray.init(address=cluster.address)
     run_dir = tmp_path / "run"
     task = taskset(tmp_path, EXIT_CODE_CHECK)
-    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_SLEEP, "25"])
+    release = tmp_path / "release"
+    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_WAIT, str(release)])
     log = AssessmentLog(tmp_path / "assessments.jsonl")
     try:
         fins: dict[int, object] = {}
@@ -120,6 +125,7 @@ def test_a_lost_node_fails_its_executions_unresolved_and_the_rest_finish(cluster
         lost = {s for s in ids if launcher.slot_of(s).node_id == victim.node_id}
         assert len(lost) == 2  # both slots of that node were busy
         cluster.remove_node(victim, allow_graceful=False)
+        release.touch()  # the executions of the other nodes finish
         for t in threads:
             t.join(240)
         by_id = {f.execution_id: f for f in fins.values()}
@@ -150,7 +156,8 @@ def test_a_node_that_joins_mid_run_takes_new_dispatches(cluster, proxy, tmp_path
     ray.init(address=cluster.address)
     run_dir = tmp_path / "run"
     task = taskset(tmp_path, EXIT_CODE_CHECK)
-    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_SLEEP, "20"])
+    release = tmp_path / "release"
+    launcher = launcher_for(run_dir, [sys.executable, "-c", CALL_AND_WAIT, str(release)])
     log = AssessmentLog(tmp_path / "assessments.jsonl")
     try:
         fins: dict[int, object] = {}
@@ -169,8 +176,9 @@ def test_a_node_that_joins_mid_run_takes_new_dispatches(cluster, proxy, tmp_path
         assert launcher.pool.wait_for_slots(8, timeout_s=60) == 8
         threads += [start(6), start(7)]
         assert wait(lambda: all(proxy.counters(s)["calls"] == 1 for s in ids[6:]), timeout=120)
-        # the first six still run (20 s each): the two new executions can only be on the new node
+        # the first six still run (they wait for the release): the two new executions can only be on the new node
         assert {launcher.slot_of(s).node_id for s in ids[6:]} == {joined.node_id}
+        release.touch()
         for t in threads:
             t.join(240)
         for fin in fins.values():
