@@ -21,8 +21,8 @@ def assessments(run) -> list[dict]:
 
 def test_main_job_trains_with_every_execution_on_the_fleet(cluster, tmp_path, tiny_model_dir):
     fleet, local = tmp_path / "fleet", tmp_path / "local"
-    summary, _ = run_job(fleet, "--execution-fleet", cluster.address, "--train-steps", "3")
-    assert summary["steps"] == 3 and summary["executions_trained"] == 24
+    summary, _ = run_job(fleet, "--execution-fleet", cluster.address, "--train-steps", "2")
+    assert summary["steps"] == 2 and summary["executions_trained"] == 16
     closed = [e for e in executions_log(fleet) if e["event"] == "closed"]
     assert closed and all(e["termination"] == "completed" for e in closed), closed
     nodes = set()
@@ -51,14 +51,14 @@ def test_a_fleet_run_killed_and_resumed_reruns_no_finished_execution(cluster, tm
 
     run = tmp_path / "run"
     fleet = ("--execution-fleet", cluster.address)
-    _, tracker = kill_after_first_checkpoint(run, "--train-steps", "3", "--save-interval", "1", *fleet)
+    _, tracker = kill_after_first_checkpoint(run, "--train-steps", "2", "--save-interval", "1", *fleet)
     before = executions_log(run)
     ck = json.loads((run / "checkpoints" / f"iter_{int(tracker.read_text()):07d}" / "controller.json").read_text())
     finished = {e["execution_id"] for e in before if e["event"] == "closed"
                 and e["status"] in ("completed", "timeout") and e["outcome"] != "excluded"}
 
-    summary, _ = run_job(run, "--train-steps", "3", "--save-interval", "1", "--load", str(run), *fleet)
-    assert summary["steps"] == 3 and summary["first_step"] == ck["iteration"]
+    summary, _ = run_job(run, "--train-steps", "2", "--save-interval", "1", "--load", str(run), *fleet)
+    assert summary["steps"] == 2 and summary["first_step"] == ck["iteration"]
     after = executions_log(run)[len(before):]
     carried = {e["execution_id"] for e in after if e["event"] == "carried_over"}
     relaunched = {e["execution_id"] for e in after if e["event"] == "launched"}

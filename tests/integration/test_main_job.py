@@ -164,7 +164,7 @@ def kill_after_first_checkpoint(run: Path, *extra: str) -> tuple[int, Path]:
 
 def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    returncode, tracker = kill_after_first_checkpoint(run, "--train-steps", "4", "--save-interval", "1")
+    returncode, tracker = kill_after_first_checkpoint(run, "--train-steps", "3", "--save-interval", "1")
     assert returncode != 0
     before = executions_log(run)
     closed_before = {e["execution_id"] for e in before if e["event"] == "closed"}
@@ -172,8 +172,8 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     done = ck["iteration"]
     assert done >= 1
 
-    summary, _ = run_job(run, "--train-steps", "4", "--save-interval", "1", "--load", str(run))
-    assert summary["steps"] == 4 and summary["first_step"] == done
+    summary, _ = run_job(run, "--train-steps", "3", "--save-interval", "1", "--load", str(run))
+    assert summary["steps"] == 3 and summary["first_step"] == done
     after = executions_log(run)
     # nothing recorded before the kill was lost: records and assessments are still there
     assessed = {json.loads(line)["execution_id"] for line in
@@ -183,9 +183,9 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     # no execution trained twice; the resumed run trains from step `done` + 1 on
     trained_ck = set(ck["trained"])
     resumed = [e for e in after[len(before):] if e["event"] == "trained"]
-    assert {e["step"] for e in resumed} == set(range(done + 1, 5))
+    assert {e["step"] for e in resumed} == set(range(done + 1, 4))
     assert not trained_ck & {e["execution_id"] for e in resumed}
-    assert len({e["execution_id"] for e in resumed}) == len(resumed) == 8 * (4 - done)
+    assert len({e["execution_id"] for e in resumed}) == len(resumed) == 8 * (3 - done)
     # nothing finished is lost: every execution that closed with an outcome and was not trained by
     # the checkpoint is carried over (under its own id) and trained in the resumed run
     finished = {e["execution_id"] for e in before if e["event"] == "closed"
@@ -202,25 +202,25 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     rows, events = read_metrics(run / "metrics.jsonl")
     start = max(i for i, e in enumerate(events) if e["event"] == "run_start")
     resumed_steps = [r["step"] for r in rows if r["time"] >= events[start]["time"]]
-    assert resumed_steps == list(range(done + 1, 5))
+    assert resumed_steps == list(range(done + 1, 4))
     # the summary counts every step once, the checkpointed one with its core statistics
     last = {r["step"]: r for r in rows}
     assert summary["tokens_trained"] == sum(r["row_tokens"] for r in last.values())
-    assert json.loads((run / "checkpoints" / "iter_0000004" / "controller.json").read_text())["iteration"] == 4
+    assert json.loads((run / "checkpoints" / "iter_0000003" / "controller.json").read_text())["iteration"] == 3
     # the summary and the timeline cover the whole run, both attempts
-    assert summary["attempts"] == 2 and summary["executions_trained"] == 32
-    assert summary["executions"] >= 32 and summary["role_changes"] >= ck["summary"]["role_changes"]
+    assert summary["attempts"] == 2 and summary["executions_trained"] == 24
+    assert summary["executions"] >= 24 and summary["role_changes"] >= ck["summary"]["role_changes"]
     timeline = json.loads((run / "timeline.json").read_text())["timeline"]
     starts = [iv[0] for cell in timeline for iv in cell]
     assert min(starts) < 1.0 and max(iv[1] for cell in timeline for iv in cell) > ck["elapsed_s"]
     # resuming the finished run says what to pass, at once
     t0 = time.monotonic()
     r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(run), "--load", str(run),
-                        "--train-steps", "4"], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+                        "--train-steps", "3"], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
     assert r.returncode == 2 and time.monotonic() - t0 < 30
     assert r.stderr.strip().splitlines() == [
-        f"pretrain_gyre.py: error: argument --train-steps: {run / 'checkpoints' / 'iter_0000004'} already holds 4 "
-        f"steps; pass --train-steps greater than 4 to train further"]
+        f"pretrain_gyre.py: error: argument --train-steps: {run / 'checkpoints' / 'iter_0000003'} already holds 3 "
+        f"steps; pass --train-steps greater than 3 to train further"]
 
 
 def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path, tiny_model_dir):
