@@ -41,7 +41,7 @@ def test_the_phases_code_runs_emulated_on_cpu(tmp_path):
     assert a["status"] == "pass" and a["grad_max_abs_diff"] < 1e-5 and a["grad_norm"] > 0.1
     assert c["status"] == "pass" and c["bit_identical"] is True and c["param_gb"] > 0.01
     assert c["moved_gb"] > c["param_gb"] and c["offload_gb_per_s"] > 0 and c["restore_gb_per_s"] > 0
-    assert d["status"] == "pass" and d["pushes"] == 20 and d["logprob_max_abs_diff"] < 1e-4
+    assert d["status"] == "pass" and d["pushes"] == 5 and d["logprob_max_abs_diff"] < 1e-4
     assert e["status"] == "pass" and e["steps"] == 2 and e["role_changes"] > 0
 
 
