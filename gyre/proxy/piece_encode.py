@@ -274,9 +274,10 @@ class PieceEncoder:
         if not self.exact_cuts or start >= end:
             return 0
         scanned = self._scan(text, start, end)
-        if scanned is None:
-            return 0
-        counts, runs = scanned
+        return 0 if scanned is None else self._bound(*scanned)
+
+    def _bound(self, counts: np.ndarray, runs: list[tuple[int, int]]) -> int:
+        """:meth:`lower_bound` of a text from its :meth:`_scan`."""
         present = [int(c) for c in np.nonzero(counts)[0]]
         q = sum(1 << c for c in present)
         lo, hi, lens, pure = self._ascii_tokens()
@@ -313,7 +314,7 @@ class PieceEncoder:
             weak = self._run_bound(scanned[1], int(lens.max()) if lens.size else 1, pure)
             bound = -(-weak.numerator // weak.denominator)
             if bound <= budget:
-                bound = self.lower_bound(text, s, e)
+                bound = self._bound(*scanned)  # the same piece's full bound, from the same scan
             if bound > budget:
                 return bound
         return 0
