@@ -25,14 +25,14 @@ def test_a_fleet_run_killed_and_resumed_runs_every_execution_on_the_fleet(cluste
     on a node before the kill and was not trained yet is carried over, not launched again; the
     executions of both attempts ran on the fleet, their workspaces on the nodes."""
     run = tmp_path / "run"
-    fleet = ("--execution-fleet", cluster.address)
-    _, tracker = kill_after_first_checkpoint(run, "--train-steps", "2", "--save-interval", "1", *fleet)
+    fleet = ("--execution-fleet", cluster.address, "--num-cells", "2")
+    _, tracker = kill_after_first_checkpoint(run, "--train-steps", "2", "--save-interval", "1", *fleet, nproc=2)
     before = executions_log(run)
     ck = json.loads((run / "checkpoints" / f"iter_{int(tracker.read_text()):07d}" / "controller.json").read_text())
     finished = {e["execution_id"] for e in before if e["event"] == "closed"
                 and e["status"] in ("completed", "timeout") and e["outcome"] != "excluded"}
 
-    summary, _ = run_job(run, "--train-steps", "2", "--save-interval", "1", "--load", str(run), *fleet)
+    summary, _ = run_job(run, "--train-steps", "2", "--save-interval", "1", "--load", str(run), *fleet, nproc=2)
     assert summary["steps"] == 2 and summary["first_step"] == ck["iteration"] and summary["executions_trained"] == 16
     after = executions_log(run)[len(before):]
     carried = {e["execution_id"] for e in after if e["event"] == "carried_over"}
@@ -59,7 +59,7 @@ def test_a_fleet_run_killed_and_resumed_runs_every_execution_on_the_fleet(cluste
 
     # the same files and fields as the job without a fleet (the key sets do not depend on the steps)
     local = tmp_path / "local"
-    base, _ = run_job(local, "--train-steps", "1")
+    base, _ = run_job(local, "--num-cells", "2", "--train-steps", "1", nproc=2)
     assert base["steps"] == 1 and sorted(summary) == sorted(base)
     assert len(list((local / "records").glob("*.jsonl"))) == base["executions"]
     assert {frozenset(a) for a in assessments(run)} == {frozenset(a) for a in assessments(local)}

@@ -127,24 +127,26 @@ def test_cpu_tiny_elastic_end_to_end(tmp_path, tiny_model_dir):
 def test_async_and_colocate_run_the_same_config(tmp_path, tiny_model_dir):
     walls = {}
     for placement in ("async", "colocate"):
-        summary, _ = run_job(tmp_path / placement, "--placement", placement, "--train-steps", "2")
+        summary, _ = run_job(tmp_path / placement, "--placement", placement, "--num-cells", "2", "--train-steps", "2",
+                             nproc=2)
         assert summary["placement"] == placement and summary["steps"] == 2
         walls[placement] = summary["wall_s"]
-        if placement == "async":  # cell 0 trains all along, cells 1-2 serve: no role change
+        if placement == "async":  # cell 0 trains all along, cell 1 serves: no role change
             assert summary["role_changes"] == 0 and summary["train_rollout_overlap_s"] > 0
         else:  # the whole pool switches together: training never overlaps rollout
-            assert summary["role_changes"] >= 3 and summary["train_rollout_overlap_s"] == 0
+            assert summary["role_changes"] >= 2 and summary["train_rollout_overlap_s"] == 0
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "compare_runs.py"), str(tmp_path / "async"),
                           str(tmp_path / "colocate")], capture_output=True, text=True, cwd=ROOT, env=ENV)
     assert out.returncode == 0, out.stderr
     assert "async" in out.stdout and "colocate" in out.stdout and "wall_s" in out.stdout
 
 
-def kill_after_first_checkpoint(run: Path, *extra: str) -> tuple[int, Path]:
-    """Run the main job in ``run`` until its first checkpoint, then SIGKILL one rank (rank 1):
-    torchrun tears the job down. Returns torchrun's exit status and the checkpoint tracker file."""
+def kill_after_first_checkpoint(run: Path, *extra: str, nproc: int = 3) -> tuple[int, Path]:
+    """Run the main job in ``run`` on ``nproc`` ranks until its first checkpoint, then SIGKILL one
+    rank (rank 1): torchrun tears the job down. Returns torchrun's exit status and the checkpoint
+    tracker file."""
     tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
-    proc = subprocess.Popen(torchrun(run, *extra), cwd=ROOT, env=ENV,
+    proc = subprocess.Popen(torchrun(run, *extra, nproc=nproc), cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 400
@@ -153,7 +155,7 @@ def kill_after_first_checkpoint(run: Path, *extra: str) -> tuple[int, Path]:
             time.sleep(0.2)
         ranks = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "pretrain_gyre.py"], capture_output=True, text=True)
         pids = sorted(int(p) for p in ranks.stdout.split())
-        assert len(pids) == 3, ranks
+        assert len(pids) == nproc, ranks
         os.kill(pids[1], signal.SIGKILL)
         proc.wait(timeout=120)
     finally:
@@ -164,7 +166,8 @@ def kill_after_first_checkpoint(run: Path, *extra: str) -> tuple[int, Path]:
 
 def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    returncode, tracker = kill_after_first_checkpoint(run, "--train-steps", "3", "--save-interval", "1")
+    cells = ("--num-cells", "2")
+    returncode, tracker = kill_after_first_checkpoint(run, *cells, "--train-steps", "3", "--save-interval", "1", nproc=2)
     assert returncode != 0
     before = executions_log(run)
     closed_before = {e["execution_id"] for e in before if e["event"] == "closed"}
@@ -172,7 +175,7 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     done = ck["iteration"]
     assert done >= 1
 
-    summary, _ = run_job(run, "--train-steps", "3", "--save-interval", "1", "--load", str(run))
+    summary, _ = run_job(run, *cells, "--train-steps", "3", "--save-interval", "1", "--load", str(run), nproc=2)
     assert summary["steps"] == 3 and summary["first_step"] == done
     after = executions_log(run)
     # nothing recorded before the kill was lost: records and assessments are still there
@@ -216,7 +219,8 @@ def test_sigkill_and_resume_loses_nothing(tmp_path, tiny_model_dir):
     # resuming the finished run says what to pass, at once
     t0 = time.monotonic()
     r = subprocess.run(["bash", str(ROOT / "examples" / "run_cpu_tiny.sh"), "--run-dir", str(run), "--load", str(run),
-                        "--train-steps", "3"], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+                        *cells, "--train-steps", "3"], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(ENV, GYRE_NPROC="2"), timeout=120)
     assert r.returncode == 2 and time.monotonic() - t0 < 30
     assert r.stderr.strip().splitlines() == [
         f"pretrain_gyre.py: error: argument --train-steps: {run / 'checkpoints' / 'iter_0000003'} already holds 3 "
@@ -229,8 +233,8 @@ def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path,
     from gyre.trajectory.store import read_records
 
     run = tmp_path / "run"
-    summary, _ = run_job(run, "--train-steps", "2", "--standalone-engines", "1", "--standalone-concurrency", "4",
-                         "--proxy-workers", "2")
+    summary, _ = run_job(run, "--num-cells", "2", "--train-steps", "2", "--standalone-engines", "1",
+                         "--standalone-concurrency", "4", "--proxy-workers", "2", nproc=2)
     assert summary["steps"] == 2
     records = [r for p in sorted((run / "records").glob("*.jsonl")) for r in read_records(p)]
     assert {worker_index(r.execution_id, 2) for r in records} == {0, 1}
@@ -241,7 +245,7 @@ def test_standalone_pool_serves_executions_and_loads_every_publication(tmp_path,
     # the scheduler sends launches to the pool first: the standalone engine served executions
     standalone = by_engine.get("standalone-0", [])
     assert len({r.execution_id for r in standalone}) >= 4, sorted(by_engine)
-    assert set(by_engine) <= {"standalone-0", "engine-0", "engine-1", "engine-2"}
+    assert set(by_engine) <= {"standalone-0", "engine-0", "engine-1"}
     # it followed the publications: it served calls with a trained policy
     _, events = read_metrics(run / "metrics.jsonl")
     published = [e["version"] for e in events if e["event"] == "publish"]
@@ -265,7 +269,8 @@ def files_of(run: Path) -> dict[str, int]:
 
 def test_sigkill_of_the_launcher_leaves_nothing_running_and_the_run_dir_is_locked(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(torchrun(run, "--train-steps", "20", "--save-interval", "1"), cwd=ROOT, env=ENV,
+    proc = subprocess.Popen(torchrun(run, "--num-cells", "2", "--train-steps", "20", "--save-interval", "1", nproc=2),
+                            cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 400
@@ -279,9 +284,9 @@ def test_sigkill_of_the_launcher_leaves_nothing_running_and_the_run_dir_is_locke
         assert r.stderr.strip().splitlines() == [f"pretrain_gyre.py: error: argument --run-dir: {run} is in use "
                                                  f"by another job"]
         deadline = time.monotonic() + 120  # kill while a harness runs (the ranks' children)
-        while len(procs := descendants(proc.pid)) < 4 and time.monotonic() < deadline:
+        while len(procs := descendants(proc.pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(procs) >= 4, procs  # three ranks and at least one harness
+        assert len(procs) >= 3, procs  # two ranks and at least one harness
         proc.kill()  # SIGKILL the launcher only
         proc.wait()
         deadline = time.monotonic() + 30

@@ -21,8 +21,8 @@ def test_bombs_do_not_stop_the_run(tmp_path, tiny_model_dir):
         pytest.skip(f"bwrap with cgroups unavailable here: {reason or 'no writable cgroups'}")
     run = tmp_path / "run"
     summary, r = run_job(run, "--harness", "tests.sandbox.hostile_harness:BombHarness", "--train-steps", "1",
-                         "--execution-pids-limit", "64", "--execution-memory-limit", "256m",
-                         "--execution-workspace-limit", "32m", "--execution-timeout-s", "60")
+                         "--num-cells", "2", "--execution-pids-limit", "64", "--execution-memory-limit", "256m",
+                         "--execution-workspace-limit", "32m", "--execution-timeout-s", "60", nproc=2)
     assert summary["steps"] == 1
     closed = {e["execution_id"]: e for e in executions_log(run) if e["event"] == "closed"}
     bombs = {sid: e for sid, e in closed.items() if sid.startswith("a0-g0000-e0000") and sid[-1] in "012"}

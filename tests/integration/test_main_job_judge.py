@@ -22,9 +22,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOG_minlog
 
 
 def run_job(run_dir: Path, *extra: str, timeout: float = 600):
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"),
-            "--run-dir", str(run_dir), "--no-progress", *extra]
+            "--run-dir", str(run_dir), "--num-cells", "2", "--no-progress", *extra]
     r = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-5000:]
     return json.loads((run_dir / "summary.json").read_text()), r

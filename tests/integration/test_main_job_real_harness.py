@@ -51,8 +51,9 @@ def test_main_job_with_a_real_harness(name, tmp_path, tiny_model_dir):
         pytest.skip(f"{name} unavailable: {exc}")
     run = tmp_path / "run"
     t0 = time.monotonic()
-    r = subprocess.run(torchrun(run, "--harness", name, "--train-steps", "1", "--n-samples-per-prompt", str(n),
-                                "--global-batch-groups", str(b), "--execution-timeout-s", "90", *extra),
+    r = subprocess.run(torchrun(run, "--harness", name, "--num-cells", "1", "--train-steps", "1",
+                                "--n-samples-per-prompt", str(n), "--global-batch-groups", str(b),
+                                "--execution-timeout-s", "90", *extra, nproc=1),
                        capture_output=True, text=True, env=ENV, timeout=400, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-5000:]
     wall = time.monotonic() - t0

@@ -43,8 +43,9 @@ def run_with_faults(tmp_path, rank: int, releases: int, timeout: float = 600):
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = dict(ENV, FAULT_RANK=str(rank), FAULT_RELEASES=str(releases),
                PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT), ENV.get("PYTHONPATH", "")]))
-    return subprocess.run(torchrun(tmp_path / "run"), capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=ROOT)
+    # two cells (cell 1 a satellite), two steps: the retried switch has a step to train in
+    return subprocess.run(torchrun(tmp_path / "run", "--num-cells", "2", "--train-steps", "2", nproc=2),
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
 def test_a_cell_whose_switch_fails_is_retried_and_the_run_completes(tmp_path):
@@ -52,7 +53,7 @@ def test_a_cell_whose_switch_fails_is_retried_and_the_run_completes(tmp_path):
     r = run_with_faults(tmp_path, rank=1, releases=4)
     assert r.returncode == 0, r.stderr[-5000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["executions_trained"] == 24
+    assert summary["steps"] == 2 and summary["executions_trained"] == 16
     assert summary["switch_failures"] == 1
     _, events = read_metrics(tmp_path / "run" / "metrics.jsonl")
     (failed,) = [e for e in events if e["event"] == "switch_failed"]
