@@ -1,31 +1,48 @@
 """`pretrain_gyre.py --check-config` checks what the run will load: the model directories and the task files.
 
-Each case runs the real entry point as a subprocess with WORLD_SIZE=3 (as `examples/run_cpu_tiny.sh`
-does before torchrun); a bad model directory or a refused task file exits 2 with one stderr line.
+Each case calls the entry point's ``main`` with WORLD_SIZE=3 (as `examples/run_cpu_tiny.sh` runs it
+before torchrun), in this process, its exit status and streams captured; the first case runs it as a
+process. A bad model directory or a refused task file exits 2 with one stderr line.
 """
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+import pretrain_gyre
 from gyre.embedded_model import model_dir_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 EXE = {"type": "executable", "command": "true", "scoring": "exit_code"}
 
 
-def check_config(*extra: str, rank: str | None = None, world: int = 3):
+def check_env(rank: str | None, world: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
     env.update(WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     if rank is not None:
         env["RANK"] = rank
-    return subprocess.run([sys.executable, str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"),
-                           *extra, "--check-config"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    return env
+
+
+def check_config(*extra: str, rank: str | None = None, world: int = 3) -> subprocess.CompletedProcess:
+    """``pretrain_gyre.py --config examples/cpu_tiny.yaml *extra --check-config``, in this process."""
+    argv = ["--config", str(ROOT / "examples" / "cpu_tiny.yaml"), *extra, "--check-config"]
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, check_env(rank, world), clear=True), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = pretrain_gyre.main(argv)
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture
@@ -35,7 +52,9 @@ def model_copy(tmp_path, tiny_model_dir):
 
 
 def test_missing_model_dir_exits_2_with_one_line():
-    r = check_config("--model-dir", "/nonexistent")
+    r = subprocess.run([sys.executable, str(ROOT / "pretrain_gyre.py"), "--config", str(ROOT / "examples" / "cpu_tiny.yaml"),
+                        "--model-dir", "/nonexistent", "--check-config"], capture_output=True, text=True, cwd=ROOT,
+                       env=check_env(None, 3), timeout=300)
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["pretrain_gyre.py: error: argument --model-dir: /nonexistent: no such directory"]
     assert r.stdout == ""
