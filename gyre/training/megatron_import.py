@@ -1,4 +1,5 @@
-"""megatron-core imported with the ``torch.compile`` it applies at import time deferred to first use.
+"""megatron-core imported with the ``torch.compile`` it applies at import time deferred to first use,
+and without Weights & Biases.
 
 Importing ``megatron.core`` binds ``megatron.core.jit.jit_fuser`` to ``torch.compile`` and decorates
 the fused activations of ``megatron.core.fusions`` with it; each such decoration imports TorchDynamo
@@ -9,6 +10,12 @@ the duration of the import, by :func:`compile_on_first_call`, which applies the 
 ``torch.compile`` when a decorated function is first called: a function that runs is compiled with
 the same arguments as before, one that never runs costs nothing.  ``jit_fuser`` keeps the deferring
 decorator, so modules of the package imported later defer too.
+
+The package also imports ``wandb`` where it is installed (for its timers and its inference
+context's logging, neither of which Gyre uses): about 0.7 s of each rank's start.  While the
+package is imported, ``wandb`` reads as not installed (``sys.modules["wandb"] = None``) unless
+something imported it before; Gyre's own W&B scalars (:mod:`gyre.metrics`) import it afterwards
+as usual.
 """
 
 from __future__ import annotations
@@ -58,8 +65,13 @@ def import_megatron_core():
             return sys.modules["megatron.core"]
         real = torch.compile
         torch.compile = compile_on_first_call(real)
+        hide_wandb = "wandb" not in sys.modules
+        if hide_wandb:
+            sys.modules["wandb"] = None  # type: ignore[assignment]  # `import wandb` raises ImportError
         try:
             import megatron.core
         finally:
             torch.compile = real
+            if hide_wandb and sys.modules.get("wandb", 0) is None:
+                del sys.modules["wandb"]
     return megatron.core

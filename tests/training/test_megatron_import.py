@@ -1,4 +1,5 @@
-"""megatron-core imported with its import-time ``torch.compile`` deferred to each function's first call."""
+"""megatron-core imported with its import-time ``torch.compile`` deferred to each function's first call,
+and without importing ``wandb``, which stays importable afterwards."""
 
 import subprocess
 import sys
@@ -39,9 +40,11 @@ def test_megatron_core_imports_without_inductor_and_torch_compile_is_restored():
              "import megatron.core.jit as jit\n"
              "from megatron.core.fusions.fused_bias_geglu import geglu\n"
              "print(core is sys.modules['megatron.core'], torch.compile is real, jit.jit_fuser is real,\n"
-             "      'torch._inductor.compile_fx' in sys.modules, geglu.__name__)\n")
+             "      'torch._inductor.compile_fx' in sys.modules, geglu.__name__, 'wandb' in sys.modules)\n"
+             "import wandb\n"
+             "print(wandb.__name__)\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
                        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                             "PATH": "/usr/bin:/bin"}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["True", "True", "False", "False", "geglu"]
+    assert r.stdout.split() == ["True", "True", "False", "False", "geglu", "False", "wandb"]
