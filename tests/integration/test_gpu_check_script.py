@@ -42,7 +42,7 @@ def test_the_phases_code_runs_emulated_on_cpu(tmp_path):
     assert c["status"] == "pass" and c["bit_identical"] is True and c["param_gb"] > 0.01
     assert c["moved_gb"] > c["param_gb"] and c["offload_gb_per_s"] > 0 and c["restore_gb_per_s"] > 0
     assert d["status"] == "pass" and d["pushes"] == 5 and d["logprob_max_abs_diff"] < 1e-4
-    assert e["status"] == "pass" and e["steps"] == 2 and e["role_changes"] > 0
+    assert e["status"] == "pass" and e["steps"] == 1 and e["role_changes"] > 0
 
 
 def test_phase_f_without_sglang_is_skipped_with_its_reason(tmp_path):
