@@ -135,6 +135,7 @@ def test_hf_tiny_model_forward(tiny_model_dir):
     assert not torch.allclose(out.logits[:, 8:], out2.logits[:, 8:])
 
 
+@pytest.mark.slow  # a process
 def test_model_loads_with_network_off(tiny_model_dir):
     code = ("import sys; from gyre.embedded_model import load_hf_model, load_tokenizer; "
             "m = load_hf_model(sys.argv[1]); t = load_tokenizer(sys.argv[1]); print(type(m).__name__, len(t))")
@@ -144,6 +145,7 @@ def test_model_loads_with_network_off(tiny_model_dir):
     assert r.stdout.split()[-2:] == ["Qwen3ForCausalLM", "4122"]
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_make_tiny_model_cli(tmp_path):
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]

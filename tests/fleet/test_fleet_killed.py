@@ -17,6 +17,7 @@ from tests.processes import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ray = pytest.importorskip("ray", reason="ray is not installed")
+pytestmark = pytest.mark.slow  # a three-node Ray cluster and a main job
 
 
 def processes_named(prefix: str) -> list[int]:

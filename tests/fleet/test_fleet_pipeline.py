@@ -18,6 +18,7 @@ from gyre.runtime.pipeline import ExecutionKey, run_execution
 from tests.runtime.test_run_execution import CALL_AND_EXIT, EXIT_CODE_CHECK, taskset
 
 ray = pytest.importorskip("ray", reason="ray is not installed")
+pytestmark = pytest.mark.slow  # a three-node Ray cluster per test
 
 
 def launcher_for(run_dir: Path, argv: list[str]):

@@ -53,7 +53,7 @@ class GatedStore(TrajectoryStore):
 
 
 def _serve(r, tmp_path, **config):
-    eng = ScriptedEngine("e0", r.encode(ANSWER) + [r.eos_id], chunk=1, delay_s=0.03)
+    eng = ScriptedEngine("e0", r.encode(ANSWER) + [r.eos_id], chunk=1, delay_s=0.015)
     store = GatedStore(tmp_path)
     srv = ProxyServer(r, store=store, config=ProxyConfig(max_context_tokens=400, **config))
     srv.add_engine(eng)
@@ -145,6 +145,7 @@ def _assert_one_delivered_call_extended(srv, eng, save, ex, api, stream, user="h
     assert len(eng.calls) == 1 and _records(save, ex) == [True]
     c = srv.counters(eid)
     assert (c["delivered"], c["undelivered"]) == (1, 0)
+    eng.delay_s = 0.0  # nothing to give up on in the next call: no need to generate slowly
     _post(srv, api, _body(api, stream, user=user, answer=ANSWER), ex.api_key)
     _wait(lambda: srv.counters(eid)["calls"] == 2)
     r0, r1 = TrajectoryStore(save).read_records(eid)
@@ -191,7 +192,6 @@ def test_a_retry_in_flight_joins_the_generation(served, api, stream):
     assert srv.counters(ex.execution_id)["calls"] == 0           # still generating
     _assert_whole_answer(api, stream, _post(srv, api, raw, ex.api_key))  # the SDK sends the same bytes again
     assert srv.counters(ex.execution_id)["joined_retries"] == 1
-    eng.delay_s = 0.0
     _assert_one_delivered_call_extended(srv, eng, save, ex, api, stream)
 
 
@@ -292,6 +292,7 @@ def test_a_retry_of_a_failed_call_generates_again(served):
     assert _records(save, ex) == [True] and srv.counters(ex.execution_id)["joined_retries"] == 0
 
 
+@pytest.mark.slow  # hundreds of calls under tracemalloc
 def test_the_answers_kept_for_retries_stay_under_the_byte_bound(local_renderer, tmp_path):
     """Twelve executions' calls through a bound that holds three: the oldest are forgotten (a
     retry of one is a new generation), the newest replayed; the bytes counted per kept call

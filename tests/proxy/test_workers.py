@@ -54,6 +54,7 @@ def _paths(tree) -> list[tuple]:
              [round(float(x), 4) for x in tree.path_logprobs(n)]) for n in sorted(tree.leaves())]
 
 
+@pytest.mark.slow  # proxy worker processes
 def test_two_workers_record_what_one_in_process_proxy_records(tiny_model_dir, engine, tmp_path, local_renderer):
     assert {worker_index(i, 2) for i in IDS} == {0, 1}               # both workers own executions
     spec = WorkerSpec(str(tiny_model_dir), str(tmp_path / "records"), ProxyConfig(**CONFIG))
@@ -97,6 +98,7 @@ def test_two_workers_record_what_one_in_process_proxy_records(tiny_model_dir, en
             os.kill(pid, 0)
 
 
+@pytest.mark.slow  # proxy worker processes
 def test_a_dead_worker_is_an_error_at_the_next_call(tiny_model_dir, engine, tmp_path):
     spec = WorkerSpec(str(tiny_model_dir), str(tmp_path / "records"), ProxyConfig(**CONFIG))
     workers = ProxyWorkers(spec, 2, spec_path=tmp_path / "spec.pickle")

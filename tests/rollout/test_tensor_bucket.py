@@ -76,6 +76,7 @@ def test_engine_rank_payloads_give_each_rank_its_shard_or_the_leaders():
         engine_rank_payloads(["p0"], 0)
 
 
+@pytest.mark.slow  # an engine process
 def test_an_engine_process_loads_a_bucket_by_handle(tmp_path, tiny_model_dir):
     """A separate engine process opens the shared-memory payloads and then generates exactly what an
     engine loaded with the same weights by value does."""

@@ -11,6 +11,7 @@ import torch
 from gyre.rollout.ports import free_port
 
 
+@pytest.mark.slow  # engine processes
 def test_one_broadcast_updates_every_engine(tmp_path, tiny_model_dir):
     from gyre.rollout.client.engine_client import EngineClient
     from gyre.rollout.client.messages import EngineError
@@ -120,6 +121,7 @@ class _TPEngine:
         return {"success": True}
 
 
+@pytest.mark.slow  # engine processes
 def test_engines_of_several_tp_ranks_each_receive_the_broadcast(monkeypatch):
     import multiprocessing as mp
 
@@ -148,6 +150,7 @@ def test_engines_of_several_tp_ranks_each_receive_the_broadcast(monkeypatch):
         WeightBroadcaster(engines[:1], "127.0.0.1", free_port(), tp_sizes=[2, 1])
 
 
+@pytest.mark.slow  # engine processes
 def test_a_multi_node_cells_client_broadcasts_its_buckets_to_the_engine(tmp_path, tiny_model_dir):
     """The client of a cell spanning nodes (no CUDA IPC across nodes): a role switch's bucketed load
     goes over a weight-update group it opens itself; the engine then serves what an engine loaded by

@@ -22,6 +22,8 @@ from gyre.sandbox import Environment, ExecutionBackend, Limits, ProxyTarget, San
 from gyre.sandbox.podman import TEST_IMAGE
 
 BACKEND_NAMES = ["local", "bwrap", "podman", "docker", "apptainer"]
+#: Container runtimes start a container per test (1-3 s each): outside the smoke tier.
+CONTAINER_BACKENDS = ("podman", "docker", "apptainer")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +50,8 @@ def podman_service():
     shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-@pytest.fixture(params=BACKEND_NAMES)
+@pytest.fixture(params=[pytest.param(n, marks=pytest.mark.slow) if n in CONTAINER_BACKENDS else n
+                        for n in BACKEND_NAMES])
 def backend(request) -> ExecutionBackend:
     name = request.param
     options = {}

@@ -56,6 +56,7 @@ def test_run_sweep_reports_each_points_table(base):
         run_sweep(base, 2, [0], names=["C2"])
 
 
+@pytest.mark.slow  # the CLI as a process, a full sweep
 def test_cli_sweep_writes_the_tables_and_the_png(tmp_path):
     png = tmp_path / "sweep.png"
     p = subprocess.run([sys.executable, str(TOOL), "--table1", "--sweep", "--steps", "1", "--seeds", "1", "--json",

@@ -108,6 +108,7 @@ def test_run_table1_over_seeds_with_intervals(base):
     assert e0["mean_staleness"] < 1.45 and abs(e0["staleness_after_warmup"] - 1.5) <= 0.05
 
 
+@pytest.mark.slow  # the CLI as a process
 def test_cli_table1_json_and_table():
     p = subprocess.run([sys.executable, str(TOOL), "--table1", "--steps", "3", "--seeds", "2", "--json",
                         "--no-progress"], capture_output=True, text=True, timeout=300)

@@ -67,6 +67,7 @@ def test_load_examples_errors_name_the_line(tmp_path):
         load_examples(p)
 
 
+@pytest.mark.slow  # the CLI as a process, a model trained
 def test_cli_trains_and_saves(tmp_path, tiny_model_dir):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "warmstart.py"), "--out", str(tmp_path / "m"),
                         "--builtin", "tool-loop", "--steps", "3"], capture_output=True, text=True)
