@@ -1,7 +1,7 @@
 """Cells that span ranks (2 cells x tensor parallelism 2, or x pipeline parallelism 2, on 4 gloo
 ranks): the main job's streaming step equals the single-process HF step for several join schedules
-and when a satellite dies, and the main job runs at TP 2 and at PP 2 end to end (role changes,
-overlap, checkpoint, and at TP 2 resume)."""
+and when a satellite dies (one worker run per layout holds both), and the main job runs at TP 2 and
+at PP 2 end to end (role changes, overlap, checkpoint, and at TP 2 resume)."""
 
 import json
 import subprocess
@@ -33,21 +33,48 @@ def assert_equal_to_single_process(steps):
         assert s["weight_diff"] < 1e-7 and s["weight_change"] > 5e-7  # the update moved the weights
 
 
-@pytest.mark.parametrize("layout", [["--tp", "2", "--pp", "1"], ["--tp", "1", "--pp", "2"]], ids=["tp2", "pp2"])
-def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir, layout):
-    # step 0: the satellite joins before any work item; step 1: after 2 are done; step 2: never
-    out, _ = run_worker(tmp_path, *layout, "--join", "0", "2", "-1")
-    assert_equal_to_single_process(out["steps"])
+LAYOUTS = {"tp2": ["--tp", "2", "--pp", "1"], "pp2": ["--tp", "1", "--pp", "2", "--tied-control"]}
+# steps 0-2, the join schedules: the satellite joins before any work item; after 2 are done; never.
+# Step 3: it joins at once and both its ranks exit in their first micro-step.
+SCHEDULE = ["--join", "0", "2", "-1", "0", "--kill-step", "3"]
+
+
+@pytest.fixture(scope="module")
+def cells_run(tmp_path_factory, tiny_model_dir):
+    """``cells_run(layout)``: the worker's ``(out, stderr)`` for ``LAYOUTS[layout]`` and ``SCHEDULE``,
+    run once per layout on first use and shared by the tests of this module (a failed run fails
+    each of them)."""
+    runs: dict = {}
+
+    def get(layout: str):
+        if layout not in runs:
+            try:
+                runs[layout] = run_worker(tmp_path_factory.mktemp(layout), *LAYOUTS[layout], *SCHEDULE)
+            except (Exception, pytest.skip.Exception) as exc:  # a failed run or a skip: the same for every test
+                runs[layout] = exc
+        if isinstance(runs[layout], BaseException):
+            raise runs[layout]
+        return runs[layout]
+
+    return get
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_join_schedules_equal_the_single_process_step(cells_run, layout):
+    out, _ = cells_run(layout)
+    assert_equal_to_single_process(out["steps"][:3])
     core, follower, sat, sat_follower = out["reports"]
-    assert [s["k"] for s in core["steps"]] == [1, 1, 0]
-    for s, mine in zip(core["steps"], sat["steps"]):
+    schedules = core["steps"][:3]
+    assert [s["k"] for s in schedules] == [1, 1, 0]
+    assert len(sat["steps"]) == 3  # the satellite's report was taken before the kill step
+    for s, mine in zip(schedules, sat["steps"]):
         assert sorted(set(s["by"])) == ([0, 1] if s["k"] else [0])
         assert s["count"] + (mine["count"] or 0) == s["items"] == len(s["by"])  # every item exactly once
         assert [s["by"].count(c) for c in (0, 1)] == [s["count"], mine["count"] or 0]
-    assert core["steps"][1]["by"][:2] == [0, 0]  # the first two were done before the satellite joined
+    assert schedules[1]["by"][:2] == [0, 0]  # the first two were done before the satellite joined
     assert sat["steps"][2] == {"reply": "JoinSkipped", "count": None, "reason": "window closed"}
     assert [s["reply"] for s in sat_follower["steps"]] == [None, None, None]  # only the leader replies
-    # the satellite's leader reads the core's last snapshot (each shard its own) and gathers it
+    # after step 2 the satellite's leader reads the core's snapshot (each shard its own) and gathers it
     assert sat["published_version"] == 3 and out["published_diff"] < 1e-7
     # the engine's copy goes over in buckets: only the leader holds them, and they add up to the model
     assert sat["buckets"] >= 3 and sat_follower["buckets"] == 0 and sat["bucket_diff"] == 0.0
@@ -56,19 +83,22 @@ def test_join_schedules_equal_the_single_process_step(tmp_path, tiny_model_dir, 
     assert sat["payload_diff_rank0"] == sat["payload_diff_rank1"] == 0.0
 
 
-def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(tmp_path, tiny_model_dir):
+def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(cells_run):
     """Negative control: without summing the word-embedding gradient of the first stage and the
-    output-layer gradient of the last, the step is not the single-process one."""
-    out, _ = run_worker(tmp_path, "--tp", "1", "--pp", "2", "--join", "-1", "--skip-tied-reduction")
-    assert out["steps"][0]["grad_diff"] > 1e-3
+    output-layer gradient of the last, the core's gradient of step 0 is not the single-process one
+    (the worker accumulates step 0's work items so before the step, and applies nothing)."""
+    out, _ = cells_run("pp2")
+    assert out["untied_grad_diff"] > 1e-3
+    assert out["steps"][0]["grad_diff"] < 1e-6  # with the sum, the same step's gradient is
 
 
-@pytest.mark.parametrize("layout", [["--tp", "2", "--pp", "1"], ["--tp", "1", "--pp", "2"]], ids=["tp2", "pp2"])
-def test_a_satellite_killed_mid_batch_is_requeued_and_the_step_is_unchanged(tmp_path, tiny_model_dir, layout):
-    out, stderr = run_worker(tmp_path, *layout, "--join", "0", "0", "--kill-step", "1")
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_a_satellite_killed_mid_batch_is_requeued_and_the_step_is_unchanged(cells_run, layout):
+    out, stderr = cells_run(layout)
     assert "cell 1 is dead" in stderr
-    assert_equal_to_single_process(out["steps"])
-    last = out["reports"][0]["steps"][-1]
+    assert len(out["steps"]) == 4
+    assert_equal_to_single_process(out["steps"][3:])
+    last = out["reports"][0]["steps"][3]
     assert last["excluded_from"] == 1 and last["k"] == 0 and last["requeued"] >= 1
     assert last["by"] == [0] * last["items"] and last["count"] == last["items"]  # the core redid its work
 
