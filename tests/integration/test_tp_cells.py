@@ -86,7 +86,7 @@ def test_join_schedules_equal_the_single_process_step(cells_run, layout):
 def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(cells_run):
     """Negative control: without summing the word-embedding gradient of the first stage and the
     output-layer gradient of the last, the core's gradient of step 0 is not the single-process one
-    (the worker accumulates step 0's work items so before the step, and applies nothing)."""
+    (in the pp2 run the core first accumulates step 0's work items that way and applies nothing)."""
     out, _ = cells_run("pp2")
     assert out["untied_grad_diff"] > 1e-3
     assert out["steps"][0]["grad_diff"] < 1e-6  # with the sum, the same step's gradient is
