@@ -3,11 +3,8 @@
 The core (cell 0) queues the step's micro-steps, processes them and, after it has processed
 ``--join1`` of them, asks satellite 1 to join; satellite 2 is asked after ``--join2`` (-1 = never).
 Satellites pull the core's Mooncake snapshot, claim micro-steps, and take part in the gradient
-sum over the prefix group.  With ``--kill-cell C`` cell C exits mid-micro-step in the last step.
-Rank 0 then recomputes the same steps in a single process and writes the max parameter difference,
-per-cell claim counts and exactly-once checks to ``--out``: under ``"end"`` after the last step (of
-the cells left), and with ``--kill-cell`` also under ``"before_kill"`` after the step before it (of
-every cell).
+sum over the prefix group.  Rank 0 then recomputes the same steps in a single process and writes
+the max parameter difference, per-cell claim counts and exactly-once checks to ``--out``.
 
 ``--backend raw``: a hand-written per-token-weighted loss on the HF model (AdamW);
 ``--backend megatron``: the main job's training replica, :class:`gyre.training.megatron_step.MegatronTrainStep`
@@ -96,20 +93,17 @@ class RawReplica:
         self.opt.step()
         return n
 
-    def reference(self, steps: int, init, ref: "RawReplica") -> list[torch.Tensor]:
-        """The same steps in this process alone on the replica ``ref``, from ``init``: the
-        parameters after each step, flat."""
+    def reference(self, steps: int, init, ref: "RawReplica") -> torch.Tensor:
+        """The same steps in this process alone on the replica ``ref``, from ``init``."""
         with torch.no_grad():
             for p, q in zip(ref.params, init):
                 p.copy_(q)
-        after = []
         for step in range(steps):
             for ms in ref.batch(step):
                 ref.process(ms)
             ref.update(None)
             ref.zero_grad()
-            after.append(torch.cat([p.detach().reshape(-1) for p in ref.params]))
-        return after
+        return torch.cat([p.detach().reshape(-1) for p in ref.params])
 
 
 class MegatronReplica:
@@ -163,51 +157,28 @@ class MegatronReplica:
     def update(self, summed) -> float:
         return self.step.optimizer_step(int(round(summed[0])))
 
-    def reference(self, steps: int, init, ref: "MegatronReplica") -> list[torch.Tensor]:
+    def reference(self, steps: int, init, ref: "MegatronReplica") -> torch.Tensor:
         with torch.no_grad():
             for p, q in zip(ref.params, init):
                 p.copy_(q)
-        after = []
         for step in range(steps):
             ref.zero_grad()
             normaliser = sum(ref.process(item) for item in ref.batch(step))
             ref.update([normaliser])
-            after.append(torch.cat([p.detach().reshape(-1) for p in ref.params]))
-        return after
-
-
-def gathered(report: dict, params, group, size: int) -> tuple[list, list]:
-    """Every report so far (as it is now) and every rank's parameters, flat, over ``group``."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    reports = [None] * size
-    dist.all_gather_object(reports, {**report, "steps": list(report["steps"])}, group=group)
-    flats = [torch.zeros_like(flat) for _ in range(size)]
-    dist.all_gather(flats, flat, group=group)
-    return reports, flats
-
-
-def compared(reports: list, flats: list, ref_flat: torch.Tensor, init) -> dict:
-    """Rank 0's parameters against the single-process ones and the initial ones; every rank's
-    against rank 0's (satellites that took part in the step hold the core's parameters)."""
-    core = flats[0]
-    return {"reports": reports, "max_diff_vs_single": float((core - ref_flat).abs().max()),
-            "max_change": float((core - torch.cat([q.reshape(-1) for q in init])).abs().max()),
-            "satellite_diff_last_step": [float((f - core).abs().max()) for f in flats]}
+        return torch.cat([p.detach().reshape(-1) for p in ref.params])
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--join1", type=int, nargs="+", required=True, help="per step: micro-steps before cell 1 joins")
     p.add_argument("--join2", type=int, nargs="+", required=True, help="per step: ... cell 2 (-1 never)")
-    p.add_argument("--kill-cell", type=int, default=-1,
-                   help="this cell exits mid-micro-step in the last step (of at least 2)")
+    p.add_argument("--kill-cell", type=int, default=-1, help="this cell exits mid-micro-step in the last step")
     p.add_argument("--backend", choices=("raw", "megatron"), default="raw",
                    help="raw: a hand-written loss on the HF model; megatron: the main job's MegatronTrainStep")
     p.add_argument("--traces", help="the trace directory, tests/data/traces (for --backend megatron)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     steps = len(a.join1)
-    assert a.kill_cell < 0 or steps >= 2, "a kill step comes after at least one other"
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))  # rank 0 recomputes the reference while the others wait
     rank = dist.get_rank()
     num_cells = dist.get_world_size()
@@ -244,7 +215,6 @@ def main() -> None:
     snapshot = Snapshot(client=MooncakeSnapshotClient(handle_box[0])) if rank != 0 else None
 
     report = {"rank": rank, "steps": []}
-    before_kill = None
     for step in range(steps):
         if rank == 0:
             server.publish(params, version=step)
@@ -306,15 +276,18 @@ def main() -> None:
                 reduce_and_update(params, k, groups, [normaliser[0]], None, grads=replica.grads())
             replica.zero_grad()
             report["steps"].append({"joined": joined, "processed_here": count, "k": k})
-        if a.kill_cell >= 0 and step == steps - 2:  # every cell still alive
-            before_kill = gathered(report, params, None, num_cells)
 
-    end = gathered(report, params, live_group, len(live))
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    reports = [None] * len(live)
+    dist.all_gather_object(reports, report, group=live_group)
+    # satellites that took part in the last step hold the core's parameters
+    flats = [torch.zeros_like(flat) for _ in live]
+    dist.all_gather(flats, flat, group=live_group)
     if rank == 0:
-        after = replica.reference(steps, init, reference)
-        out = {"end": compared(*end, after[-1], init)}
-        if a.kill_cell >= 0:
-            out["before_kill"] = compared(*before_kill, after[-2], init)
+        ref_flat = replica.reference(steps, init, reference)
+        out = {"reports": reports, "max_diff_vs_single": float((flat - ref_flat).abs().max()),
+               "max_change": float((flat - torch.cat([q.reshape(-1) for q in init])).abs().max()),
+               "satellite_diff_last_step": [float((f - flat).abs().max()) for f in flats]}
         with open(a.out, "w") as fh:
             json.dump(out, fh)
     dist.barrier(group=live_group)
