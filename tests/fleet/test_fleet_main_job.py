@@ -59,7 +59,7 @@ def test_a_fleet_run_killed_and_resumed_runs_every_execution_on_the_fleet(cluste
 
     # the same files and fields as the job without a fleet (the key sets do not depend on the steps)
     local = tmp_path / "local"
-    base, _ = run_job(local, "--num-cells", "2", "--train-steps", "1", nproc=2)
+    base, _ = run_job(local, "--num-cells", "1", "--train-steps", "1", nproc=1)
     assert base["steps"] == 1 and sorted(summary) == sorted(base)
     assert len(list((local / "records").glob("*.jsonl"))) == base["executions"]
     assert {frozenset(a) for a in assessments(run)} == {frozenset(a) for a in assessments(local)}

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 LONG_PROMPT = ("--seq-length", "32768", "--micro-step-tokens", "32768", "--training-backend", "hf")
 #: name -> (N, B, extra flags, the API its calls use, the client the proxy detects, its user-agent prefix)
 CASES = {
-    "mini-swe-agent": (2, 2, ("--harness-max-turns", "3"), "chat", "openai-python", "OpenAI/Python"),
+    "mini-swe-agent": (2, 1, ("--harness-max-turns", "3"), "chat", "openai-python", "OpenAI/Python"),
     "claude-code": (2, 1, ("--harness-max-turns", "2", *LONG_PROMPT), "anthropic", "claude-code", "claude-cli/"),
     "codex": (2, 1, LONG_PROMPT, "responses", "codex", "codex_exec/"),
 }
