@@ -12,7 +12,7 @@ the same arguments as before, one that never runs costs nothing.  ``jit_fuser`` 
 decorator, so modules of the package imported later defer too.
 
 The package also imports ``wandb`` where it is installed (for its timers and its inference
-context's logging, neither of which Gyre uses): about 0.7 s of each rank's start.  While the
+context's logging, neither of which Gyre uses), a large part of each rank's start.  While the
 package is imported, ``wandb`` reads as not installed (``sys.modules["wandb"] = None``) unless
 something imported it before; Gyre's own W&B scalars (:mod:`gyre.metrics`) import it afterwards
 as usual.
@@ -72,6 +72,6 @@ def import_megatron_core():
             import megatron.core
         finally:
             torch.compile = real
-            if hide_wandb and sys.modules.get("wandb", 0) is None:
+            if hide_wandb:  # (nothing can have imported it meanwhile: the None entry refuses it)
                 del sys.modules["wandb"]
     return megatron.core
