@@ -26,10 +26,15 @@ def run_worker(tmp_path, *args):
     return json.loads(out.read_text()), r.stderr
 
 
+#: The summed gradients equal the single-process ones up to float32 summation order: a bound relative
+#: to the largest gradient entry (``grad_scale``; ~34 float32 ulps of it; 1.6e-6 of it is seen at PP 2).
+GRAD_RTOL = 4e-6
+
+
 def assert_equal_to_single_process(steps):
     for s in steps:
         assert s["normaliser"] == s["ref_normaliser"] > 0
-        assert s["grad_diff"] < 1e-6 and s["grad_scale"] > 0.1  # summed gradients the core applies
+        assert s["grad_diff"] < GRAD_RTOL * s["grad_scale"] and s["grad_scale"] > 0.1  # summed gradients applied
         assert s["weight_diff"] < 1e-7 and s["weight_change"] > 5e-7  # the update moved the weights
 
 
@@ -40,28 +45,16 @@ SCHEDULE = ["--join", "0", "2", "-1", "0", "--kill-step", "3"]
 
 
 @pytest.fixture(scope="module")
-def cells_run(tmp_path_factory, tiny_model_dir):
-    """``cells_run(layout)``: the worker's ``(out, stderr)`` for ``LAYOUTS[layout]`` and ``SCHEDULE``,
-    run once per layout on first use and shared by the tests of this module (a failed run fails
-    each of them)."""
-    runs: dict = {}
-
-    def get(layout: str):
-        if layout not in runs:
-            try:
-                runs[layout] = run_worker(tmp_path_factory.mktemp(layout), *LAYOUTS[layout], *SCHEDULE)
-            except (Exception, pytest.skip.Exception) as exc:  # a failed run or a skip: the same for every test
-                runs[layout] = exc
-        if isinstance(runs[layout], BaseException):
-            raise runs[layout]
-        return runs[layout]
-
-    return get
+def cells_run(request, tmp_path_factory, tiny_model_dir):
+    """The worker's ``(out, stderr)`` for the layout ``request.param`` (of ``LAYOUTS``) and
+    ``SCHEDULE``: one run per layout, shared by the tests of this module that ask for it."""
+    layout = request.param
+    return run_worker(tmp_path_factory.mktemp(layout), *LAYOUTS[layout], *SCHEDULE)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
-def test_join_schedules_equal_the_single_process_step(cells_run, layout):
-    out, _ = cells_run(layout)
+@pytest.mark.parametrize("cells_run", ["tp2", "pp2"], indirect=True)
+def test_join_schedules_equal_the_single_process_step(cells_run):
+    out, _ = cells_run
     assert_equal_to_single_process(out["steps"][:3])
     core, follower, sat, sat_follower = out["reports"]
     schedules = core["steps"][:3]
@@ -83,18 +76,19 @@ def test_join_schedules_equal_the_single_process_step(cells_run, layout):
     assert sat["payload_diff_rank0"] == sat["payload_diff_rank1"] == 0.0
 
 
+@pytest.mark.parametrize("cells_run", ["pp2"], indirect=True)
 def test_at_pp2_the_tied_embedding_gradient_needs_the_stage_sum(cells_run):
     """Negative control: without summing the word-embedding gradient of the first stage and the
     output-layer gradient of the last, the core's gradient of step 0 is not the single-process one
     (in the pp2 run the core first accumulates step 0's work items that way and applies nothing)."""
-    out, _ = cells_run("pp2")
+    out, _ = cells_run
     assert out["untied_grad_diff"] > 1e-3
-    assert out["steps"][0]["grad_diff"] < 1e-6  # with the sum, the same step's gradient is
+    assert out["steps"][0]["grad_diff"] < GRAD_RTOL * out["steps"][0]["grad_scale"]  # with the sum, it is
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
-def test_a_satellite_killed_mid_batch_is_requeued_and_the_step_is_unchanged(cells_run, layout):
-    out, stderr = cells_run(layout)
+@pytest.mark.parametrize("cells_run", ["tp2", "pp2"], indirect=True)
+def test_a_satellite_killed_mid_batch_is_requeued_and_the_step_is_unchanged(cells_run):
+    out, stderr = cells_run
     assert "cell 1 is dead" in stderr
     assert len(out["steps"]) == 4
     assert_equal_to_single_process(out["steps"][3:])
